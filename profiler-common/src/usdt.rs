@@ -1,0 +1,73 @@
+//! How the kernel reads a USDT probe's arguments: the note's argument string
+//! (`-8@%rdi`, `8@-16(%rbp)`, `4@$5`) compiled by user space into a
+//! description the kernel program evaluates against `struct pt_regs`.
+
+/// Arguments the kernel reads per probe (`alloc(ptr, size, weight)` has three).
+pub const MAX_USDT_ARGS: usize = 3;
+
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UsdtArgKind {
+    /// Argument absent: reads as 0.
+    #[default]
+    None = 0,
+    /// `$imm`: the constant in `value`.
+    Const = 1,
+    /// `%reg`: the register at `reg_offset` in `pt_regs`.
+    Reg = 2,
+    /// `disp(%reg)`: user memory at register + `value`.
+    RegDeref = 3,
+}
+
+/// One argument. `size` is in bytes (1, 2, 4, 8); `signed` selects sign
+/// extension of narrower values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtArg {
+    pub value: i64,
+    pub reg_offset: u16,
+    pub kind: u8,
+    pub size: u8,
+    pub signed: u8,
+    pub _pad: [u8; 3],
+}
+
+impl UsdtArg {
+    /// Truncates a raw 64-bit read to the argument's width and extends it back.
+    #[inline(always)]
+    pub fn normalize(&self, raw: u64) -> u64 {
+        match (self.size, self.signed != 0) {
+            (1, false) => raw as u8 as u64,
+            (1, true) => raw as i8 as i64 as u64,
+            (2, false) => raw as u16 as u64,
+            (2, true) => raw as i16 as i64 as u64,
+            (4, false) => raw as u32 as u64,
+            (4, true) => raw as i32 as i64 as u64,
+            _ => raw,
+        }
+    }
+}
+
+/// The argument description of one attached probe site, found in the kernel
+/// through the uprobe's attach cookie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtSpec {
+    pub args: [UsdtArg; MAX_USDT_ARGS],
+    pub arg_count: u32,
+    pub _pad: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_truncates_and_sign_extends() {
+        let arg = |size, signed| UsdtArg { size, signed, ..Default::default() };
+        assert_eq!(arg(4, 1).normalize(0xffff_ffff), u64::MAX);
+        assert_eq!(arg(4, 0).normalize(0x1_ffff_ffff), 0xffff_ffff);
+        assert_eq!(arg(1, 1).normalize(0x80), (-128i64) as u64);
+        assert_eq!(arg(8, 0).normalize(u64::MAX), u64::MAX);
+    }
+}
