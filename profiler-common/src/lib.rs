@@ -61,6 +61,45 @@ pub struct StackAgg {
     pub alloc_samples: u64,
 }
 
+/// What one sample adds to (and its free subtracts from) the sums: unbiased
+/// bytes (the weight), objects (`weight / size`, fixed point) and the variance
+/// term `w·(w - size)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleDelta {
+    pub bytes: u64,
+    pub objects: u64,
+    pub var: u64,
+}
+
+/// Weights are clamped so the products fit in 64 bits without an overflow
+/// check (the BPF backend has no 128-bit multiply): exact for weights up to
+/// 1 TiB, and for `w - size` (which never exceeds about R) up to 16 MiB.
+const MAX_WEIGHT: u64 = 1 << 40;
+const MAX_EXCESS: u64 = 1 << 24;
+
+impl SampleDelta {
+    #[inline(always)]
+    pub fn of(size: u64, weight: u64) -> SampleDelta {
+        let weight = if weight < MAX_WEIGHT {
+            weight
+        } else {
+            MAX_WEIGHT
+        };
+        let excess = weight.saturating_sub(size);
+        let excess = if excess < MAX_EXCESS {
+            excess
+        } else {
+            MAX_EXCESS
+        };
+        let size = if size == 0 { 1 } else { size };
+        SampleDelta {
+            bytes: weight,
+            objects: weight.wrapping_mul(OBJECT_SCALE) / size,
+            var: weight.wrapping_mul(excess),
+        }
+    }
+}
+
 /// A user stack, content-addressed by [`stack_hash`] of its frames.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -116,7 +155,7 @@ impl DropReason {
             DropReason::StackMapFull => "stack table full",
             DropReason::AggMapFull => "aggregate table full",
             DropReason::ArgReadFailed => "probe argument unreadable",
-            DropReason::UnmatchedFree => "free of an unknown sample",
+            DropReason::UnmatchedFree => "free of a sample taken before attach",
             DropReason::ReplacedLive => "alloc over a live sample (missed free)",
             DropReason::ProcMapFull => "process table full",
         }
@@ -194,6 +233,17 @@ mod tests {
         assert_eq!(size_of::<ProcEvent>(), 8);
         assert_eq!(size_of::<UsdtArg>(), 16);
         assert_eq!(size_of::<UsdtSpec>(), 16 * MAX_USDT_ARGS + 8);
+    }
+
+    #[test]
+    fn sample_delta_is_the_unbiased_contribution() {
+        // Sampled with p = 1/4: counts as 4 objects, 4x the bytes.
+        let d = SampleDelta::of(100, 400);
+        assert_eq!(d.bytes, 400);
+        assert_eq!(d.objects, 4 * OBJECT_SCALE);
+        assert_eq!(d.var, 400 * 300);
+        // A huge allocation is always sampled: no variance.
+        assert_eq!(SampleDelta::of(1 << 30, 1 << 30).var, 0);
     }
 
     #[test]

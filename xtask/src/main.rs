@@ -1,1 +1,105 @@
-fn main() {}
+//! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object>`.
+
+mod bench;
+mod bench_alloc;
+mod ebpf_object;
+mod packages;
+mod setup;
+mod shell;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "allocprof developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install the eBPF toolchain when missing and check the kernel.
+    Setup,
+    /// Build everything in release mode.
+    Build,
+    /// The whole suite: fmt, clippy (host and eBPF), unit and BPF integration tests.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        cargo_args: Vec<String>,
+    },
+    /// Build everything, start the demo workload and profile it.
+    Demo,
+    /// Benchmarks: `alloc` (allocator overhead) or `pipeline` (profiler costs).
+    Bench {
+        #[arg(value_parser = ["alloc", "pipeline"])]
+        which: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Rebuild the committed eBPF object and record the digest of its inputs.
+    EbpfObject,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let root = workspace_root();
+    if let Command::Setup = cli.command {
+        return setup::run(&root, true);
+    }
+    setup::run(&root, false)?;
+    match cli.command {
+        Command::Setup => Ok(()),
+        Command::Build => shell::cargo(&root, &["build", "--release"]),
+        Command::Test { cargo_args } => test(&root, &cargo_args),
+        Command::Demo => bench::demo(&root),
+        Command::Bench { which, args } => {
+            match packages::ensure_bench_packages().map(|()| which.as_str())? {
+                "alloc" => bench_alloc::run(&root, &args),
+                _ => bench::pipeline(&root, &args),
+            }
+        }
+        Command::EbpfObject => ebpf_object::refresh(&root),
+    }
+}
+
+fn test(root: &std::path::Path, cargo_args: &[String]) -> Result<()> {
+    packages::ensure_test_packages()?;
+    shell::cargo(root, &["fmt", "--all", "--check"])?;
+    shell::cargo(
+        root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--release",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    ebpf_object::clippy(root)?;
+    shell::cargo(root, &["build", "--release"])?;
+    let mut args: Vec<&str> = vec!["test", "--workspace", "--release"];
+    args.extend(cargo_args.iter().map(String::as_str));
+    shell::cargo(root, &args)
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}

@@ -1,0 +1,66 @@
+//! Every map of the kernel side, with the defaults user space may resize at
+//! load time (`EbpfLoader::set_max_entries`).
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+};
+use profiler_common::{
+    AggKey, DROP_REASONS, LiveKey, LiveSample, ProcState, StackAgg, StackTrace, UsdtSpec,
+};
+
+/// Argument descriptions, indexed by the uprobe's attach cookie.
+#[map]
+pub static USDT_SPECS: Array<UsdtSpec> = Array::with_max_entries(4096, 0);
+
+/// Live sampled allocations. Its size is the global cap on live samples.
+#[map]
+pub static LIVE: HashMap<LiveKey, LiveSample> =
+    HashMap::with_max_entries(262_144, BPF_F_NO_PREALLOC);
+
+/// Unbiased sums per (process, generation, stack).
+#[map]
+pub static AGGS: HashMap<AggKey, StackAgg> = HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
+
+/// User stacks by content hash: distinct stacks never share an id, unlike the
+/// direct-mapped STACK_TRACE map.
+#[map]
+pub static STACKS: HashMap<u64, StackTrace> = HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
+
+/// Per-CPU scratch for `bpf_get_stack` (too big for the 512-byte BPF stack).
+#[map]
+pub static STACK_SCRATCH: PerCpuArray<StackTrace> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+pub static PROCS: HashMap<u32, ProcState> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+
+/// Drops by `DropReason`, for events that could not be tied to a process too.
+#[map]
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_REASONS as u32, 0);
+
+/// Exit and exec of processes, so that user space cleans up and rescans.
+#[map]
+pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Set by user space at load time.
+#[unsafe(no_mangle)]
+pub static MAX_LIVE_PER_PROCESS: u64 = 65_536;
+
+/// Set by user space when profiling system-wide: report every exec, not only
+/// those of processes already tracked.
+#[unsafe(no_mangle)]
+pub static REPORT_ALL_EXECS: u8 = 0;
+
+#[inline(always)]
+pub fn max_live_per_process() -> u64 {
+    // SAFETY: a plain read of a global; volatile so the compiler doesn't fold
+    // the default that user space overrides at load time.
+    unsafe { core::ptr::read_volatile(&MAX_LIVE_PER_PROCESS) }
+}
+
+#[inline(always)]
+pub fn report_all_execs() -> bool {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&REPORT_ALL_EXECS) != 0 }
+}

@@ -1,0 +1,274 @@
+//! The `otel_memory:alloc(ptr, size, weight)` and `otel_memory:free(ptr)`
+//! programs: keep the live samples and the per-stack unbiased sums.
+
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{
+        bpf_get_current_pid_tgid, generated::bpf_get_attach_cookie, generated::bpf_get_stack,
+    },
+    macros::uprobe,
+    programs::ProbeContext,
+};
+use profiler_common::{
+    AggKey, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, ProcState, STACK_HASH_SEED,
+    SampleDelta, StackTrace, UsdtSpec, stack_hash_step,
+};
+
+use crate::{
+    maps::{AGGS, DROPS, LIVE, PROCS, STACK_SCRATCH, STACKS, USDT_SPECS, max_live_per_process},
+    usdt::read_arg,
+};
+
+/// Stack id of samples whose user stack could not be taken: they are still
+/// accounted, under a stack user space shows as unavailable.
+pub const NO_STACK: u64 = 0;
+
+const EEXIST: i32 = 17;
+
+#[uprobe]
+pub fn otel_memory_alloc(ctx: ProbeContext) -> u32 {
+    let pid = current_pid();
+    if let Err(reason) = try_alloc(&ctx, pid) {
+        count_drop(pid, reason);
+    }
+    0
+}
+
+#[uprobe]
+pub fn otel_memory_free(ctx: ProbeContext) -> u32 {
+    let pid = current_pid();
+    if let Err(reason) = try_free(&ctx, pid) {
+        count_drop(pid, reason);
+    }
+    0
+}
+
+fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
+    let spec = probe_spec(ctx)?;
+    let ptr = read_arg(ctx, &spec.args[0]).ok_or(DropReason::ArgReadFailed)?;
+    let size = read_arg(ctx, &spec.args[1]).ok_or(DropReason::ArgReadFailed)?;
+    let weight = read_arg(ctx, &spec.args[2]).ok_or(DropReason::ArgReadFailed)?;
+    if ptr == 0 {
+        return Ok(());
+    }
+    let proc = proc_state(pid)?;
+    add(&proc.alloc_events, 1);
+
+    let stack_id = take_stack(ctx).unwrap_or_else(|reason| {
+        count_drop(pid, reason);
+        NO_STACK
+    });
+    let generation = proc.generation;
+    let sample = LiveSample {
+        stack_id,
+        size,
+        weight,
+        generation,
+        _pad: 0,
+    };
+    let agg_key = AggKey {
+        pid,
+        generation,
+        stack_id,
+    };
+    let agg = get_or_insert(&AGGS, &agg_key).ok_or(DropReason::AggMapFull)?;
+    let delta = SampleDelta::of(sample.size, sample.weight);
+    add(&agg.alloc_bytes, delta.bytes);
+    add(&agg.alloc_objects, delta.objects);
+    add(&agg.alloc_var, delta.var);
+    add(&agg.alloc_samples, 1);
+
+    let key = LiveKey { pid, _pad: 0, ptr };
+    // SAFETY: the value is copied out at once; a concurrent delete can at worst
+    // make us read a stale sample, which the remove below arbitrates.
+    if let Some(old) = unsafe { LIVE.get(key) }.copied() {
+        // The free of the block that lived here was missed (e.g. sampled
+        // before we attached): retire it so its bytes don't live forever.
+        if LIVE.remove(key).is_ok() {
+            retire(pid, &old);
+        }
+        count_drop(pid, DropReason::ReplacedLive);
+    }
+    if proc.live_samples_value() >= max_live_per_process() {
+        return Err(DropReason::ProcessCap);
+    }
+    LIVE.insert(key, sample, BPF_NOEXIST as u64)
+        .map_err(|_| DropReason::LiveMapFull)?;
+    add(&proc.live_samples, 1);
+    add(&agg.live_bytes, delta.bytes);
+    add(&agg.live_objects, delta.objects);
+    add(&agg.live_var, delta.var);
+    add(&agg.live_samples, 1);
+    Ok(())
+}
+
+fn try_free(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
+    let spec = probe_spec(ctx)?;
+    let ptr = read_arg(ctx, &spec.args[0]).ok_or(DropReason::ArgReadFailed)?;
+    let key = LiveKey { pid, _pad: 0, ptr };
+    // SAFETY: copied out at once; the remove decides who retires it.
+    let sample = unsafe { LIVE.get(key) }
+        .copied()
+        .ok_or(DropReason::UnmatchedFree)?;
+    if let Some(proc) = PROCS.get_ptr_mut(pid) {
+        // SAFETY: map values stay valid for the whole program run.
+        add(unsafe { &(*proc).free_events }, 1);
+    }
+    // Whoever removes the entry (this free, a concurrent one, or user space
+    // cleaning up after exec) is the one that subtracts it.
+    if LIVE.remove(key).is_ok() {
+        retire(pid, &sample);
+    }
+    Ok(())
+}
+
+/// Subtracts a removed live sample from its aggregate and its process.
+fn retire(pid: u32, sample: &LiveSample) {
+    let agg_key = AggKey {
+        pid,
+        generation: sample.generation,
+        stack_id: sample.stack_id,
+    };
+    if let Some(agg) = AGGS.get_ptr_mut(agg_key) {
+        // SAFETY: map values stay valid for the whole program run.
+        let agg = unsafe { &*agg };
+        let delta = SampleDelta::of(sample.size, sample.weight);
+        sub(&agg.live_bytes, delta.bytes);
+        sub(&agg.live_objects, delta.objects);
+        sub(&agg.live_var, delta.var);
+        sub(&agg.live_samples, 1);
+    }
+    if let Some(proc) = PROCS.get_ptr_mut(pid) {
+        // SAFETY: as above.
+        let proc = unsafe { &*proc };
+        if proc.generation == sample.generation {
+            sub(&proc.live_samples, 1);
+        }
+    }
+}
+
+fn probe_spec(ctx: &ProbeContext) -> Result<&'static UsdtSpec, DropReason> {
+    // SAFETY: the helper only reads the cookie of the running program's link.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    USDT_SPECS
+        .get(cookie as u32)
+        .ok_or(DropReason::ArgReadFailed)
+}
+
+/// Takes the user stack and files it under its content hash.
+fn take_stack(ctx: &ProbeContext) -> Result<u64, DropReason> {
+    let scratch = STACK_SCRATCH
+        .get_ptr_mut(0)
+        .ok_or(DropReason::StackFailed)?;
+    // SAFETY: a per-CPU map value, ours alone while this program runs.
+    let trace: &mut StackTrace = unsafe { &mut *scratch };
+    let size = core::mem::size_of_val(&trace.frames) as u32;
+    // SAFETY: the helper writes at most `size` bytes into `frames`.
+    let written = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            trace.frames.as_mut_ptr().cast(),
+            size,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    if written <= 0 {
+        return Err(DropReason::StackFailed);
+    }
+    let len = (written as usize / 8).min(MAX_STACK_DEPTH);
+    trace.len = len as u64;
+    let mut hash = STACK_HASH_SEED;
+    for i in 0..MAX_STACK_DEPTH {
+        if i >= len {
+            break;
+        }
+        hash = stack_hash_step(hash, trace.frames[i]);
+    }
+    // Frames past `len` are left over from earlier stacks; clear them so the
+    // stored value is a function of the stack alone.
+    for i in 0..MAX_STACK_DEPTH {
+        if i >= len {
+            trace.frames[i] = 0;
+        }
+    }
+    let hash = if hash == NO_STACK { 1 } else { hash };
+    // By reference: a StackTrace copied onto the 512-byte BPF stack won't fit.
+    let trace: &StackTrace = trace;
+    match STACKS.insert(hash, trace, BPF_NOEXIST as u64) {
+        Ok(()) => Ok(hash),
+        Err(e) if e == -EEXIST => Ok(hash),
+        Err(_) => Err(DropReason::StackMapFull),
+    }
+}
+
+fn proc_state(pid: u32) -> Result<&'static ProcState, DropReason> {
+    get_or_insert(&PROCS, &pid).ok_or(DropReason::ProcMapFull)
+}
+
+/// Looks a value up, inserting a zeroed one first if absent.
+#[inline(always)]
+fn get_or_insert<K, V: Default>(
+    map: &aya_ebpf::maps::HashMap<K, V>,
+    key: &K,
+) -> Option<&'static V> {
+    if let Some(v) = map.get_ptr_mut(key) {
+        // SAFETY: map values stay valid for the whole program run.
+        return Some(unsafe { &*v });
+    }
+    // A concurrent insert of the same key wins; the lookup below finds it.
+    let _ = map.insert(key, V::default(), BPF_NOEXIST as u64);
+    // SAFETY: as above.
+    map.get_ptr_mut(key).map(|v| unsafe { &*v })
+}
+
+fn count_drop(pid: u32, reason: DropReason) {
+    if let Some(c) = DROPS.get_ptr_mut(reason as u32) {
+        // SAFETY: a per-CPU counter, ours alone while this program runs.
+        unsafe { *c += 1 };
+    }
+    if let Some(proc) = PROCS.get_ptr_mut(pid) {
+        // SAFETY: map values stay valid for the whole program run.
+        let proc = unsafe { &*proc };
+        let i = reason as usize;
+        if i < proc.drops.len() {
+            add(&proc.drops[i], 1);
+        }
+    }
+}
+
+#[inline(always)]
+fn current_pid() -> u32 {
+    (bpf_get_current_pid_tgid() >> 32) as u32
+}
+
+/// Atomic add on a field of a shared map value.
+#[inline(always)]
+pub fn add(field: &u64, v: u64) {
+    // The BPF target has atomic adds but no compare-and-swap, so core's
+    // AtomicU64 offers no fetch_add; the intrinsic lowers to BPF_ATOMIC_ADD.
+    // SAFETY: map values are 8-byte aligned and shared between CPUs; every
+    // writer goes through this atomic add.
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field as *const u64 as *mut u64, v)
+    };
+}
+
+#[inline(always)]
+fn sub(field: &u64, v: u64) {
+    add(field, v.wrapping_neg());
+}
+
+trait LiveCount {
+    fn live_samples_value(&self) -> u64;
+}
+
+impl LiveCount for ProcState {
+    #[inline(always)]
+    fn live_samples_value(&self) -> u64 {
+        // SAFETY: an aligned read of a field others update atomically.
+        unsafe { core::ptr::read_volatile(&self.live_samples) }
+    }
+}

@@ -1,0 +1,46 @@
+//! Process lifecycle: tell user space about exits and execs of the processes
+//! we track (or of every process when profiling system-wide).
+
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
+};
+use profiler_common::{PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcEvent};
+
+use crate::maps::{PROC_EVENTS, PROCS, report_all_execs};
+
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    // Threads come and go; the process is gone when its leader exits.
+    if tgid == tid && PROCS.get_ptr(tgid).is_some() {
+        send(tgid, PROC_EVENT_EXIT);
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn sched_process_exec(_ctx: RawTracePointContext) -> i32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let tracked = match PROCS.get_ptr_mut(tgid) {
+        Some(proc) => {
+            // SAFETY: map values stay valid for the whole program run.
+            let proc = unsafe { &mut *proc };
+            // A new image: its samples start a new generation; the old ones
+            // are retired by user space.
+            proc.generation = proc.generation.wrapping_add(1);
+            proc.live_samples = 0;
+            true
+        }
+        None => false,
+    };
+    if tracked || report_all_execs() {
+        send(tgid, PROC_EVENT_EXEC);
+    }
+    0
+}
+
+fn send(pid: u32, kind: u32) {
+    // A full ring buffer only delays cleanup: user space also checks liveness.
+    let _ = PROC_EVENTS.output::<ProcEvent>(&ProcEvent { pid, kind }, 0);
+}
