@@ -1,0 +1,388 @@
+//! The C `malloc` family with glibc semantics, generic over the [`Backend`]
+//! that serves unsampled allocations. `export_c_allocator!` turns these into
+//! `#[no_mangle]` symbols in an LD_PRELOAD library; nothing here is exported
+//! by the rlib itself.
+//!
+//! Fast paths: allocation = countdown + branch + backend call; free = range
+//! compare + backend call. Everything else is `#[cold]`.
+
+use core::ffi::c_void;
+use core::ptr;
+
+use crate::backend::Backend;
+use crate::sample_region::{self, PAGE};
+use crate::{sampled, thread_state};
+
+/// glibc's MALLOC_ALIGNMENT on x86_64.
+pub const MIN_ALIGN: usize = 16;
+
+#[inline(always)]
+fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+#[inline(always)]
+fn in_region(p: *mut c_void) -> bool {
+    sample_region::contains(p as *const u8)
+}
+
+/// # Safety
+/// C `malloc`.
+#[inline(always)]
+pub unsafe fn malloc<B: Backend>(size: usize) -> *mut c_void {
+    if thread_state::countdown(size) {
+        // SAFETY: same contract.
+        return unsafe { alloc_slow::<B>(size, MIN_ALIGN, false) };
+    }
+    // SAFETY: same contract.
+    unsafe { B::malloc(size) }
+}
+
+/// # Safety
+/// C `calloc`.
+#[inline(always)]
+pub unsafe fn calloc<B: Backend>(n: usize, m: usize) -> *mut c_void {
+    let Some(size) = n.checked_mul(m) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    if thread_state::countdown(size) {
+        // SAFETY: same contract.
+        return unsafe { alloc_slow::<B>(size, MIN_ALIGN, true) };
+    }
+    // SAFETY: same contract.
+    unsafe { B::calloc(size) }
+}
+
+/// # Safety
+/// C `free`.
+#[inline(always)]
+pub unsafe fn free<B: Backend>(p: *mut c_void) {
+    if in_region(p) {
+        sampled::release(p.cast());
+        return;
+    }
+    // SAFETY: p is null or came from the backend.
+    unsafe { B::free(p) }
+}
+
+/// # Safety
+/// C `realloc` (glibc: `realloc(p, 0)` frees `p` and returns null).
+#[inline(always)]
+pub unsafe fn realloc<B: Backend>(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        // SAFETY: same contract.
+        return unsafe { malloc::<B>(size) };
+    }
+    if size == 0 {
+        // SAFETY: same contract.
+        unsafe { free::<B>(p) };
+        return ptr::null_mut();
+    }
+    let expired = thread_state::countdown(size);
+    if !expired && !in_region(p) {
+        // SAFETY: p came from the backend.
+        return unsafe { B::realloc(p, size) };
+    }
+    // SAFETY: same contract.
+    unsafe { realloc_slow::<B>(p, size, expired) }
+}
+
+/// # Safety
+/// glibc `reallocarray`.
+pub unsafe fn reallocarray<B: Backend>(p: *mut c_void, n: usize, m: usize) -> *mut c_void {
+    match n.checked_mul(m) {
+        // SAFETY: same contract.
+        Some(size) => unsafe { realloc::<B>(p, size) },
+        None => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// glibc `memalign`/`aligned_alloc` (2.36): alignment below 16 is raised,
+/// a non-power of two is rounded up, absurd ones fail with EINVAL.
+///
+/// # Safety
+/// C `memalign`.
+pub unsafe fn memalign<B: Backend>(align: usize, size: usize) -> *mut c_void {
+    if align > usize::MAX / 2 + 1 {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let align = align.max(MIN_ALIGN).next_power_of_two();
+    if thread_state::countdown(size) {
+        // SAFETY: same contract.
+        return unsafe { alloc_slow::<B>(size, align, false) };
+    }
+    // SAFETY: align is a power of two >= 16.
+    unsafe { B::memalign(align, size) }
+}
+
+/// # Safety
+/// POSIX `posix_memalign`; errno is left untouched.
+pub unsafe fn posix_memalign<B: Backend>(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    if align < core::mem::size_of::<*mut c_void>() || !align.is_power_of_two() {
+        return libc::EINVAL;
+    }
+    // SAFETY: __errno_location returns this thread's errno slot.
+    let saved = unsafe { *libc::__errno_location() };
+    // SAFETY: same contract.
+    let p = unsafe { memalign::<B>(align, size) };
+    set_errno(saved);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller passes a writable `out`.
+    unsafe { *out = p };
+    0
+}
+
+/// # Safety
+/// C `valloc`.
+pub unsafe fn valloc<B: Backend>(size: usize) -> *mut c_void {
+    // SAFETY: same contract.
+    unsafe { memalign::<B>(PAGE, size) }
+}
+
+/// # Safety
+/// glibc `pvalloc`: size rounded up to whole pages.
+pub unsafe fn pvalloc<B: Backend>(size: usize) -> *mut c_void {
+    let Some(rounded) = size.checked_next_multiple_of(PAGE) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    // SAFETY: same contract.
+    unsafe { memalign::<B>(PAGE, rounded) }
+}
+
+/// # Safety
+/// glibc `malloc_usable_size`.
+pub unsafe fn malloc_usable_size<B: Backend>(p: *mut c_void) -> usize {
+    if p.is_null() {
+        0
+    } else if in_region(p) {
+        sample_region::usable_size(p.cast())
+    } else {
+        // SAFETY: p came from the backend.
+        unsafe { B::usable_size(p) }
+    }
+}
+
+/// Countdown expired on an allocation: sample it (if the sampler says so
+/// and it fits in the region) or fall back to the backend.
+#[cold]
+#[inline(never)]
+unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut c_void {
+    let weight = thread_state::resolve(size);
+    if weight != 0 {
+        // Region pages are fresh zero pages: no memset even for calloc.
+        let p = sampled::place(size, align, weight);
+        if !p.is_null() {
+            return p.cast();
+        }
+    }
+    // SAFETY: forwarded with the caller's contract; align is a power of two.
+    unsafe {
+        if align > MIN_ALIGN {
+            B::memalign(align, size)
+        } else if zero {
+            B::calloc(size)
+        } else {
+            B::malloc(size)
+        }
+    }
+}
+
+/// realloc where the old block is sampled or the new size's countdown
+/// expired: the block is re-sampled on its new size, moving between the
+/// region and the backend as needed. On failure the old block is intact.
+#[cold]
+#[inline(never)]
+unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -> *mut c_void {
+    let weight = if expired {
+        thread_state::resolve(size)
+    } else {
+        0
+    };
+    let old_sampled = in_region(p);
+    let q = if weight != 0 {
+        sampled::place(size, MIN_ALIGN, weight).cast::<c_void>()
+    } else {
+        ptr::null_mut()
+    };
+    let q = if !q.is_null() {
+        q
+    } else if old_sampled {
+        // SAFETY: plain backend allocation.
+        let q = unsafe { B::malloc(size) };
+        if q.is_null() {
+            return ptr::null_mut();
+        }
+        q
+    } else {
+        // Unsampled to unsampled: the backend may resize in place.
+        // SAFETY: p came from the backend.
+        return unsafe { B::realloc(p, size) };
+    };
+    // SAFETY: p and q are distinct live blocks; p has at least `old` usable
+    // bytes and q at least `size`.
+    unsafe {
+        let old = malloc_usable_size::<B>(p);
+        ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), old.min(size));
+        free::<B>(p);
+    }
+    q
+}
+
+/// Define the exported C allocator symbols in the invoking crate (an
+/// LD_PRELOAD cdylib), backed by `$backend: allocator::backend::Backend`.
+#[macro_export]
+macro_rules! export_c_allocator {
+    ($backend:ty) => {
+        use ::core::ffi::c_void as __AllocprofVoid;
+
+        /// C `malloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn malloc(size: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::malloc::<$backend>(size) }
+        }
+
+        /// C `free`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn free(p: *mut __AllocprofVoid) {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::free::<$backend>(p) }
+        }
+
+        /// Obsolete alias of `free`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn cfree(p: *mut __AllocprofVoid) {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::free::<$backend>(p) }
+        }
+
+        /// C `calloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn calloc(n: usize, m: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::calloc::<$backend>(n, m) }
+        }
+
+        /// C `realloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn realloc(
+            p: *mut __AllocprofVoid,
+            size: usize,
+        ) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::realloc::<$backend>(p, size) }
+        }
+
+        /// glibc `reallocarray`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn reallocarray(
+            p: *mut __AllocprofVoid,
+            n: usize,
+            m: usize,
+        ) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::reallocarray::<$backend>(p, n, m) }
+        }
+
+        /// POSIX `posix_memalign`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn posix_memalign(
+            out: *mut *mut __AllocprofVoid,
+            align: usize,
+            size: usize,
+        ) -> i32 {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::posix_memalign::<$backend>(out, align, size) }
+        }
+
+        /// C11 `aligned_alloc` (glibc 2.36 semantics = memalign).
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::memalign::<$backend>(align, size) }
+        }
+
+        /// glibc `memalign`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::memalign::<$backend>(align, size) }
+        }
+
+        /// `valloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn valloc(size: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::valloc::<$backend>(size) }
+        }
+
+        /// glibc `pvalloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn pvalloc(size: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::pvalloc::<$backend>(size) }
+        }
+
+        /// glibc `malloc_usable_size`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn malloc_usable_size(p: *mut __AllocprofVoid) -> usize {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::malloc_usable_size::<$backend>(p) }
+        }
+
+        /// Sampling counters (for tests and the benchmark).
+        ///
+        /// # Safety
+        /// `out` must be writable.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn allocprof_stats(out: *mut $crate::Stats) {
+            // SAFETY: the caller passes a writable Stats.
+            unsafe { *out = $crate::stats() };
+        }
+    };
+}

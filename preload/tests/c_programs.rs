@@ -1,0 +1,85 @@
+//! C programs under LD_PRELOAD: every exported function's semantics,
+//! threads with cross-thread frees, fork from a threaded program, signal
+//! handlers that allocate, everything-sampled stress. Both backends.
+
+mod common;
+
+use std::process::Command;
+
+use common::{BACKENDS, Backend, apply, c_program, preloaded, run_ok};
+
+const RATES: [Option<&str>; 4] = [None, Some("1"), Some("4k"), Some("0")];
+
+fn run_c(name: &str, args: &[&str], backend: Backend, rate: Option<&'static str>) -> String {
+    let exe = c_program(name, name);
+    let mut cmd = Command::new(&exe);
+    cmd.args(args);
+    apply(&mut cmd, preloaded(backend, rate));
+    if rate == Some("1") {
+        cmd.env("API_EXPECT_ALL_SAMPLED", "1");
+    }
+    let out = run_ok(
+        &mut cmd,
+        &format!("{name} {args:?} {backend:?} rate={rate:?}"),
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn api_semantics_all_backends_and_rates() {
+    for backend in BACKENDS {
+        for rate in RATES {
+            let out = run_c("api", &[], backend, rate);
+            assert!(out.contains("api ok"), "{out}");
+            if rate == Some("0") {
+                assert!(out.contains("sampled=0 "), "rate 0 must not sample: {out}");
+            }
+        }
+    }
+}
+
+#[test]
+fn threads_with_cross_thread_frees() {
+    for backend in BACKENDS {
+        for rate in RATES {
+            run_c("stress", &["threads"], backend, rate);
+        }
+    }
+}
+
+#[test]
+fn fork_from_threaded_program() {
+    for backend in BACKENDS {
+        for rate in [None, Some("1"), Some("4k")] {
+            run_c("stress", &["fork"], backend, rate);
+        }
+    }
+}
+
+#[test]
+fn signal_handlers_that_allocate() {
+    for backend in BACKENDS {
+        for rate in [None, Some("1"), Some("4k")] {
+            run_c("stress", &["signals"], backend, rate);
+        }
+        // Asynchronous signals are only fair when nothing reaches the
+        // (non-async-signal-safe) backend: everything sampled.
+        run_c("stress", &["signals-async"], backend, Some("1"));
+    }
+}
+
+#[test]
+fn malformed_rate_warns_once_and_uses_default() {
+    for backend in BACKENDS {
+        let exe = c_program("api", "api");
+        let mut cmd = Command::new(&exe);
+        apply(&mut cmd, preloaded(backend, Some("12zz")));
+        let out = run_ok(&mut cmd, "api with malformed rate");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.matches("malformed ALLOCPROF_RATE").count(),
+            1,
+            "stderr: {stderr}"
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! Shared helpers for the LD_PRELOAD tests: build the libraries once into a
+//! separate target dir (the outer `cargo test` holds the lock on its own),
+//! compile the C test programs, run things with and without the library.
+#![allow(dead_code)] // each test binary uses a subset
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+/// The two flavours of the preload library.
+#[derive(Clone, Copy, Debug)]
+pub enum Backend {
+    Mimalloc,
+    Glibc,
+}
+
+pub const BACKENDS: [Backend; 2] = [Backend::Mimalloc, Backend::Glibc];
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("preload/ has a parent")
+        .to_path_buf()
+}
+
+pub fn artifacts_dir() -> PathBuf {
+    workspace_root().join("target").join("test-artifacts")
+}
+
+struct Libs {
+    mimalloc: PathBuf,
+    glibc: PathBuf,
+}
+
+fn libs() -> &'static Libs {
+    static LIBS: OnceLock<Libs> = OnceLock::new();
+    LIBS.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let target = artifacts_dir();
+        let status = Command::new(cargo)
+            .current_dir(workspace_root())
+            .args(["build", "--release", "-p", "preload", "-p", "preload-glibc"])
+            .arg("--target-dir")
+            .arg(&target)
+            .env_remove("CARGO_TARGET_DIR")
+            .status()
+            .expect("run cargo build for the preload libraries");
+        assert!(status.success(), "building the preload libraries failed");
+        let release = target.join("release");
+        let libs = Libs {
+            mimalloc: release.join("liballocprof.so"),
+            glibc: release.join("liballocprof_glibc.so"),
+        };
+        assert!(libs.mimalloc.exists() && libs.glibc.exists());
+        libs
+    })
+}
+
+pub fn library(backend: Backend) -> &'static Path {
+    match backend {
+        Backend::Mimalloc => &libs().mimalloc,
+        Backend::Glibc => &libs().glibc,
+    }
+}
+
+/// Fail (never skip) when a tool is missing, naming the Debian package.
+pub fn require_tool(tool: &str, package: &str) -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(tool))
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!("`{tool}` not found in PATH: install it with `apt-get install {package}`")
+    })
+}
+
+/// Compile `tests/c/<name>.c` once per test binary; returns the executable.
+/// `exe_name` lets a test pick a recognisable `comm`.
+pub fn c_program(name: &str, exe_name: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+    if let Some(p) = built.get(exe_name) {
+        return p.clone();
+    }
+    require_tool("gcc", "gcc");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let out_dir = artifacts_dir().join("c");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let exe = out_dir.join(exe_name);
+    let out = Command::new("gcc")
+        .args(["-O2", "-g", "-Wall", "-Werror", "-pthread", "-fno-builtin"])
+        .args(["-Wno-alloc-size-larger-than", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("run gcc");
+    assert!(
+        out.status.success(),
+        "gcc {name}.c failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    built.insert(exe_name.to_string(), exe.clone());
+    exe
+}
+
+/// How a command is run: bare, or with a library preloaded at a rate.
+#[derive(Clone, Copy, Debug)]
+pub struct Mode {
+    pub backend: Option<Backend>,
+    /// `None` = ALLOCPROF_RATE unset (default rate).
+    pub rate: Option<&'static str>,
+}
+
+pub const BARE: Mode = Mode {
+    backend: None,
+    rate: None,
+};
+
+pub fn preloaded(backend: Backend, rate: Option<&'static str>) -> Mode {
+    Mode {
+        backend: Some(backend),
+        rate,
+    }
+}
+
+pub fn apply(cmd: &mut Command, mode: Mode) -> &mut Command {
+    cmd.env_remove("LD_PRELOAD").env_remove("ALLOCPROF_RATE");
+    if let Some(b) = mode.backend {
+        cmd.env("LD_PRELOAD", library(b));
+    }
+    if let Some(r) = mode.rate {
+        cmd.env("ALLOCPROF_RATE", r);
+    }
+    cmd
+}
+
+/// Run and require exit status 0; returns the output.
+pub fn run_ok(cmd: &mut Command, what: &str) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: spawn failed: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A fresh scratch directory under the artifacts dir.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let d = artifacts_dir()
+        .join("scratch")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

@@ -1,0 +1,233 @@
+//! The USDT probes: notes as readelf sees them, 5-byte NOP probe sites, and
+//! bpftrace actually receiving the events.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{BACKENDS, Backend, apply, c_program, library, preloaded, require_tool, run_ok};
+
+struct Probe {
+    name: String,
+    pc: u64,
+    args: String,
+}
+
+fn probes(lib: &std::path::Path) -> Vec<Probe> {
+    require_tool("readelf", "binutils");
+    let out = run_ok(Command::new("readelf").arg("-n").arg(lib), "readelf -n");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut probes = Vec::new();
+    let mut lines = text.lines().map(str::trim);
+    while let Some(line) = lines.next() {
+        if line != "Provider: otel_memory" {
+            continue;
+        }
+        let name = lines
+            .next()
+            .unwrap()
+            .strip_prefix("Name: ")
+            .unwrap()
+            .to_string();
+        let loc = lines.next().unwrap();
+        let pc = loc
+            .strip_prefix("Location: 0x")
+            .and_then(|s| s.split(',').next())
+            .map(|h| u64::from_str_radix(h, 16).unwrap())
+            .expect("Location line");
+        assert!(loc.contains("Semaphore: 0x0000000000000000"), "{loc}");
+        let args = lines
+            .next()
+            .unwrap()
+            .strip_prefix("Arguments: ")
+            .unwrap()
+            .to_string();
+        probes.push(Probe { name, pc, args });
+    }
+    probes
+}
+
+/// File offset of virtual address `addr`, from the section headers.
+fn file_offset(lib: &std::path::Path, addr: u64) -> u64 {
+    let out = run_ok(Command::new("readelf").arg("-SW").arg(lib), "readelf -SW");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(rest) = line.trim_start().strip_prefix('[') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest
+            .split(']')
+            .nth(1)
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        if fields.len() < 5 || fields[1] != "PROGBITS" {
+            continue;
+        }
+        let (Ok(sh_addr), Ok(off), Ok(size)) = (
+            u64::from_str_radix(fields[2], 16),
+            u64::from_str_radix(fields[3], 16),
+            u64::from_str_radix(fields[4], 16),
+        ) else {
+            continue;
+        };
+        if sh_addr != 0 && (sh_addr..sh_addr + size).contains(&addr) {
+            return addr - sh_addr + off;
+        }
+    }
+    panic!(
+        "address {addr:#x} not in any PROGBITS section of {}",
+        lib.display()
+    );
+}
+
+#[test]
+fn notes_declare_both_probes_with_their_arguments() {
+    for backend in BACKENDS {
+        let lib = library(backend);
+        let probes = probes(lib);
+        let mut names: Vec<_> = probes
+            .iter()
+            .map(|p| (p.name.as_str(), p.args.as_str()))
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [("alloc", "8@%rdi 8@%rsi 8@%rdx"), ("free", "8@%rdi")],
+            "exactly one alloc and one free site in {}",
+            lib.display()
+        );
+        let out = run_ok(Command::new("readelf").arg("-SW").arg(lib), "readelf -SW");
+        assert!(String::from_utf8_lossy(&out.stdout).contains(".stapsdt.base"));
+    }
+}
+
+#[test]
+fn every_probe_site_is_a_five_byte_nop() {
+    for backend in BACKENDS {
+        let lib = library(backend);
+        let bytes = std::fs::read(lib).unwrap();
+        for p in probes(lib) {
+            let off = file_offset(lib, p.pc) as usize;
+            assert_eq!(
+                &bytes[off..off + 5],
+                &[0x0f, 0x1f, 0x44, 0x00, 0x00],
+                "probe {} at {:#x}",
+                p.name,
+                p.pc
+            );
+        }
+    }
+}
+
+#[test]
+fn library_uses_static_tls() {
+    for backend in BACKENDS {
+        let out = run_ok(
+            Command::new("readelf").arg("-d").arg(library(backend)),
+            "readelf -d",
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("STATIC_TLS"), "{text}");
+    }
+}
+
+fn ensure_tracefs() {
+    // bpftrace's uprobes need no tracefs on this kernel, but older bpftrace
+    // paths look there; mount it if absent (we are root).
+    if !std::path::Path::new("/sys/kernel/tracing/events").exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
+            .status();
+    }
+}
+
+fn bpftrace_sees_events(backend: Backend) {
+    require_tool("bpftrace", "bpftrace");
+    ensure_tracefs();
+    let lib = library(backend);
+    // `comm` is the executable name truncated to 15 characters.
+    let exe_name = "usdt_probes";
+    let exe = c_program("probes", exe_name);
+    let script = format!(
+        "usdt:{lib}:otel_memory:alloc /comm == \"{exe_name}\"/ {{ printf(\"A %lu %lu %lu\\n\", arg0, arg1, arg2); }}\n\
+         usdt:{lib}:otel_memory:free /comm == \"{exe_name}\"/ {{ printf(\"F %lu\\n\", arg0); }}\n",
+        lib = lib.display()
+    );
+    // Not `bpftrace -c`: it resolves USDT locations in the child before exec,
+    // when the preloaded library is not mapped yet.
+    let mut bt = Command::new("bpftrace")
+        .args(["-e", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn bpftrace");
+    let mut stdout = BufReader::new(bt.stdout.take().unwrap());
+    let mut first = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !first.contains("Attaching") {
+        first.clear();
+        if stdout.read_line(&mut first).unwrap() == 0 || Instant::now() > deadline {
+            let mut err = String::new();
+            bt.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("bpftrace did not attach: {err}");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    const N: u64 = 40;
+    let mut cmd = Command::new(&exe);
+    cmd.arg(N.to_string());
+    apply(&mut cmd, preloaded(backend, Some("1")));
+    run_ok(&mut cmd, "probes program");
+    std::thread::sleep(Duration::from_millis(1000));
+    // SAFETY: signals our own child process by pid.
+    unsafe { libc::kill(bt.id() as i32, libc::SIGINT) };
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    bt.wait().unwrap();
+
+    let mut allocs = Vec::new();
+    let mut frees = Vec::new();
+    for line in rest.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            ["A", p, s, w] => allocs.push((
+                p.parse::<u64>().unwrap(),
+                s.parse::<u64>().unwrap(),
+                w.parse::<u64>().unwrap(),
+            )),
+            ["F", p] => frees.push(p.parse::<u64>().unwrap()),
+            _ => {}
+        }
+    }
+    let big: Vec<_> = allocs.iter().filter(|a| a.1 >= 1 << 20).collect();
+    assert!(
+        big.len() as u64 >= N,
+        "{backend:?}: {} large alloc events:\n{rest}",
+        big.len()
+    );
+    for i in 0..N {
+        let size = (1 << 20) + i * 4096;
+        let ev = big
+            .iter()
+            .find(|a| a.1 == size)
+            .unwrap_or_else(|| panic!("no alloc event of size {size}"));
+        // At R = 1 byte the weight of a big block is its size.
+        assert_eq!(ev.2, size, "weight at rate 1");
+        assert!(
+            frees.contains(&ev.0),
+            "block {:#x} freed without a free event",
+            ev.0
+        );
+    }
+    assert!(frees.len() as u64 >= N);
+}
+
+#[test]
+fn bpftrace_receives_alloc_and_free_events() {
+    // Sequential: both attach to probes filtered by the same comm.
+    for backend in BACKENDS {
+        bpftrace_sees_events(backend);
+    }
+}
