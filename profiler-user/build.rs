@@ -1,0 +1,61 @@
+//! Builds the kernel object from `profiler-ebpf` when the eBPF toolchain
+//! (nightly with rust-src, bpf-linker) is present; otherwise uses the object
+//! committed in `profiler-ebpf/prebuilt/`, so stable-only users can build.
+//! `cargo xtask setup` installs the toolchain; a test checks that the committed
+//! object is not stale.
+
+use std::{env, fs, path::PathBuf, process::Command};
+
+const PREBUILT: &str = "../profiler-ebpf/prebuilt/profiler.bpf.o";
+
+fn main() {
+    println!("cargo:rerun-if-changed={PREBUILT}");
+    println!("cargo:rerun-if-env-changed=ALLOCPROF_PREBUILT_EBPF");
+    println!("cargo:rerun-if-env-changed=PATH");
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
+    let force_prebuilt = env::var_os("ALLOCPROF_PREBUILT_EBPF").is_some_and(|v| v == "1");
+
+    match ebpf_toolchain_missing() {
+        None if !force_prebuilt => {
+            let package = aya_build::Package {
+                name: "profiler-ebpf",
+                root_dir: "../profiler-ebpf",
+                ..Default::default()
+            };
+            if let Err(e) = aya_build::build_ebpf([package], aya_build::Toolchain::Nightly) {
+                panic!("building the eBPF object failed: {e:#}");
+            }
+        }
+        missing => {
+            let why = missing.unwrap_or_else(|| "ALLOCPROF_PREBUILT_EBPF=1".into());
+            println!(
+                "cargo:warning=using the committed eBPF object ({why}); \
+                 `cargo xtask setup` installs the eBPF toolchain"
+            );
+            fs::copy(PREBUILT, out.join("profiler"))
+                .unwrap_or_else(|e| panic!("copying {PREBUILT}: {e}"));
+        }
+    }
+}
+
+/// What of the eBPF toolchain is missing, if anything.
+fn ebpf_toolchain_missing() -> Option<String> {
+    let sysroot = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    let Some(sysroot) = sysroot else {
+        return Some("no nightly toolchain".into());
+    };
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    if !sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
+        return Some("nightly has no rust-src".into());
+    }
+    let linker = env::var_os("PATH")
+        .and_then(|paths| env::split_paths(&paths).find(|dir| dir.join("bpf-linker").is_file()));
+    if linker.is_none() {
+        return Some("bpf-linker is not installed".into());
+    }
+    None
+}

@@ -1,0 +1,93 @@
+//! Folded stacks for flamegraph.pl and inferno: `root;...;leaf VALUE`, the
+//! process as the root frame `name (pid)`.
+
+use std::{collections::BTreeMap, fmt::Write};
+
+use crate::{profile::Profile, stats::Value};
+
+pub fn render(profile: &Profile, value: Value) -> String {
+    // Identical lines (e.g. stacks that differ only in addresses that
+    // symbolize the same) are summed, as the format expects.
+    let mut lines: BTreeMap<String, f64> = BTreeMap::new();
+    for p in &profile.processes {
+        for s in &p.stacks {
+            let v = s.totals.value(value);
+            if v < 0.5 {
+                continue;
+            }
+            let mut line = sanitize(&p.label());
+            for f in s.frames.iter().rev() {
+                line.push(';');
+                line.push_str(&sanitize(&f.function));
+            }
+            *lines.entry(line).or_default() += v;
+        }
+    }
+    let mut out = String::new();
+    for (line, v) in lines {
+        let _ = writeln!(out, "{line} {}", v.round() as u64);
+    }
+    out
+}
+
+/// `;` separates frames and the last space separates the value.
+fn sanitize(s: &str) -> String {
+    s.replace(';', ":").replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use profiler_common::DROP_REASONS;
+
+    use super::*;
+    use crate::{
+        profile::{ProcessKey, ProcessProfile, ProcessState, StackProfile},
+        stats::Totals,
+        symbolize::Frame,
+    };
+
+    #[test]
+    fn root_first_with_the_process_as_root() {
+        let frames: Arc<[Frame]> = ["leaf;x", "main"]
+            .iter()
+            .map(|n| Frame {
+                function: n.to_string(),
+                location: None,
+                module: None,
+                inlined: false,
+            })
+            .collect();
+        let totals = Totals {
+            live_bytes: 1234.4,
+            alloc_objects: 7.6,
+            ..Default::default()
+        };
+        let profile = Profile {
+            processes: vec![ProcessProfile {
+                key: ProcessKey {
+                    pid: 7,
+                    generation: 0,
+                },
+                name: "demo".into(),
+                state: ProcessState::Live,
+                totals,
+                alloc_events: 0,
+                free_events: 0,
+                drops: [0; DROP_REASONS],
+                stacks: vec![StackProfile { frames, totals }],
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            render(&profile, Value::InuseBytes),
+            "demo (7);main;leaf:x 1234\n"
+        );
+        assert_eq!(
+            render(&profile, Value::AllocObjects),
+            "demo (7);main;leaf:x 8\n"
+        );
+        assert_eq!(render(&profile, Value::AllocBytes), "");
+    }
+}

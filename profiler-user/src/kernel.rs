@@ -1,0 +1,358 @@
+//! The one module that talks to aya: loads the kernel programs, attaches them
+//! to probe sites, and reads and trims the kernel's maps.
+
+use std::{
+    collections::{BTreeMap, HashMap as StdHashMap},
+    num::NonZeroU32,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        RawTracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+    },
+};
+use profiler_common::{
+    AggKey, DROP_REASONS, LiveKey, LiveSample, ProcEvent, ProcState, StackAgg, StackTrace, UsdtSpec,
+};
+use thiserror::Error;
+
+/// The kernel object, built by build.rs (from source, or the committed one).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+
+/// Which of the two `otel_memory` probes a site is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProbeKind {
+    Alloc,
+    Free,
+}
+
+impl ProbeKind {
+    pub fn from_name(name: &str) -> Option<ProbeKind> {
+        match name {
+            "alloc" => Some(ProbeKind::Alloc),
+            "free" => Some(ProbeKind::Free),
+            _ => None,
+        }
+    }
+
+    fn program(self) -> &'static str {
+        match self {
+            ProbeKind::Alloc => "otel_memory_alloc",
+            ProbeKind::Free => "otel_memory_free",
+        }
+    }
+}
+
+/// Limits of the kernel-side state.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_live_samples: u32,
+    pub max_live_per_process: u64,
+    pub max_stacks: u32,
+    pub max_aggregates: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_live_samples: 262_144,
+            max_live_per_process: 65_536,
+            max_stacks: 65_536,
+            max_aggregates: 65_536,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum KernelError {
+    #[error("loading the eBPF programs failed: {0}")]
+    Load(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(
+        "the kernel refused the eBPF programs (missing privileges: run as root, or with CAP_BPF and CAP_PERFMON)"
+    )]
+    Permission(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("attaching to {path} at offset {offset:#x} failed: {source}")]
+    Attach {
+        path: PathBuf,
+        offset: u64,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("reading kernel map {map}: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+}
+
+/// One probe site to attach to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeSite {
+    pub kind: ProbeKind,
+    pub file_offset: u64,
+    pub spec: UsdtSpec,
+}
+
+/// Where an attachment fires: any process mapping the file, or one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    AllProcesses,
+    Process(u32),
+}
+
+/// A consistent-enough copy of the kernel's aggregates.
+#[derive(Debug, Default)]
+pub struct KernelSnapshot {
+    pub aggregates: Vec<(AggKey, StackAgg)>,
+    pub processes: BTreeMap<u32, ProcState>,
+    /// Drops summed over CPUs, by `DropReason`.
+    pub drops: [u64; DROP_REASONS],
+}
+
+pub struct Kernel {
+    ebpf: Ebpf,
+    specs: Array<MapData, UsdtSpec>,
+    next_cookie: u32,
+    spec_cookies: StdHashMap<SpecKey, u32>,
+    links: StdHashMap<(PathBuf, ProbeKind, u64, Scope), UProbeLinkId>,
+    live: HashMap<MapData, LiveKey, LiveSample>,
+    aggs: HashMap<MapData, AggKey, StackAgg>,
+    stacks: HashMap<MapData, u64, StackTrace>,
+    procs: HashMap<MapData, u32, ProcState>,
+    drops: PerCpuArray<MapData, u64>,
+    events: Option<RingBuf<MapData>>,
+}
+
+/// `UsdtSpec` as a hashable key, so equal specs share one cookie.
+type SpecKey = [u8; std::mem::size_of::<UsdtSpec>()];
+
+fn spec_key(spec: &UsdtSpec) -> SpecKey {
+    // SAFETY: UsdtSpec is #[repr(C)] plain data without padding bytes.
+    unsafe { std::mem::transmute_copy(spec) }
+}
+
+impl Kernel {
+    /// Loads the programs and attaches the process lifecycle tracepoints.
+    pub fn load(limits: Limits, report_all_execs: bool) -> Result<Kernel, KernelError> {
+        Kernel::load_object(OBJECT, limits, report_all_execs)
+    }
+
+    /// As [`Kernel::load`], from a given object (the committed one, in tests).
+    pub fn load_object(
+        object: &[u8],
+        limits: Limits,
+        report_all_execs: bool,
+    ) -> Result<Kernel, KernelError> {
+        let report_all = u8::from(report_all_execs);
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("LIVE", limits.max_live_samples)
+            .map_max_entries("STACKS", limits.max_stacks)
+            .map_max_entries("AGGS", limits.max_aggregates)
+            .override_global("MAX_LIVE_PER_PROCESS", &limits.max_live_per_process, true)
+            .override_global("REPORT_ALL_EXECS", &report_all, true)
+            .load(object)
+            .map_err(classify_load_error)?;
+        for kind in [ProbeKind::Alloc, ProbeKind::Free] {
+            let prog: &mut UProbe = program(&mut ebpf, kind.program())?;
+            prog.load().map_err(classify_load_error)?;
+        }
+        for tp in ["sched_process_exit", "sched_process_exec"] {
+            let prog: &mut RawTracePoint = program(&mut ebpf, tp)?;
+            prog.load().map_err(classify_load_error)?;
+            prog.attach(tp).map_err(classify_load_error)?;
+        }
+        let specs =
+            Array::try_from(take(&mut ebpf, "USDT_SPECS")?).map_err(map_err("USDT_SPECS"))?;
+        let live = HashMap::try_from(take(&mut ebpf, "LIVE")?).map_err(map_err("LIVE"))?;
+        let aggs = HashMap::try_from(take(&mut ebpf, "AGGS")?).map_err(map_err("AGGS"))?;
+        let stacks = HashMap::try_from(take(&mut ebpf, "STACKS")?).map_err(map_err("STACKS"))?;
+        let procs = HashMap::try_from(take(&mut ebpf, "PROCS")?).map_err(map_err("PROCS"))?;
+        let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(map_err("DROPS"))?;
+        let events =
+            RingBuf::try_from(take(&mut ebpf, "PROC_EVENTS")?).map_err(map_err("PROC_EVENTS"))?;
+        Ok(Kernel {
+            ebpf,
+            specs,
+            next_cookie: 0,
+            spec_cookies: StdHashMap::new(),
+            links: StdHashMap::new(),
+            live,
+            aggs,
+            stacks,
+            procs,
+            drops,
+            events: Some(events),
+        })
+    }
+
+    /// Attaches to `site` in the file at `path`. Attaching twice is a no-op.
+    pub fn attach(
+        &mut self,
+        path: &Path,
+        site: &ProbeSite,
+        scope: Scope,
+    ) -> Result<(), KernelError> {
+        let key = (path.to_path_buf(), site.kind, site.file_offset, scope);
+        if self.links.contains_key(&key) {
+            return Ok(());
+        }
+        let cookie = self.cookie_for(&site.spec, path, site.file_offset)?;
+        let attach_err = |e: Box<dyn std::error::Error + Send + Sync>| KernelError::Attach {
+            path: path.to_path_buf(),
+            offset: site.file_offset,
+            source: e,
+        };
+        let prog: &mut UProbe = program(&mut self.ebpf, site.kind.program())?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(site.file_offset),
+            cookie: Some(u64::from(cookie)),
+        };
+        let scope = match scope {
+            Scope::AllProcesses => UProbeScope::AllProcesses,
+            Scope::Process(pid) => match NonZeroU32::new(pid) {
+                Some(pid) => UProbeScope::OneProcess(pid),
+                None => UProbeScope::AllProcesses,
+            },
+        };
+        let link = prog
+            .attach(point, path, scope)
+            .map_err(|e| attach_err(Box::new(e)))?;
+        self.links.insert(key, link);
+        Ok(())
+    }
+
+    fn cookie_for(
+        &mut self,
+        spec: &UsdtSpec,
+        path: &Path,
+        offset: u64,
+    ) -> Result<u32, KernelError> {
+        if let Some(&c) = self.spec_cookies.get(&spec_key(spec)) {
+            return Ok(c);
+        }
+        let cookie = self.next_cookie;
+        self.specs
+            .set(cookie, spec, 0)
+            .map_err(|e| KernelError::Attach {
+                path: path.to_path_buf(),
+                offset,
+                source: Box::new(e),
+            })?;
+        self.next_cookie += 1;
+        self.spec_cookies.insert(spec_key(spec), cookie);
+        Ok(cookie)
+    }
+
+    /// Number of attached probe sites.
+    pub fn attachments(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Copies the aggregates, per-process state and drop counters.
+    pub fn snapshot(&self) -> Result<KernelSnapshot, KernelError> {
+        let mut snap = KernelSnapshot::default();
+        for entry in self.aggs.iter() {
+            snap.aggregates.push(entry.map_err(map_err("AGGS"))?);
+        }
+        for entry in self.procs.iter() {
+            let (pid, state) = entry.map_err(map_err("PROCS"))?;
+            snap.processes.insert(pid, state);
+        }
+        for (i, slot) in snap.drops.iter_mut().enumerate() {
+            let per_cpu = self.drops.get(&(i as u32), 0).map_err(map_err("DROPS"))?;
+            *slot = per_cpu.iter().sum();
+        }
+        Ok(snap)
+    }
+
+    /// The frames of a stack, innermost first.
+    pub fn stack(&self, id: u64) -> Option<Vec<u64>> {
+        let trace = self.stacks.get(&id, 0).ok()?;
+        let len = (trace.len as usize).min(trace.frames.len());
+        Some(trace.frames[..len].to_vec())
+    }
+
+    /// Forgets a process image that is gone (exit, or exec into generation
+    /// `below_generation`): its live samples and its aggregates, which the
+    /// caller has copied. Whoever deletes a live sample owns it, so this races
+    /// safely with a concurrent free in the kernel. Returns the samples freed.
+    pub fn forget_process(&mut self, pid: u32, below_generation: Option<u32>) -> usize {
+        let gone = |generation: u32| below_generation.is_none_or(|g| generation < g);
+        let samples: Vec<LiveKey> = self
+            .live
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, s)| k.pid == pid && gone(s.generation))
+            .map(|(k, _)| k)
+            .collect();
+        let freed = samples
+            .iter()
+            .filter(|k| self.live.remove(k).is_ok())
+            .count();
+        let aggs: Vec<AggKey> = self
+            .aggs
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.pid == pid && gone(k.generation))
+            .collect();
+        for key in aggs {
+            let _ = self.aggs.remove(&key);
+        }
+        if below_generation.is_none() {
+            let _ = self.procs.remove(&pid);
+        }
+        freed
+    }
+
+    /// The ring buffer of process exit/exec events (taken once, for polling).
+    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.events.take()
+    }
+}
+
+/// Decodes a ring buffer record.
+pub fn decode_event(bytes: &[u8]) -> Option<ProcEvent> {
+    if bytes.len() < std::mem::size_of::<ProcEvent>() {
+        return None;
+    }
+    // SAFETY: ProcEvent is plain data; the length was checked above.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ProcEvent>()) })
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, KernelError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let prog = ebpf.program_mut(name).ok_or_else(|| {
+        KernelError::Load(format!("the eBPF object has no program {name}").into())
+    })?;
+    prog.try_into().map_err(|e| KernelError::Load(Box::new(e)))
+}
+
+fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map, KernelError> {
+    ebpf.take_map(name)
+        .ok_or_else(|| KernelError::Load(format!("the eBPF object has no map {name}").into()))
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> KernelError {
+    move |source| KernelError::Map { map, source }
+}
+
+/// EPERM/EACCES anywhere in the chain means privileges, not a broken object.
+fn classify_load_error<E: std::error::Error + Send + Sync + 'static>(e: E) -> KernelError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
+        {
+            return KernelError::Permission(Box::new(e));
+        }
+        cause = c.source();
+    }
+    KernelError::Load(Box::new(e))
+}

@@ -1,0 +1,14 @@
+//! Library half of allocprof: discovery, the kernel interface, and the pure
+//! cores (statistics, profile model, symbolization, output formats) that the
+//! binary drives. Only `kernel` talks to aya.
+
+pub mod collapsed;
+pub mod discover;
+pub mod kernel;
+pub mod normalize;
+pub mod profile;
+pub mod report;
+pub mod session;
+pub mod stats;
+pub mod symbolize;
+pub mod usdt;

@@ -1,0 +1,172 @@
+//! The profile as allocprof shows and exports it: per process (pid and exec
+//! generation) and per symbolized stack, with unbiased totals. Pure data;
+//! the session builds it from the kernel's maps.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use profiler_common::DROP_REASONS;
+
+use crate::{stats::Totals, symbolize::Frame};
+
+/// One process image: a pid, and which exec of it (generation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessKey {
+    pub pid: u32,
+    pub generation: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessState {
+    Live,
+    /// The process exited; its figures are as they were at exit.
+    Exited,
+    /// The process exec'ed another program; these figures are the old image's.
+    Replaced,
+}
+
+impl ProcessState {
+    pub fn describe(self) -> &'static str {
+        match self {
+            ProcessState::Live => "live",
+            ProcessState::Exited => "exited",
+            ProcessState::Replaced => "exec'ed",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct StackProfile {
+    /// Innermost frame first, allocator frames removed.
+    pub frames: Arc<[Frame]>,
+    pub totals: Totals,
+}
+
+#[derive(Clone, Debug)]
+pub struct ProcessProfile {
+    pub key: ProcessKey,
+    pub name: String,
+    pub state: ProcessState,
+    pub totals: Totals,
+    pub alloc_events: u64,
+    pub free_events: u64,
+    /// Sampled events not accounted, by `DropReason`.
+    pub drops: [u64; DROP_REASONS],
+    /// Sorted by live bytes, largest first.
+    pub stacks: Vec<StackProfile>,
+}
+
+impl ProcessProfile {
+    pub fn label(&self) -> String {
+        format!("{} ({})", self.name, self.key.pid)
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// Sorted by live bytes, largest first.
+    pub processes: Vec<ProcessProfile>,
+    /// Drops counted by the kernel over all processes (including events that
+    /// could not be tied to a process).
+    pub drops: [u64; DROP_REASONS],
+    pub elapsed: Duration,
+}
+
+impl Profile {
+    pub fn totals(&self) -> Totals {
+        self.processes.iter().map(|p| p.totals).sum()
+    }
+
+    /// Stacks of all processes merged by their symbolized frames: each
+    /// sample was unbiased on its own, so merging is a plain sum.
+    pub fn merged_stacks(&self) -> Vec<StackProfile> {
+        let mut merged: HashMap<Arc<[Frame]>, Totals> = HashMap::new();
+        for p in &self.processes {
+            for s in &p.stacks {
+                *merged.entry(s.frames.clone()).or_default() += s.totals;
+            }
+        }
+        let mut stacks: Vec<StackProfile> = merged
+            .into_iter()
+            .map(|(frames, totals)| StackProfile { frames, totals })
+            .collect();
+        sort_stacks(&mut stacks);
+        stacks
+    }
+}
+
+/// Largest live bytes first; ties by allocated bytes, then frames, so the
+/// order is stable between refreshes.
+pub fn sort_stacks(stacks: &mut [StackProfile]) {
+    stacks.sort_by(|a, b| {
+        b.totals
+            .live_bytes
+            .total_cmp(&a.totals.live_bytes)
+            .then(b.totals.alloc_bytes.total_cmp(&a.totals.alloc_bytes))
+            .then_with(|| a.frames.cmp(&b.frames))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(names: &[&str]) -> Arc<[Frame]> {
+        names
+            .iter()
+            .map(|n| Frame {
+                function: n.to_string(),
+                location: None,
+                module: None,
+                inlined: false,
+            })
+            .collect()
+    }
+
+    fn process(pid: u32, stacks: Vec<(Arc<[Frame]>, f64)>) -> ProcessProfile {
+        let stacks: Vec<StackProfile> = stacks
+            .into_iter()
+            .map(|(frames, live)| StackProfile {
+                frames,
+                totals: Totals {
+                    live_bytes: live,
+                    live_samples: 1,
+                    ..Default::default()
+                },
+            })
+            .collect();
+        ProcessProfile {
+            key: ProcessKey { pid, generation: 0 },
+            name: "w".into(),
+            state: ProcessState::Live,
+            totals: stacks.iter().map(|s| s.totals).sum(),
+            alloc_events: 0,
+            free_events: 0,
+            drops: [0; DROP_REASONS],
+            stacks,
+        }
+    }
+
+    #[test]
+    fn merging_sums_the_same_stack_across_processes() {
+        let a = frames(&["leaf", "main"]);
+        let b = frames(&["other", "main"]);
+        let profile = Profile {
+            processes: vec![
+                process(1, vec![(a.clone(), 100.0), (b.clone(), 5.0)]),
+                process(2, vec![(a.clone(), 50.0)]),
+            ],
+            ..Default::default()
+        };
+        let merged = profile.merged_stacks();
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0].frames, a);
+        assert_eq!(merged[0].totals.live_bytes, 150.0);
+        assert_eq!(merged[0].totals.live_samples, 2);
+        assert_eq!(merged[1].totals.live_bytes, 5.0);
+        assert_eq!(profile.totals().live_bytes, 155.0);
+    }
+}

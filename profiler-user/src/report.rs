@@ -1,0 +1,171 @@
+//! The text report: per process and per stack, estimated live bytes with a
+//! 95% confidence interval, live objects, allocated bytes, samples, drops.
+
+use std::fmt::Write;
+
+use profiler_common::DropReason;
+
+use crate::{
+    profile::{Profile, StackProfile},
+    stats::{Totals, human_bytes, human_count},
+    symbolize::{Frame, is_library_frame},
+};
+
+/// How much of the profile to show.
+#[derive(Clone, Copy, Debug)]
+pub struct ReportOptions {
+    /// Stacks per process and in the merged view.
+    pub top: usize,
+    /// Frames shown per stack.
+    pub depth: usize,
+}
+
+impl Default for ReportOptions {
+    fn default() -> Self {
+        ReportOptions { top: 10, depth: 8 }
+    }
+}
+
+pub fn render(profile: &Profile, opts: ReportOptions) -> String {
+    let mut out = String::new();
+    let total = profile.totals();
+    let dropped: u64 = profile.drops.iter().sum();
+    let _ = writeln!(
+        out,
+        "allocprof: {} process{}, {:.1} s, estimated live heap {}, {} sampled allocations, {} dropped",
+        profile.processes.len(),
+        if profile.processes.len() == 1 {
+            ""
+        } else {
+            "es"
+        },
+        profile.elapsed.as_secs_f64(),
+        with_ci(total.live_bytes, total.live_ci95()),
+        total.alloc_samples,
+        dropped,
+    );
+    if profile.processes.is_empty() {
+        out.push_str("\nno sampled allocations yet\n");
+        return out;
+    }
+    out.push_str("\nPROCESSES\n");
+    let _ = writeln!(
+        out,
+        "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7}  STATE",
+        "PROCESS", "LIVE BYTES (95% CI)", "OBJECTS", "ALLOCATED", "SAMPLES", "DROPS"
+    );
+    for p in &profile.processes {
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7}  {}",
+            truncate(&p.label(), 28),
+            with_ci(p.totals.live_bytes, p.totals.live_ci95()),
+            human_count(p.totals.live_objects),
+            human_bytes(p.totals.alloc_bytes),
+            p.totals.alloc_samples,
+            p.dropped(),
+            p.state.describe(),
+        );
+    }
+    if dropped > 0 {
+        out.push_str("\nDROPPED EVENTS\n");
+        for reason in DropReason::ALL {
+            let n = profile.drops[reason as usize];
+            if n > 0 {
+                let _ = writeln!(out, "  {n:>9}  {}", reason.describe());
+            }
+        }
+    }
+    if profile.processes.len() > 1 {
+        let merged = profile.merged_stacks();
+        let _ = writeln!(out, "\nTOP STACKS, ALL PROCESSES MERGED");
+        stacks(&mut out, &merged, total, opts);
+    }
+    for p in &profile.processes {
+        let _ = writeln!(
+            out,
+            "\nTOP STACKS OF {} [{}]",
+            p.label(),
+            p.state.describe()
+        );
+        stacks(&mut out, &p.stacks, p.totals, opts);
+    }
+    out
+}
+
+fn stacks(out: &mut String, stacks: &[StackProfile], total: Totals, opts: ReportOptions) {
+    let _ = writeln!(
+        out,
+        "  {:>24} {:>6} {:>10} {:>12} {:>9}",
+        "LIVE BYTES (95% CI)", "%", "OBJECTS", "ALLOCATED", "SAMPLES"
+    );
+    for s in stacks.iter().take(opts.top) {
+        let share = if total.live_bytes > 0.0 {
+            100.0 * s.totals.live_bytes / total.live_bytes
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            out,
+            "  {:>24} {:>6.1} {:>10} {:>12} {:>9}",
+            with_ci(s.totals.live_bytes, s.totals.live_ci95()),
+            share,
+            human_count(s.totals.live_objects),
+            human_bytes(s.totals.alloc_bytes),
+            s.totals.alloc_samples,
+        );
+        frames(out, &s.frames, opts.depth);
+    }
+    if stacks.len() > opts.top {
+        let _ = writeln!(out, "  ... {} more stacks", stacks.len() - opts.top);
+    }
+}
+
+/// The program's own frames, innermost first; runs of standard-library
+/// frames are folded into one line.
+fn frames(out: &mut String, frames: &[Frame], depth: usize) {
+    let mut shown = 0;
+    let mut folded = 0;
+    for f in frames {
+        if shown == depth {
+            break;
+        }
+        if is_library_frame(f) {
+            folded += 1;
+            continue;
+        }
+        if folded > 0 {
+            let _ = writeln!(out, "      [{folded} library frames]");
+            folded = 0;
+        }
+        let _ = writeln!(out, "      {}", frame_line(f));
+        shown += 1;
+    }
+    if shown == 0 {
+        // Nothing but library frames: show those rather than nothing.
+        for f in frames.iter().take(depth) {
+            let _ = writeln!(out, "      {}", frame_line(f));
+        }
+    }
+}
+
+fn frame_line(f: &Frame) -> String {
+    let inlined = if f.inlined { " (inlined)" } else { "" };
+    match &f.location {
+        Some(loc) => format!("{}{inlined}  {loc}", f.function),
+        None => format!("{}{inlined}", f.function),
+    }
+}
+
+fn with_ci(value: f64, ci: f64) -> String {
+    format!("{} ± {}", human_bytes(value), human_bytes(ci))
+}
+
+fn truncate(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        s.to_string()
+    } else {
+        let keep: String = s.chars().take(width - 1).collect();
+        format!("{keep}…")
+    }
+}

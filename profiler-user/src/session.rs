@@ -1,0 +1,488 @@
+//! A profiling session: attach to the targets, follow processes as they
+//! exec, exit and dlopen, and turn the kernel's maps into a [`Profile`].
+//! Everything here is synchronous; the binary drives it from its event loop.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{MapData, RingBuf};
+use profiler_common::{DROP_REASONS, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
+use thiserror::Error;
+
+use crate::{
+    discover::{self, FileId, ProbeFile, Scanner},
+    kernel::{self, Kernel, KernelError, KernelSnapshot, Limits, Scope},
+    normalize::AddressSpace,
+    profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_stacks},
+    stats::Totals,
+    symbolize::{Frame, Request, SymbolizerThread},
+};
+
+/// The stack id the kernel uses when a user stack could not be taken.
+const NO_STACK: u64 = 0;
+/// After an exec, the dynamic loader maps LD_PRELOAD libraries within
+/// milliseconds; look again a few times before relying on the periodic scan.
+const RESCAN_AFTER_EXEC: [Duration; 4] = [
+    Duration::from_millis(0),
+    Duration::from_millis(30),
+    Duration::from_millis(200),
+    Duration::from_secs(1),
+];
+/// System-wide, every process is rescanned this often (for dlopen).
+const FULL_SCAN_EVERY: Duration = Duration::from_secs(5);
+
+/// Which processes to profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// These processes only.
+    Pids(Vec<u32>),
+    /// Every process that carries the probes, now or later.
+    All,
+}
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("no process with pid {0}")]
+    NoSuchProcess(u32),
+    #[error(
+        "process {pid} ({name}) has no otel_memory probes: start it with \
+         LD_PRELOAD=/path/to/liballocprof.so, or build it with the allocprof Rust global \
+         allocator (allocator::SamplingAllocator)"
+    )]
+    NoProbes { pid: u32, name: String },
+    #[error("process {pid} carries otel_memory probes, but none can be attached: {problems}")]
+    UnusableProbes { pid: u32, problems: String },
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+/// A process image that is gone, frozen as it was.
+struct Frozen {
+    name: String,
+    state: ProcessState,
+    proc: ProcState,
+    stacks: Vec<(u64, Totals)>,
+}
+
+pub struct Session {
+    kernel: Kernel,
+    events: RingBuf<MapData>,
+    target: Target,
+    scanner: Scanner,
+    /// Files attached for all processes (system-wide).
+    attached_files: HashSet<FileId>,
+    /// Files attached per process (`--pid`).
+    attached_pid_files: HashSet<(u32, FileId)>,
+    spaces: HashMap<u32, AddressSpace>,
+    names: HashMap<u32, String>,
+    symbols: HashMap<(u32, u64), Arc<[Frame]>>,
+    pending: HashSet<(u32, u64)>,
+    symbolizer: SymbolizerThread<(u32, u64)>,
+    frozen: Vec<(ProcessKey, Frozen)>,
+    rescans: Vec<(Instant, u32)>,
+    last_full_scan: Instant,
+    started: Instant,
+    /// Problems found while attaching (shown once, e.g. unparsable notes).
+    pub warnings: Vec<String>,
+}
+
+impl Session {
+    pub fn start(target: Target, limits: Limits) -> Result<Session, StartError> {
+        if let Target::Pids(pids) = &target {
+            for &pid in pids {
+                if !discover::process_alive(pid) {
+                    return Err(StartError::NoSuchProcess(pid));
+                }
+            }
+        }
+        let mut kernel = Kernel::load(limits, target == Target::All)?;
+        let events = kernel
+            .take_events()
+            .expect("the event ring buffer is taken once");
+        let mut session = Session {
+            kernel,
+            events,
+            target: target.clone(),
+            scanner: Scanner::default(),
+            attached_files: HashSet::new(),
+            attached_pid_files: HashSet::new(),
+            spaces: HashMap::new(),
+            names: HashMap::new(),
+            symbols: HashMap::new(),
+            pending: HashSet::new(),
+            symbolizer: SymbolizerThread::spawn(),
+            frozen: Vec::new(),
+            rescans: Vec::new(),
+            last_full_scan: Instant::now(),
+            started: Instant::now(),
+            warnings: Vec::new(),
+        };
+        match target {
+            Target::Pids(pids) => {
+                for pid in pids {
+                    let attached = session.scan(pid)?;
+                    if attached == 0 {
+                        let name = discover::process_name(pid).unwrap_or_default();
+                        let problems = session.warnings.join("; ");
+                        return Err(if problems.is_empty() {
+                            StartError::NoProbes { pid, name }
+                        } else {
+                            StartError::UnusableProbes { pid, problems }
+                        });
+                    }
+                }
+            }
+            Target::All => session.scan_all(),
+        }
+        Ok(session)
+    }
+
+    /// Attaches to the probe files `pid` maps; returns how many it carries.
+    fn scan(&mut self, pid: u32) -> Result<usize, KernelError> {
+        let Ok(files) = self.scanner.probe_files(pid) else {
+            return Ok(0); // gone already
+        };
+        if let Ok(space) = AddressSpace::read(pid) {
+            self.spaces.insert(pid, space);
+        }
+        for file in &files {
+            self.attach(pid, file)?;
+        }
+        Ok(files.iter().filter(|f| !f.sites.is_empty()).count())
+    }
+
+    fn attach(&mut self, pid: u32, file: &ProbeFile) -> Result<(), KernelError> {
+        let fresh = match self.target {
+            Target::All => self.attached_files.insert(file.id),
+            Target::Pids(_) => self.attached_pid_files.insert((pid, file.id)),
+        };
+        if !fresh {
+            return Ok(());
+        }
+        for problem in &file.problems {
+            self.warnings
+                .push(format!("{}: {problem}", file.display.display()));
+        }
+        let scope = match self.target {
+            Target::All => Scope::AllProcesses,
+            Target::Pids(_) => Scope::Process(pid),
+        };
+        for site in &file.sites {
+            self.kernel.attach(&file.path, site, scope)?;
+        }
+        Ok(())
+    }
+
+    fn scan_all(&mut self) {
+        for pid in discover::all_pids() {
+            if pid != std::process::id()
+                && let Err(e) = self.scan(pid)
+            {
+                self.warnings.push(format!("process {pid}: {e}"));
+            }
+        }
+        self.last_full_scan = Instant::now();
+    }
+
+    /// Handles process exits and execs reported by the kernel, and runs due
+    /// rescans. Call often (every ~50 ms): rescans after exec are time-critical.
+    pub fn poll_events(&mut self) {
+        let mut events = Vec::new();
+        while let Some(item) = self.events.next() {
+            if let Some(event) = kernel::decode_event(&item) {
+                events.push(event);
+            }
+        }
+        for event in events {
+            match event.kind {
+                PROC_EVENT_EXIT => self.process_gone(event.pid, None),
+                PROC_EVENT_EXEC => {
+                    let new_generation = self
+                        .kernel
+                        .snapshot()
+                        .ok()
+                        .and_then(|s| s.processes.get(&event.pid).map(|p| p.generation));
+                    if let Some(generation) = new_generation {
+                        self.process_gone(event.pid, Some(generation));
+                    }
+                    let now = Instant::now();
+                    self.rescans
+                        .extend(RESCAN_AFTER_EXEC.iter().map(|d| (now + *d, event.pid)));
+                }
+                _ => {}
+            }
+        }
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .rescans
+            .iter()
+            .filter(|(at, _)| *at <= now)
+            .map(|(_, pid)| *pid)
+            .collect();
+        self.rescans.retain(|(at, _)| *at > now);
+        for pid in due {
+            self.names.remove(&pid);
+            if let Err(e) = self.scan(pid) {
+                self.warnings.push(format!("process {pid}: {e}"));
+            }
+        }
+    }
+
+    /// Freezes a process image that exited (or was replaced by exec) and
+    /// frees its kernel state.
+    fn process_gone(&mut self, pid: u32, new_generation: Option<u32>) {
+        let Ok(snapshot) = self.kernel.snapshot() else {
+            return;
+        };
+        let gone = |generation: u32| new_generation.is_none_or(|g| generation < g);
+        let mut images: BTreeMap<u32, Vec<(u64, Totals)>> = BTreeMap::new();
+        for (key, agg) in &snapshot.aggregates {
+            if key.pid == pid && gone(key.generation) {
+                images
+                    .entry(key.generation)
+                    .or_default()
+                    .push((key.stack_id, Totals::from_agg(agg)));
+            }
+        }
+        self.request_symbols(&snapshot);
+        // Counters are per pid, not per image: an exec'ed image keeps none.
+        let proc = match new_generation {
+            None => snapshot.processes.get(&pid).copied().unwrap_or_default(),
+            Some(_) => ProcState::default(),
+        };
+        let name = self.process_name(pid);
+        for (generation, stacks) in images {
+            let state = if new_generation.is_some() {
+                ProcessState::Replaced
+            } else {
+                ProcessState::Exited
+            };
+            let frozen = Frozen {
+                name: name.clone(),
+                state,
+                proc,
+                stacks,
+            };
+            self.frozen.push((ProcessKey { pid, generation }, frozen));
+        }
+        self.kernel.forget_process(pid, new_generation);
+        self.names.remove(&pid);
+    }
+
+    fn process_name(&mut self, pid: u32) -> String {
+        self.names
+            .entry(pid)
+            .or_insert_with(|| discover::process_name(pid).unwrap_or_else(|| "?".into()))
+            .clone()
+    }
+
+    /// Reads the kernel's maps and builds the current profile.
+    pub fn refresh(&mut self) -> Result<Profile, KernelError> {
+        self.poll_events();
+        let snapshot = self.kernel.snapshot()?;
+        self.track(&snapshot);
+        self.request_symbols(&snapshot);
+        self.collect_symbols();
+        Ok(self.build(&snapshot))
+    }
+
+    /// Keeps the address spaces of tracked processes current and picks up
+    /// libraries they dlopen'ed.
+    fn track(&mut self, snapshot: &KernelSnapshot) {
+        let mut pids: Vec<u32> = snapshot.processes.keys().copied().collect();
+        if let Target::Pids(targets) = &self.target {
+            pids.extend(targets);
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        for pid in pids {
+            if discover::process_alive(pid) {
+                if let Err(e) = self.scan(pid) {
+                    self.warnings.push(format!("process {pid}: {e}"));
+                }
+            } else if snapshot.processes.contains_key(&pid) {
+                // Its exit event was lost (full ring buffer) or it died
+                // before we attached its exit: clean up all the same.
+                self.process_gone(pid, None);
+            }
+        }
+        if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {
+            self.scan_all();
+        }
+    }
+
+    fn request_symbols(&mut self, snapshot: &KernelSnapshot) {
+        let mut batch = Vec::new();
+        for (key, _) in &snapshot.aggregates {
+            let id = (key.pid, key.stack_id);
+            if key.stack_id == NO_STACK
+                || self.symbols.contains_key(&id)
+                || self.pending.contains(&id)
+            {
+                continue;
+            }
+            let Some(addrs) = self.kernel.stack(key.stack_id) else {
+                continue;
+            };
+            let space = self.spaces.get(&key.pid);
+            let frames = addrs
+                .into_iter()
+                .map(|a| (a, space.and_then(|s| s.normalize(a))))
+                .collect();
+            self.pending.insert(id);
+            batch.push(Request { key: id, frames });
+        }
+        self.symbolizer.submit(batch);
+    }
+
+    fn collect_symbols(&mut self) {
+        for response in self.symbolizer.ready() {
+            self.pending.remove(&response.key);
+            self.symbols.insert(response.key, response.frames.into());
+        }
+    }
+
+    /// Waits for every requested stack to be symbolized.
+    pub fn finish_symbols(&mut self) {
+        for response in self.symbolizer.wait(self.pending.len()) {
+            self.pending.remove(&response.key);
+            self.symbols.insert(response.key, response.frames.into());
+        }
+    }
+
+    fn frames(&self, pid: u32, stack_id: u64) -> Arc<[Frame]> {
+        if stack_id == NO_STACK {
+            return placeholder("[stack unavailable]");
+        }
+        match self.symbols.get(&(pid, stack_id)) {
+            Some(frames) => frames.clone(),
+            None => placeholder(&format!("[stack {stack_id:016x}, not yet symbolized]")),
+        }
+    }
+
+    fn build(&mut self, snapshot: &KernelSnapshot) -> Profile {
+        let mut live: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
+        for (key, agg) in &snapshot.aggregates {
+            let pk = ProcessKey {
+                pid: key.pid,
+                generation: key.generation,
+            };
+            live.entry(pk)
+                .or_default()
+                .push((key.stack_id, Totals::from_agg(agg)));
+        }
+        let mut processes = Vec::new();
+        for (key, stacks) in live {
+            let proc = snapshot
+                .processes
+                .get(&key.pid)
+                .copied()
+                .unwrap_or_default();
+            let name = self.process_name(key.pid);
+            processes.push(self.process_profile(key, name, ProcessState::Live, &proc, &stacks));
+        }
+        for (key, f) in &self.frozen {
+            processes.push(self.process_profile(*key, f.name.clone(), f.state, &f.proc, &f.stacks));
+        }
+        processes.sort_by(|a, b| {
+            b.totals
+                .live_bytes
+                .total_cmp(&a.totals.live_bytes)
+                .then(a.key.cmp(&b.key))
+        });
+        Profile {
+            processes,
+            drops: snapshot.drops,
+            elapsed: self.started.elapsed(),
+        }
+    }
+
+    fn process_profile(
+        &self,
+        key: ProcessKey,
+        name: String,
+        state: ProcessState,
+        proc: &ProcState,
+        stacks: &[(u64, Totals)],
+    ) -> ProcessProfile {
+        let mut stacks: Vec<StackProfile> = stacks
+            .iter()
+            .map(|(id, totals)| StackProfile {
+                frames: self.frames(key.pid, *id),
+                totals: *totals,
+            })
+            .collect();
+        sort_stacks(&mut stacks);
+        let drops: [u64; DROP_REASONS] = proc.drops;
+        ProcessProfile {
+            key,
+            name,
+            state,
+            totals: stacks.iter().map(|s| s.totals).sum(),
+            alloc_events: proc.alloc_events,
+            free_events: proc.free_events,
+            drops,
+            stacks,
+        }
+    }
+
+    /// In `--pid` mode: whether any target still runs.
+    pub fn targets_alive(&self) -> bool {
+        match &self.target {
+            Target::Pids(pids) => pids.iter().any(|&p| discover::process_alive(p)),
+            Target::All => true,
+        }
+    }
+
+    /// Whether every probe-carrying file `pid` maps is attached for it.
+    pub fn is_attached_to(&mut self, pid: u32) -> bool {
+        let Ok(files) = self.scanner.probe_files(pid) else {
+            return false;
+        };
+        !files.is_empty() && files.iter().all(|f| self.is_attached(pid, f.id))
+    }
+
+    /// Whether the probes of the file at `path` are attached for `pid`.
+    pub fn is_attached_to_file(&self, pid: u32, path: &std::path::Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).is_ok_and(|m| {
+            self.is_attached(
+                pid,
+                FileId {
+                    dev: m.dev(),
+                    ino: m.ino(),
+                },
+            )
+        })
+    }
+
+    fn is_attached(&self, pid: u32, id: FileId) -> bool {
+        match self.target {
+            Target::All => self.attached_files.contains(&id),
+            Target::Pids(_) => self.attached_pid_files.contains(&(pid, id)),
+        }
+    }
+
+    /// Whether the kernel holds state for `pid`.
+    pub fn kernel_tracks(&self, pid: u32) -> bool {
+        self.kernel
+            .snapshot()
+            .is_ok_and(|s| s.processes.contains_key(&pid))
+    }
+
+    pub fn attachments(&self) -> usize {
+        self.kernel.attachments()
+    }
+}
+
+fn placeholder(text: &str) -> Arc<[Frame]> {
+    Arc::from(vec![Frame {
+        function: text.into(),
+        location: None,
+        module: None,
+        inlined: false,
+    }])
+}

@@ -1,0 +1,179 @@
+//! Unbiased estimates from the kernel's sums: each sample was unbiased in the
+//! kernel (its weight), so totals are plain sums, and so are their variances
+//! (samples are independent). 95% confidence intervals use the normal
+//! approximation.
+
+use std::ops::AddAssign;
+
+use profiler_common::{OBJECT_SCALE, StackAgg};
+
+/// z for a two-sided 95% interval.
+pub const Z95: f64 = 1.959_963_984_540_054;
+
+/// Unbiased totals of one stack, process, or any sum of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Totals {
+    pub live_bytes: f64,
+    pub live_var: f64,
+    pub live_objects: f64,
+    pub live_samples: u64,
+    pub alloc_bytes: f64,
+    pub alloc_var: f64,
+    pub alloc_objects: f64,
+    pub alloc_samples: u64,
+}
+
+impl Totals {
+    pub fn from_agg(agg: &StackAgg) -> Totals {
+        let objects = |fixed: u64| fixed as f64 / OBJECT_SCALE as f64;
+        Totals {
+            live_bytes: agg.live_bytes as f64,
+            live_var: agg.live_var as f64,
+            live_objects: objects(agg.live_objects),
+            live_samples: agg.live_samples,
+            alloc_bytes: agg.alloc_bytes as f64,
+            alloc_var: agg.alloc_var as f64,
+            alloc_objects: objects(agg.alloc_objects),
+            alloc_samples: agg.alloc_samples,
+        }
+    }
+
+    /// Half-width of the 95% confidence interval of the live bytes.
+    pub fn live_ci95(&self) -> f64 {
+        Z95 * self.live_var.max(0.0).sqrt()
+    }
+
+    pub fn alloc_ci95(&self) -> f64 {
+        Z95 * self.alloc_var.max(0.0).sqrt()
+    }
+
+    /// The quantity named by `value`.
+    pub fn value(&self, value: Value) -> f64 {
+        match value {
+            Value::InuseBytes => self.live_bytes,
+            Value::InuseObjects => self.live_objects,
+            Value::AllocBytes => self.alloc_bytes,
+            Value::AllocObjects => self.alloc_objects,
+        }
+    }
+}
+
+impl AddAssign for Totals {
+    fn add_assign(&mut self, o: Totals) {
+        self.live_bytes += o.live_bytes;
+        self.live_var += o.live_var;
+        self.live_objects += o.live_objects;
+        self.live_samples += o.live_samples;
+        self.alloc_bytes += o.alloc_bytes;
+        self.alloc_var += o.alloc_var;
+        self.alloc_objects += o.alloc_objects;
+        self.alloc_samples += o.alloc_samples;
+    }
+}
+
+impl std::iter::Sum for Totals {
+    fn sum<I: Iterator<Item = Totals>>(iter: I) -> Totals {
+        let mut total = Totals::default();
+        for t in iter {
+            total += t;
+        }
+        total
+    }
+}
+
+/// The quantities a profile can be viewed by (pprof's sample types).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Value {
+    /// Estimated live (in-use) bytes.
+    #[default]
+    InuseBytes,
+    /// Estimated live objects.
+    InuseObjects,
+    /// Estimated bytes allocated since attach.
+    AllocBytes,
+    /// Estimated objects allocated since attach.
+    AllocObjects,
+}
+
+impl Value {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Value::InuseBytes => "live bytes",
+            Value::InuseObjects => "live objects",
+            Value::AllocBytes => "allocated bytes",
+            Value::AllocObjects => "allocated objects",
+        }
+    }
+}
+
+/// Bytes for people: `1.5 MiB`.
+pub fn human_bytes(bytes: f64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes.abs();
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    let sign = if bytes < 0.0 { "-" } else { "" };
+    if unit == 0 {
+        format!("{sign}{v:.0} B")
+    } else {
+        format!("{sign}{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// Counts for people: `12.3k`.
+pub fn human_count(n: f64) -> String {
+    match n.abs() {
+        x if x >= 1e9 => format!("{:.1}G", n / 1e9),
+        x if x >= 1e6 => format!("{:.1}M", n / 1e6),
+        x if x >= 1e4 => format!("{:.1}k", n / 1e3),
+        _ => format!("{n:.0}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ci_is_z_sigma() {
+        let t = Totals {
+            live_bytes: 1000.0,
+            live_var: 100.0,
+            ..Default::default()
+        };
+        assert!((t.live_ci95() - Z95 * 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn sums_unbias_then_add() {
+        let a = Totals::from_agg(&StackAgg {
+            live_bytes: 800,
+            live_objects: 100 * OBJECT_SCALE,
+            live_var: 5,
+            live_samples: 1,
+            ..Default::default()
+        });
+        let b = Totals::from_agg(&StackAgg {
+            live_bytes: 8 << 20,
+            live_objects: OBJECT_SCALE,
+            live_samples: 1,
+            ..Default::default()
+        });
+        let s: Totals = [a, b].into_iter().sum();
+        assert_eq!(s.live_bytes, 800.0 + (8 << 20) as f64);
+        assert_eq!(s.live_objects, 101.0);
+        assert_eq!(s.live_var, 5.0);
+        assert_eq!(s.live_samples, 2);
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(512.0), "512 B");
+        assert_eq!(human_bytes(1536.0), "1.5 KiB");
+        assert_eq!(human_bytes(3.0 * 1024.0 * 1024.0 * 1024.0), "3.0 GiB");
+        assert_eq!(human_count(12_345.0), "12.3k");
+    }
+}

@@ -1,0 +1,297 @@
+//! Symbolization on a thread of its own (blazesym's `Symbolizer` is !Send):
+//! normalized stacks go in, frames with demangled names, inlined functions
+//! and file:line come out. Allocator-internal frames are dropped here.
+
+use std::{collections::HashMap, path::Path, sync::mpsc, thread};
+
+use blazesym::symbolize::{
+    CodeInfo, Input, Symbolized, Symbolizer,
+    source::{Elf, Source},
+};
+
+use crate::normalize::FileAddr;
+
+/// One frame of a symbolized stack.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    pub function: String,
+    /// `file:line` where debug info has it.
+    pub location: Option<String>,
+    /// The file (executable or library) the frame is in.
+    pub module: Option<String>,
+    /// An inlined call (its caller is the next frame, at the same address).
+    pub inlined: bool,
+}
+
+impl Frame {
+    fn unknown(addr: u64, at: Option<&FileAddr>) -> Frame {
+        match at {
+            Some(a) => Frame {
+                function: format!("{}+{:#x}", basename(&a.path), a.file_offset),
+                location: None,
+                module: Some(a.path.display().to_string()),
+                inlined: false,
+            },
+            None => Frame {
+                function: format!("[unknown {addr:#x}]"),
+                location: None,
+                module: None,
+                inlined: false,
+            },
+        }
+    }
+}
+
+/// A stack to symbolize: its frames innermost first, each with the address
+/// the kernel saw and where it was in a file, if anywhere.
+pub struct Request<K> {
+    pub key: K,
+    pub frames: Vec<(u64, Option<FileAddr>)>,
+}
+
+/// Symbolized stack, innermost frame first, allocator frames removed.
+pub struct Response<K> {
+    pub key: K,
+    pub frames: Vec<Frame>,
+}
+
+/// Handle to the symbolization thread.
+pub struct SymbolizerThread<K> {
+    requests: mpsc::Sender<Vec<Request<K>>>,
+    responses: mpsc::Receiver<Response<K>>,
+}
+
+impl<K: Send + 'static> SymbolizerThread<K> {
+    pub fn spawn() -> SymbolizerThread<K> {
+        let (req_tx, req_rx) = mpsc::channel::<Vec<Request<K>>>();
+        let (resp_tx, resp_rx) = mpsc::channel();
+        thread::Builder::new()
+            .name("symbolize".into())
+            .spawn(move || {
+                let symbolizer = Symbolizer::new();
+                for batch in req_rx {
+                    for request in batch {
+                        let frames = symbolize_stack(&symbolizer, &request.frames);
+                        let response = Response {
+                            key: request.key,
+                            frames,
+                        };
+                        if resp_tx.send(response).is_err() {
+                            return;
+                        }
+                    }
+                }
+            })
+            .expect("spawning the symbolization thread");
+        SymbolizerThread {
+            requests: req_tx,
+            responses: resp_rx,
+        }
+    }
+
+    pub fn submit(&self, batch: Vec<Request<K>>) {
+        if !batch.is_empty() {
+            // The thread only stops when we drop the receiver side.
+            let _ = self.requests.send(batch);
+        }
+    }
+
+    /// Everything symbolized so far.
+    pub fn ready(&self) -> Vec<Response<K>> {
+        self.responses.try_iter().collect()
+    }
+
+    /// Waits for `n` responses (used before a final report).
+    pub fn wait(&self, n: usize) -> Vec<Response<K>> {
+        self.responses.iter().take(n).collect()
+    }
+}
+
+/// Symbolizes one stack, innermost first.
+pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>)]) -> Vec<Frame> {
+    // Group frames by file: one blazesym call per file.
+    let mut by_file: HashMap<&Path, Vec<(usize, u64)>> = HashMap::new();
+    for (i, (_, at)) in frames.iter().enumerate() {
+        if let Some(at) = at {
+            // Return addresses point past the call; step back into it. The
+            // first frame is the probe site itself.
+            let offset = if i == 0 {
+                at.file_offset
+            } else {
+                at.file_offset.saturating_sub(1)
+            };
+            // The /proc/PID/root path dies with the process; the plain path
+            // still names the file afterwards (outside containers).
+            let path = if at.open_path.exists() {
+                &at.open_path
+            } else {
+                &at.path
+            };
+            by_file.entry(path.as_path()).or_default().push((i, offset));
+        }
+    }
+    let mut symbolized: Vec<Option<Vec<Frame>>> = vec![None; frames.len()];
+    for (path, entries) in by_file {
+        let offsets: Vec<u64> = entries.iter().map(|(_, o)| *o).collect();
+        let source = Source::Elf(Elf::new(path));
+        let Ok(results) = symbolizer.symbolize(&source, Input::FileOffset(&offsets)) else {
+            continue;
+        };
+        let module = frames[entries[0].0]
+            .1
+            .as_ref()
+            .map(|a| a.path.display().to_string());
+        for ((i, _), result) in entries.iter().zip(results) {
+            if let Symbolized::Sym(sym) = result {
+                symbolized[*i] = Some(expand(&sym, module.clone()));
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(frames.len());
+    for ((addr, at), sym) in frames.iter().zip(symbolized) {
+        match sym {
+            Some(expanded) => out.extend(expanded),
+            None => out.push(Frame::unknown(*addr, at.as_ref())),
+        }
+    }
+    strip_allocator_frames(out)
+}
+
+/// A symbol and its inlined calls, innermost first.
+fn expand(sym: &blazesym::symbolize::Sym<'_>, module: Option<String>) -> Vec<Frame> {
+    // blazesym lists inlined calls outermost first (f calls g calls h: g, h);
+    // the location of each call site is the caller's line.
+    let mut frames = Vec::with_capacity(1 + sym.inlined.len());
+    for inlined in sym.inlined.iter().rev() {
+        frames.push(Frame {
+            function: inlined.name.to_string(),
+            location: inlined.code_info.as_ref().map(location),
+            module: module.clone(),
+            inlined: true,
+        });
+    }
+    frames.push(Frame {
+        function: sym.name.to_string(),
+        location: sym.code_info.as_deref().map(location),
+        module,
+        inlined: false,
+    });
+    frames
+}
+
+fn location(info: &CodeInfo<'_>) -> String {
+    let file = info.to_path();
+    match info.line {
+        Some(line) => format!("{}:{line}", file.display()),
+        None => file.display().to_string(),
+    }
+}
+
+/// Drops the innermost frames that belong to the allocator itself (the
+/// LD_PRELOAD library, the Rust global allocator and the standard library's
+/// allocation shims): a stack starts where the program asked for memory.
+pub fn strip_allocator_frames(frames: Vec<Frame>) -> Vec<Frame> {
+    let keep_from = frames
+        .iter()
+        .position(|f| !is_allocator_frame(f))
+        .unwrap_or(0);
+    frames.into_iter().skip(keep_from).collect()
+}
+
+pub fn is_allocator_frame(frame: &Frame) -> bool {
+    const PREFIXES: &[&str] = &[
+        "allocator::",
+        "<allocator::",
+        "preload::",
+        "__rust_alloc",
+        "__rust_realloc",
+        "__rust_dealloc",
+        "__rustc::__rust",
+        "__rdl_",
+        "alloc::alloc::",
+        "<alloc::alloc::Global",
+    ];
+    let in_preload = frame
+        .module
+        .as_deref()
+        .is_some_and(|m| basename(Path::new(m)).starts_with("liballocprof"));
+    in_preload || PREFIXES.iter().any(|p| frame.function.starts_with(p))
+}
+
+/// A frame of the language's standard library or the C runtime: rarely the
+/// answer to "who allocated this".
+pub fn is_library_frame(frame: &Frame) -> bool {
+    const PREFIXES: &[&str] = &[
+        "alloc::", "core::", "std::", "<alloc::", "<core::", "<std::", "__libc_", "_start",
+    ];
+    frame
+        .location
+        .as_deref()
+        .is_some_and(|l| l.starts_with("/rustc/"))
+        || PREFIXES.iter().any(|p| frame.function.starts_with(p))
+}
+
+/// The frame that best names a stack: the first that is neither allocator
+/// nor standard library, else the innermost.
+pub fn most_informative(frames: &[Frame]) -> Option<&Frame> {
+    frames
+        .iter()
+        .find(|f| !is_allocator_frame(f) && !is_library_frame(f))
+        .or_else(|| frames.first())
+}
+
+fn basename(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(function: &str, module: &str) -> Frame {
+        Frame {
+            function: function.into(),
+            location: None,
+            module: Some(module.into()),
+            inlined: false,
+        }
+    }
+
+    #[test]
+    fn allocator_frames_are_stripped_from_the_top_only() {
+        let frames = vec![
+            frame("fire_alloc_probe", "/opt/allocprof/liballocprof.so"),
+            frame("malloc", "/opt/allocprof/liballocprof.so"),
+            frame("__rust_alloc", "/usr/bin/app"),
+            frame("app::build", "/usr/bin/app"),
+            frame("alloc::alloc::alloc", "/usr/bin/app"),
+            frame("main", "/usr/bin/app"),
+        ];
+        let kept = strip_allocator_frames(frames);
+        let names: Vec<_> = kept.iter().map(|f| f.function.as_str()).collect();
+        assert_eq!(names, ["app::build", "alloc::alloc::alloc", "main"]);
+    }
+
+    #[test]
+    fn own_test_binary_symbolizes_with_file_and_line() {
+        // Symbolize an address of this very test function from our own file.
+        let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
+        let addr = own_test_binary_symbolizes_with_file_and_line as *const () as u64;
+        let at = space.normalize(addr).expect("our code is file-backed");
+        let frames = symbolize_stack(&Symbolizer::new(), &[(addr, Some(at))]);
+        let f = frames.last().unwrap();
+        assert!(
+            f.function
+                .contains("own_test_binary_symbolizes_with_file_and_line"),
+            "{f:?}"
+        );
+        assert!(
+            f.location
+                .as_deref()
+                .is_some_and(|l| l.contains("symbolize.rs")),
+            "{f:?}"
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! Helpers shared by the integration tests: building workloads, requiring root.
+
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// Fails the test (never skips it) when BPF cannot be used here.
+pub fn require_bpf() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test loads eBPF programs and must run as root (CAP_BPF + CAP_PERFMON); \
+         run `cargo xtask test` as root"
+    );
+    assert!(
+        Path::new("/sys/bus/event_source/devices/uprobe/type").exists(),
+        "this kernel has no uprobe PMU (CONFIG_UPROBE_EVENTS); allocprof cannot work here"
+    );
+}
+
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Compiles a C workload from tests/workloads with frame pointers and debug info.
+pub fn compile_c(source: &str, extra: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/workloads")
+        .join(source);
+    let out = scratch_dir("workloads").join(source.trim_end_matches(".c"));
+    let status = Command::new("gcc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-builtin", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(extra)
+        .status()
+        .expect("gcc is needed to build the test workloads (apt-get install gcc)");
+    assert!(
+        status.success(),
+        "compiling {source} failed (sys/sdt.h comes from apt-get install systemtap-sdt-dev)"
+    );
+    out
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Builds workspace artifacts once into their own target dir (the outer
+/// `cargo test` holds the lock on the main one) and returns that dir.
+fn build_artifacts() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let target = workspace_root().join("target/test-artifacts");
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(workspace_root())
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "preload",
+                "-p",
+                "demo",
+                "--examples",
+                "--lib",
+            ])
+            .arg("--target-dir")
+            .arg(&target)
+            .env_remove("CARGO_TARGET_DIR")
+            .status()
+            .expect("running cargo to build the test artifacts");
+        assert!(
+            status.success(),
+            "building liballocprof.so and the demo examples failed"
+        );
+        target.join("release")
+    })
+}
+
+/// liballocprof.so.
+pub fn preload_library() -> PathBuf {
+    build_artifacts().join("liballocprof.so")
+}
+
+/// An example of the demo crate (a Rust workload with the global allocator).
+pub fn example(name: &str) -> PathBuf {
+    build_artifacts().join("examples").join(name)
+}
+
+/// Compiles a C shared library from tests/workloads.
+pub fn compile_c_library(source: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/workloads")
+        .join(source);
+    let out = scratch_dir("workloads").join(format!("lib{}.so", source.trim_end_matches(".c")));
+    let status = Command::new("gcc")
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-shared",
+            "-fPIC",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("gcc is needed to build the test workloads (apt-get install gcc)");
+    assert!(status.success(), "compiling {source} failed");
+    out
+}
+
+/// Expected value and standard deviation of the unbiased estimate of `n`
+/// live allocations of `size` bytes sampled per byte at mean interval `rate`.
+pub fn truth_and_sigma(n: u64, size: u64, rate: u64) -> (f64, f64) {
+    let (s, r) = (size as f64, rate as f64);
+    let p = -(-s / r).exp_m1();
+    (n as f64 * s, (n as f64 * s * s * (1.0 - p) / p).sqrt())
+}

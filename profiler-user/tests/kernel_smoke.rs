@@ -1,0 +1,103 @@
+//! The eBPF toolchain end to end: the kernel programs load, attach to the
+//! `otel_memory` USDT probes of a real process, and their maps hold exactly
+//! what the process fired.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Command, Stdio},
+};
+
+use profiler_common::OBJECT_SCALE;
+use profiler_user::{
+    discover,
+    kernel::{Kernel, Limits, ProbeKind, Scope},
+};
+
+#[test]
+fn kernel_programs_account_probes_of_a_real_process() {
+    common::require_bpf();
+    let exe = common::compile_c("sdt_fire.c", &[]);
+    let (sites, problems) = discover::probe_sites(&exe).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(
+        sites.iter().filter(|s| s.kind == ProbeKind::Alloc).count(),
+        1
+    );
+    assert_eq!(
+        sites.iter().filter(|s| s.kind == ProbeKind::Free).count(),
+        1
+    );
+
+    let (n, size, weight, freed) = (100u64, 1000u64, 4000u64, 30u64);
+    let mut child = Command::new(&exe)
+        .args([n, size, weight, freed].map(|v| v.to_string()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+
+    let mut kernel = Kernel::load(Limits::default(), false).expect("loading the eBPF programs");
+    for site in &sites {
+        kernel.attach(&exe, site, Scope::Process(pid)).unwrap();
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "go").unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "fired");
+
+    let snap = kernel.snapshot().unwrap();
+    let ours: Vec<_> = snap
+        .aggregates
+        .iter()
+        .filter(|(k, _)| k.pid == pid)
+        .collect();
+    assert_eq!(ours.len(), 1, "one call site, so one stack: {ours:?}");
+    let (key, agg) = ours[0];
+    assert_eq!(agg.alloc_samples, n);
+    assert_eq!(agg.alloc_bytes, n * weight);
+    assert_eq!(agg.live_samples, n - freed);
+    assert_eq!(agg.live_bytes, (n - freed) * weight);
+    assert_eq!(
+        agg.live_objects,
+        (n - freed) * (weight / size) * OBJECT_SCALE
+    );
+    assert_eq!(agg.live_var, (n - freed) * weight * (weight - size));
+    let stack = kernel
+        .stack(key.stack_id)
+        .expect("the sample's stack is stored");
+    assert!(
+        stack.len() >= 2,
+        "a user stack with the probe's caller: {stack:x?}"
+    );
+    let proc = snap.processes.get(&pid).expect("per-process state");
+    assert_eq!(proc.live_samples, n - freed);
+    assert_eq!(proc.drops.iter().sum::<u64>(), 0, "{proc:?}");
+
+    writeln!(stdin, "exit").unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// Stable-only users build with the committed object: it must pass the
+/// verifier too, not only be fresh (xtask checks freshness).
+#[test]
+fn committed_object_loads_and_verifies() {
+    common::require_bpf();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../profiler-ebpf/prebuilt/profiler.bpf.o"
+    );
+    let object = std::fs::read(path).unwrap();
+    // aya wants the object 8-byte aligned.
+    let mut aligned = vec![0u64; object.len().div_ceil(8)];
+    // SAFETY: u64 has no invalid bit patterns; we fill its bytes.
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), object.len()) };
+    bytes.copy_from_slice(&object);
+    Kernel::load_object(bytes, Limits::default(), false).expect("the committed object loads");
+}

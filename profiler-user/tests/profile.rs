@@ -1,0 +1,307 @@
+//! allocprof's pipeline end to end, with real processes and real eBPF:
+//! per-site estimates within the statistical bounds, freed memory leaving
+//! live bytes, several processes, processes started later, dlopen, exit.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::Path,
+    process::{Child, ChildStdin, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use profiler_user::{
+    kernel::Limits,
+    profile::{ProcessProfile, ProcessState, Profile},
+    session::{Session, Target},
+    stats::{Totals, Z95},
+};
+
+/// Small enough that every site gets samples, large enough to stay cheap.
+const RATE: u64 = 64 * 1024;
+
+/// (function, count, size, freed)
+const SITES: [(&str, u64, u64, bool); 4] = [
+    ("site_small", 200_000, 64, false),
+    ("site_medium", 2_000, 8192, false),
+    ("site_large", 8, 1 << 20, false),
+    ("site_freed", 100_000, 256, true),
+];
+
+/// A workload process following the wait/allocate/"ready"/wait protocol.
+struct Workload {
+    child: Child,
+    stdin: ChildStdin,
+}
+
+impl Workload {
+    fn spawn(mut cmd: Command) -> Workload {
+        let mut child = cmd
+            .env("ALLOCPROF_RATE", RATE.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        Workload { child, stdin }
+    }
+
+    fn c(extra_args: &[&Path]) -> Workload {
+        let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+        let mut cmd = Command::new(exe);
+        cmd.args(extra_args)
+            .env("LD_PRELOAD", common::preload_library());
+        Workload::spawn(cmd)
+    }
+
+    fn rust() -> Workload {
+        Workload::spawn(Command::new(common::example("rust_sites")))
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lets it allocate and waits until it has.
+    fn allocate(&mut self) {
+        writeln!(self.stdin, "go").unwrap();
+        let mut line = String::new();
+        BufReader::new(self.child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "the workload failed");
+    }
+
+    fn exit(mut self) {
+        writeln!(self.stdin, "exit").unwrap();
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+fn final_profile(session: &mut Session) -> Profile {
+    session.refresh().unwrap();
+    session.finish_symbols();
+    session.refresh().unwrap()
+}
+
+fn process(profile: &Profile, pid: u32) -> &ProcessProfile {
+    profile
+        .processes
+        .iter()
+        .find(|p| p.key.pid == pid)
+        .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"))
+}
+
+/// Totals of the stacks that pass through `function`.
+fn site(p: &ProcessProfile, function: &str) -> Totals {
+    p.stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.function == function))
+        .map(|s| s.totals)
+        .sum()
+}
+
+/// Every site within 5 sigma of the truth; freed sites leave no live bytes.
+fn assert_sites_within_bounds(p: &ProcessProfile) {
+    for (function, n, size, freed) in SITES {
+        let t = site(p, function);
+        let (truth, sigma) = common::truth_and_sigma(n, size, RATE);
+        assert!(t.alloc_samples > 0, "{function}: no samples in {p:#?}");
+        assert!(
+            (t.alloc_bytes - truth).abs() <= 5.0 * sigma,
+            "{function}: allocated {} vs truth {truth} (sigma {sigma})",
+            t.alloc_bytes
+        );
+        if freed {
+            assert_eq!(
+                t.live_bytes, 0.0,
+                "{function}: freed memory must not stay live"
+            );
+            assert_eq!(t.live_samples, 0);
+        } else {
+            assert!(
+                (t.live_bytes - truth).abs() <= 5.0 * sigma,
+                "{function}: live {} vs truth {truth} (sigma {sigma})",
+                t.live_bytes
+            );
+            // The kernel's variance estimate agrees with the a-priori one to
+            // within sampling noise (loosely: a factor of 3). Sites sampled
+            // almost surely have next to no variance, below byte rounding.
+            let sd = t.live_ci95() / Z95;
+            if sigma > 0.01 * truth {
+                assert!(
+                    sd > sigma / 3.0 && sd < sigma * 3.0,
+                    "{function}: sd {sd} vs {sigma}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn c_program_sites_within_statistical_bounds() {
+    common::require_bpf();
+    let mut w = Workload::c(&[]);
+    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    w.allocate();
+    let profile = final_profile(&mut session);
+    assert_sites_within_bounds(process(&profile, w.pid()));
+    w.exit();
+}
+
+#[test]
+fn rust_program_sites_within_statistical_bounds() {
+    common::require_bpf();
+    let mut w = Workload::rust();
+    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    w.allocate();
+    let profile = final_profile(&mut session);
+    let p = process(&profile, w.pid());
+    // Symbolized Rust names carry their crate path.
+    for s in &p.stacks {
+        for f in s.frames.iter() {
+            assert!(
+                !f.function.starts_with("<allocator::"),
+                "allocator frames are stripped: {f:?}"
+            );
+        }
+    }
+    let renamed: Vec<_> = p
+        .stacks
+        .iter()
+        .flat_map(|s| s.frames.iter())
+        .filter(|f| f.function.starts_with("rust_sites::site_"))
+        .map(|f| f.function.clone())
+        .collect();
+    assert!(
+        !renamed.is_empty(),
+        "no rust_sites::site_* frames in {p:#?}"
+    );
+    let q = ProcessProfile {
+        stacks: p
+            .stacks
+            .iter()
+            .map(|s| {
+                let mut s = s.clone();
+                s.frames = s
+                    .frames
+                    .iter()
+                    .map(|f| {
+                        let mut f = f.clone();
+                        f.function = f.function.trim_start_matches("rust_sites::").to_string();
+                        f
+                    })
+                    .collect();
+                s
+            })
+            .collect(),
+        ..p.clone()
+    };
+    assert_sites_within_bounds(&q);
+    w.exit();
+}
+
+#[test]
+fn two_processes_are_separate_and_merge_by_sum() {
+    common::require_bpf();
+    let mut a = Workload::c(&[]);
+    let mut b = Workload::c(&[]);
+    let mut session =
+        Session::start(Target::Pids(vec![a.pid(), b.pid()]), Limits::default()).unwrap();
+    a.allocate();
+    b.allocate();
+    let profile = final_profile(&mut session);
+    let (pa, pb) = (process(&profile, a.pid()), process(&profile, b.pid()));
+    assert_sites_within_bounds(pa);
+    assert_sites_within_bounds(pb);
+    let merged = profile.merged_stacks();
+    let merged_large: Totals = merged
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.function == "site_large"))
+        .map(|s| s.totals)
+        .sum();
+    let separate = site(pa, "site_large").live_bytes + site(pb, "site_large").live_bytes;
+    assert_eq!(merged_large.live_bytes, separate, "merging is a plain sum");
+    assert_eq!(
+        profile.totals().live_bytes,
+        pa.totals.live_bytes + pb.totals.live_bytes
+    );
+    a.exit();
+    b.exit();
+}
+
+#[test]
+fn process_started_later_is_profiled_system_wide() {
+    common::require_bpf();
+    let mut session = Session::start(Target::All, Limits::default()).unwrap();
+    let mut w = Workload::c(&[]);
+    // Attachment follows the exec event; wait until the library is attached.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !session.is_attached_to(w.pid()) {
+        assert!(
+            Instant::now() < deadline,
+            "the new process was never attached"
+        );
+        session.poll_events();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    w.allocate();
+    let profile = final_profile(&mut session);
+    assert_sites_within_bounds(process(&profile, w.pid()));
+    w.exit();
+}
+
+#[test]
+fn dlopened_library_is_seen() {
+    common::require_bpf();
+    let plugin = common::compile_c_library("plugin.c");
+    let mut w = Workload::c(&[&plugin]);
+    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    w.allocate();
+    let profile = final_profile(&mut session);
+    let p = process(&profile, w.pid());
+    let plugin_mallocs: Totals = p
+        .stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.function == "plugin_alloc"))
+        .map(|s| s.totals)
+        .sum();
+    let (truth, sigma) = common::truth_and_sigma(4000, 4096, RATE);
+    assert!(
+        (plugin_mallocs.live_bytes - truth).abs() <= 5.0 * sigma,
+        "mallocs from the dlopen'ed library: {} vs {truth} (sigma {sigma})",
+        plugin_mallocs.live_bytes
+    );
+    assert!(
+        session.is_attached_to_file(w.pid(), &plugin),
+        "the library's own probes are attached"
+    );
+    w.exit();
+}
+
+#[test]
+fn exited_process_keeps_its_symbolized_stacks() {
+    common::require_bpf();
+    let mut w = Workload::c(&[]);
+    let pid = w.pid();
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    w.allocate();
+    session.refresh().unwrap();
+    w.exit();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let profile = loop {
+        let profile = final_profile(&mut session);
+        if process(&profile, pid).state == ProcessState::Exited {
+            break profile;
+        }
+        assert!(Instant::now() < deadline, "the exit was never noticed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let p = process(&profile, pid);
+    assert_sites_within_bounds(p);
+    assert!(
+        !session.kernel_tracks(pid),
+        "the kernel state of an exited process is freed"
+    );
+}
