@@ -3,6 +3,7 @@
 //! fields and explicit padding, so both sides agree on the layout byte for byte.
 #![no_std]
 
+pub mod rate;
 pub mod usdt;
 
 pub use usdt::{MAX_USDT_ARGS, UsdtArg, UsdtArgKind, UsdtSpec};

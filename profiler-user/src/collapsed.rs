@@ -72,6 +72,7 @@ mod tests {
                 },
                 name: "demo".into(),
                 state: ProcessState::Live,
+                rate: 524_288,
                 totals,
                 alloc_events: 0,
                 free_events: 0,

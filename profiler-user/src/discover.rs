@@ -169,3 +169,17 @@ pub fn process_alive(pid: u32) -> bool {
         Err(_) => false,
     }
 }
+
+/// The sampling rate a process runs with: its `ALLOCPROF_RATE`, read as the
+/// allocator reads it (absent or malformed means the default).
+pub fn sampling_rate(pid: u32) -> u64 {
+    use profiler_common::rate::{DEFAULT_RATE, parse_rate};
+    let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
+        return DEFAULT_RATE;
+    };
+    environ
+        .split(|&b| b == 0)
+        .find_map(|var| var.strip_prefix(b"ALLOCPROF_RATE="))
+        .and_then(|value| parse_rate(value).ok())
+        .unwrap_or(DEFAULT_RATE)
+}

@@ -46,6 +46,8 @@ pub struct ProcessProfile {
     pub key: ProcessKey,
     pub name: String,
     pub state: ProcessState,
+    /// The process's mean sampling interval R in bytes (`ALLOCPROF_RATE`).
+    pub rate: u64,
     pub totals: Totals,
     pub alloc_events: u64,
     pub free_events: u64,
@@ -142,6 +144,7 @@ mod tests {
             key: ProcessKey { pid, generation: 0 },
             name: "w".into(),
             state: ProcessState::Live,
+            rate: 524_288,
             totals: stacks.iter().map(|s| s.totals).sum(),
             alloc_events: 0,
             free_events: 0,

@@ -51,19 +51,20 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     out.push_str("\nPROCESSES\n");
     let _ = writeln!(
         out,
-        "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7}  STATE",
-        "PROCESS", "LIVE BYTES (95% CI)", "OBJECTS", "ALLOCATED", "SAMPLES", "DROPS"
+        "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  STATE",
+        "PROCESS", "LIVE BYTES (95% CI)", "OBJECTS", "ALLOCATED", "SAMPLES", "DROPS", "RATE"
     );
     for p in &profile.processes {
         let _ = writeln!(
             out,
-            "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7}  {}",
+            "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {}",
             truncate(&p.label(), 28),
             with_ci(p.totals.live_bytes, p.totals.live_ci95()),
             human_count(p.totals.live_objects),
             human_bytes(p.totals.alloc_bytes),
             p.totals.alloc_samples,
             p.dropped(),
+            human_bytes(p.rate as f64),
             p.state.describe(),
         );
     }

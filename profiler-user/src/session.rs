@@ -62,6 +62,7 @@ pub enum StartError {
 /// A process image that is gone, frozen as it was.
 struct Frozen {
     name: String,
+    rate: u64,
     state: ProcessState,
     proc: ProcState,
     stacks: Vec<(u64, Totals)>,
@@ -77,7 +78,7 @@ pub struct Session {
     /// Files attached per process (`--pid`).
     attached_pid_files: HashSet<(u32, FileId)>,
     spaces: HashMap<u32, AddressSpace>,
-    names: HashMap<u32, String>,
+    names: HashMap<u32, (String, u64)>,
     symbols: HashMap<(u32, u64), Arc<[Frame]>>,
     pending: HashSet<(u32, u64)>,
     symbolizer: SymbolizerThread<(u32, u64)>,
@@ -253,7 +254,7 @@ impl Session {
             None => snapshot.processes.get(&pid).copied().unwrap_or_default(),
             Some(_) => ProcState::default(),
         };
-        let name = self.process_name(pid);
+        let (name, rate) = self.identity(pid);
         for (generation, stacks) in images {
             let state = if new_generation.is_some() {
                 ProcessState::Replaced
@@ -262,6 +263,7 @@ impl Session {
             };
             let frozen = Frozen {
                 name: name.clone(),
+                rate,
                 state,
                 proc,
                 stacks,
@@ -272,10 +274,14 @@ impl Session {
         self.names.remove(&pid);
     }
 
-    fn process_name(&mut self, pid: u32) -> String {
+    /// A process's name and sampling rate, read once while it is alive.
+    fn identity(&mut self, pid: u32) -> (String, u64) {
         self.names
             .entry(pid)
-            .or_insert_with(|| discover::process_name(pid).unwrap_or_else(|| "?".into()))
+            .or_insert_with(|| {
+                let name = discover::process_name(pid).unwrap_or_else(|| "?".into());
+                (name, discover::sampling_rate(pid))
+            })
             .clone()
     }
 
@@ -381,11 +387,21 @@ impl Session {
                 .get(&key.pid)
                 .copied()
                 .unwrap_or_default();
-            let name = self.process_name(key.pid);
-            processes.push(self.process_profile(key, name, ProcessState::Live, &proc, &stacks));
+            let (name, rate) = self.identity(key.pid);
+            let image = Image {
+                name,
+                rate,
+                state: ProcessState::Live,
+            };
+            processes.push(self.process_profile(key, image, &proc, &stacks));
         }
         for (key, f) in &self.frozen {
-            processes.push(self.process_profile(*key, f.name.clone(), f.state, &f.proc, &f.stacks));
+            let image = Image {
+                name: f.name.clone(),
+                rate: f.rate,
+                state: f.state,
+            };
+            processes.push(self.process_profile(*key, image, &f.proc, &f.stacks));
         }
         processes.sort_by(|a, b| {
             b.totals
@@ -403,8 +419,7 @@ impl Session {
     fn process_profile(
         &self,
         key: ProcessKey,
-        name: String,
-        state: ProcessState,
+        image: Image,
         proc: &ProcState,
         stacks: &[(u64, Totals)],
     ) -> ProcessProfile {
@@ -419,8 +434,9 @@ impl Session {
         let drops: [u64; DROP_REASONS] = proc.drops;
         ProcessProfile {
             key,
-            name,
-            state,
+            name: image.name,
+            state: image.state,
+            rate: image.rate,
             totals: stacks.iter().map(|s| s.totals).sum(),
             alloc_events: proc.alloc_events,
             free_events: proc.free_events,
@@ -476,6 +492,13 @@ impl Session {
     pub fn attachments(&self) -> usize {
         self.kernel.attachments()
     }
+}
+
+/// What identifies a process image in the profile, besides its key.
+struct Image {
+    name: String,
+    rate: u64,
+    state: ProcessState,
 }
 
 fn placeholder(text: &str) -> Arc<[Frame]> {

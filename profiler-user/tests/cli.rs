@@ -1,0 +1,214 @@
+//! The `allocprof` binary as users run it: exit codes and messages for bad
+//! input, headless reports, folded-stack output, targets that exit.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    process::{Child, Command, Output, Stdio},
+};
+
+fn allocprof() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_allocprof"))
+}
+
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().unwrap();
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+#[test]
+fn help_lists_the_options() {
+    let (code, out, _) = run(allocprof().arg("--help"));
+    assert_eq!(code, 0);
+    for opt in ["--pid", "--duration", "--format", "--output", "--value"] {
+        assert!(out.contains(opt), "--help lacks {opt}:\n{out}");
+    }
+}
+
+#[test]
+fn garbage_arguments_are_usage_errors() {
+    let (code, _, err) = run(allocprof().args(["--duration", "soon"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("examples: 30s"), "{err}");
+    let (code, _, err) = run(allocprof().args(["--pid", "abc"]));
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
+fn nonexistent_pid_is_reported() {
+    common::require_bpf();
+    // Past pid_max, so it cannot exist.
+    let (code, _, err) = run(allocprof().args(["--pid", "99999999", "-d", "1s"]));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no process with pid 99999999"), "{err}");
+}
+
+#[test]
+fn process_without_probes_gets_instructions() {
+    common::require_bpf();
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let (code, _, err) = run(allocprof().args(["--pid", &sleeper.id().to_string(), "-d", "1s"]));
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("has no otel_memory probes"), "{err}");
+    assert!(err.contains("LD_PRELOAD="), "{err}");
+    assert!(err.contains("SamplingAllocator"), "{err}");
+}
+
+#[test]
+fn unprivileged_user_is_told_to_use_root() {
+    common::require_bpf();
+    let setpriv = "/usr/bin/setpriv";
+    assert!(
+        std::path::Path::new(setpriv).exists(),
+        "setpriv comes from util-linux"
+    );
+    // The test binary may live where nobody cannot reach it; copy it out.
+    let dir = std::env::temp_dir().join("allocprof-unprivileged");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("allocprof");
+    std::fs::copy(env!("CARGO_BIN_EXE_allocprof"), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (code, _, err) = run(Command::new(setpriv)
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(&exe)
+        .args(["-d", "1s"]));
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("needs root"), "{err}");
+}
+
+/// The C workload under LD_PRELOAD, waiting for "go".
+fn workload() -> Child {
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    Command::new(exe)
+        .env("LD_PRELOAD", common::preload_library())
+        .env("ALLOCPROF_RATE", "64k")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Starts allocprof with `args` on the workload and waits until it has attached.
+fn attach(w: &Child, args: &[&str]) -> Child {
+    let mut child = allocprof()
+        .args(["--pid", &w.id().to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("attached"),
+        "allocprof did not attach: {line}"
+    );
+    // Keep draining stderr so allocprof never blocks on it.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    child
+}
+
+fn go(w: &mut Child) {
+    writeln!(w.stdin.as_mut().unwrap(), "go").unwrap();
+    let mut line = String::new();
+    BufReader::new(w.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+}
+
+#[test]
+fn headless_collapsed_output_is_folded_stacks() {
+    common::require_bpf();
+    let mut w = workload();
+    let out = common::scratch_dir("cli").join(format!("heap-{}.folded", w.id()));
+    let profiler = attach(
+        &w,
+        &[
+            "-d",
+            "3s",
+            "--format",
+            "collapsed",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    go(&mut w);
+    let result = profiler.wait_with_output().unwrap();
+    assert!(result.status.success());
+    writeln!(w.stdin.as_mut().unwrap(), "exit").unwrap();
+    w.wait().unwrap();
+
+    let folded = std::fs::read_to_string(&out).unwrap();
+    let root = format!("alloc_sites ({})", w.id());
+    let mut large = 0u64;
+    for line in folded.lines() {
+        let (stack, value) = line.rsplit_once(' ').expect("`stack value` lines");
+        let value: u64 = value.parse().expect("integer values");
+        assert!(
+            stack.starts_with(&format!("{root};")),
+            "process is the root frame: {line}"
+        );
+        assert!(value > 0);
+        if stack.ends_with(";site_large") || stack.contains(";site_large;") {
+            large += value;
+        }
+    }
+    // 8 MiB live at site_large, always sampled at this rate.
+    assert_eq!(large, 8 << 20, "{folded}");
+    assert!(folded.contains("main;site_small"), "root first: {folded}");
+    // The report is printed as well.
+    let report = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        report.contains("LIVE BYTES (95% CI)") && report.contains(&root),
+        "{report}"
+    );
+}
+
+#[test]
+fn target_exiting_mid_run_stays_in_the_report() {
+    common::require_bpf();
+    let mut w = workload();
+    let mut profiler = attach(&w, &["-d", "60s"]);
+    go(&mut w);
+    // Give allocprof a refresh with the process alive, then let it exit.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    writeln!(w.stdin.as_mut().unwrap(), "exit").unwrap();
+    w.wait().unwrap();
+    // allocprof stops by itself once every target has exited.
+    let status = profiler.wait().unwrap();
+    assert!(status.success());
+    let mut report = String::new();
+    profiler
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut report)
+        .unwrap();
+    assert!(
+        report.contains(&format!("alloc_sites ({})", w.id())),
+        "{report}"
+    );
+    assert!(report.contains("exited"), "{report}");
+    assert!(
+        report.contains("site_large"),
+        "symbolized after exit: {report}"
+    );
+}
