@@ -1,7 +1,8 @@
 //! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object>`.
 
-mod bench;
 mod bench_alloc;
+mod bench_pipeline;
+mod demo;
 mod ebpf_object;
 mod packages;
 mod setup;
@@ -64,11 +65,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Setup => Ok(()),
         Command::Build => shell::cargo(&root, &["build", "--release"]),
         Command::Test { cargo_args } => test(&root, &cargo_args),
-        Command::Demo => bench::demo(&root),
+        Command::Demo => demo::run(&root),
         Command::Bench { which, args } => {
             match packages::ensure_bench_packages().map(|()| which.as_str())? {
                 "alloc" => bench_alloc::run(&root, &args),
-                _ => bench::pipeline(&root, &args),
+                _ => bench_pipeline::run(&root, &args),
             }
         }
         Command::EbpfObject => ebpf_object::refresh(&root),

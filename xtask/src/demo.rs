@@ -1,4 +1,4 @@
-//! The demo and the profiler pipeline benchmark.
+//! `cargo xtask demo`: the demo workload under allocprof.
 
 use std::{
     io::IsTerminal,
@@ -14,7 +14,7 @@ use crate::shell;
 
 /// Builds everything, starts the demo workload and profiles it: in a
 /// terminal until you quit, otherwise for ten seconds with a final report.
-pub fn demo(root: &Path) -> Result<()> {
+pub fn run(root: &Path) -> Result<()> {
     shell::cargo(root, &["build", "--release"])?;
     let mut workload = Command::new(root.join("target/release/allocprof-demo"))
         .stdout(Stdio::null())
@@ -35,8 +35,4 @@ pub fn demo(root: &Path) -> Result<()> {
     let _ = workload.kill();
     let _ = workload.wait();
     profiled
-}
-
-pub fn pipeline(_root: &Path, _args: &[String]) -> Result<()> {
-    anyhow::bail!("the pipeline benchmark is not written yet")
 }

@@ -1,0 +1,238 @@
+//! `cargo xtask bench pipeline`: what profiling costs, seen from the target
+//! (time per sampled alloc and free with allocprof attached, against the same
+//! run without it), the highest sampled-event rate sustained without drops,
+//! and allocprof's own CPU and memory at 10k events/s.
+
+use std::{
+    fs,
+    io::{BufRead, BufReader, Read, Write},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::shell;
+
+const RUNS: usize = 5;
+const COST_N: &str = "20000";
+
+pub fn run(root: &Path, args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    shell::cargo(root, &["build", "--release"])?;
+    let bench = Bench::new(root)?;
+
+    println!(
+        "## sampled alloc/free cost, ALLOCPROF_RATE=1 (every allocation sampled), median of {RUNS}"
+    );
+    let mut bare = Vec::new();
+    let mut attached = Vec::new();
+    for _ in 0..RUNS {
+        bare.push(bench.cost(false)?);
+        attached.push(bench.cost(true)?);
+    }
+    let (b_alloc, b_free) = medians(&bare);
+    let (a_alloc, a_free) = medians(&attached);
+    println!("| | without allocprof | with allocprof | added by allocprof |");
+    println!("|---|---|---|---|");
+    println!(
+        "| sampled alloc | {b_alloc:.0} ns | {a_alloc:.0} ns | {:.2} µs |",
+        (a_alloc - b_alloc) / 1e3
+    );
+    println!(
+        "| sampled free | {b_free:.0} ns | {a_free:.0} ns | {:.2} µs |",
+        (a_free - b_free) / 1e3
+    );
+
+    let secs = if quick { "3" } else { "10" };
+    println!(
+        "\n## highest sampled-event rate, 2 threads flat out for {secs} s, allocprof attached"
+    );
+    let (out, report) = bench.with_profiler(&["max", secs, "2"], None)?;
+    let eps = value(&out, "events_per_sec")?;
+    let drops = dropped(&report)?;
+    println!("{eps:.0} sampled events/s sustained, {drops} dropped");
+
+    let window = if quick { 10 } else { 30 };
+    println!(
+        "\n## allocprof's own cost at 10k sampled events/s ({window} s window after 5 s warm-up)"
+    );
+    let total = (window + 8).to_string();
+    let (out, _) = bench.with_profiler(&["rate", "10000", &total], Some(window))?;
+    println!(
+        "target ran at {:.0} events/s",
+        value(&out, "events_per_sec")?
+    );
+    Ok(())
+}
+
+struct Bench {
+    workload: PathBuf,
+    preload: PathBuf,
+    allocprof: PathBuf,
+}
+
+impl Bench {
+    fn new(root: &Path) -> Result<Bench> {
+        let dir = root.join("target/bench");
+        fs::create_dir_all(&dir)?;
+        let workload = dir.join("pipeline_workload");
+        let source = root.join("xtask/bench/pipeline_workload.c");
+        shell::run(
+            root,
+            "gcc",
+            &[
+                "-O2",
+                "-fno-builtin",
+                "-fno-omit-frame-pointer",
+                "-pthread",
+                "-o",
+                &workload.to_string_lossy(),
+                &source.to_string_lossy(),
+            ],
+        )?;
+        Ok(Bench {
+            workload,
+            preload: root.join("target/release/liballocprof.so"),
+            allocprof: root.join("target/release/allocprof"),
+        })
+    }
+
+    fn spawn_workload(&self, args: &[&str]) -> Result<Child> {
+        Command::new(&self.workload)
+            .args(args)
+            .env("LD_PRELOAD", &self.preload)
+            .env("ALLOCPROF_RATE", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the benchmark workload")
+    }
+
+    /// (ns per sampled alloc, ns per sampled free).
+    fn cost(&self, profiled: bool) -> Result<(f64, f64)> {
+        let out = if profiled {
+            self.with_profiler(&["cost", COST_N], None)?.0
+        } else {
+            let mut w = self.spawn_workload(&["cost", COST_N])?;
+            finish(&mut w)?
+        };
+        Ok((value(&out, "alloc_ns")?, value(&out, "free_ns")?))
+    }
+
+    /// Runs the workload with allocprof attached; returns the workload's
+    /// output and allocprof's report. With `window`, samples allocprof's CPU
+    /// and memory over that many seconds after a 5 s warm-up.
+    fn with_profiler(&self, args: &[&str], window: Option<u64>) -> Result<(String, String)> {
+        let mut w = self.spawn_workload(args)?;
+        let mut profiler = Command::new(&self.allocprof)
+            .args(["--pid", &w.id().to_string(), "--duration", "600s"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting allocprof")?;
+        let mut stderr = BufReader::new(profiler.stderr.take().expect("piped"));
+        let mut line = String::new();
+        stderr.read_line(&mut line)?;
+        if !line.contains("attached") {
+            bail!("allocprof did not attach: {line}");
+        }
+        thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        let sampler = window.map(|secs| {
+            let pid = profiler.id();
+            thread::spawn(move || sample_usage(pid, secs))
+        });
+        let out = finish(&mut w)?;
+        if let Some(sampler) = sampler {
+            let (cpu, rss) = sampler.join().expect("usage sampler")?;
+            println!(
+                "allocprof: {:.2}% of one core, {:.1} MiB resident",
+                cpu * 100.0,
+                rss as f64 / 1024.0
+            );
+        }
+        // allocprof stops once its target has exited.
+        let mut report = String::new();
+        profiler
+            .stdout
+            .take()
+            .expect("piped")
+            .read_to_string(&mut report)?;
+        let status = profiler.wait()?;
+        if !status.success() {
+            bail!("allocprof failed: {status}");
+        }
+        Ok((out, report))
+    }
+}
+
+/// Starts the workload and collects its output.
+fn finish(w: &mut Child) -> Result<String> {
+    writeln!(w.stdin.take().expect("piped"), "go")?;
+    let mut out = String::new();
+    w.stdout.take().expect("piped").read_to_string(&mut out)?;
+    let status = w.wait()?;
+    if !status.success() {
+        bail!("the benchmark workload failed: {status}");
+    }
+    Ok(out)
+}
+
+/// allocprof's CPU (fraction of one core) and resident KiB over `secs`
+/// seconds, after a 5 s warm-up.
+fn sample_usage(pid: u32, secs: u64) -> Result<(f64, u64)> {
+    thread::sleep(Duration::from_secs(5));
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
+    thread::sleep(Duration::from_secs(secs));
+    let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(((c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64(), rss))
+}
+
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat
+        .rsplit_once(") ")
+        .context("malformed /proc/PID/stat")?
+        .1;
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of stat; 12 and 13 after the comm.
+    Ok(fields[11].parse::<u64>()? + fields[12].parse::<u64>()?)
+}
+
+fn value(out: &str, key: &str) -> Result<f64> {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key).map(str::trim))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no `{key}` in the workload's output: {out}"))
+}
+
+/// The drop count from the header line of allocprof's report.
+fn dropped(report: &str) -> Result<u64> {
+    let header = report.lines().next().unwrap_or_default();
+    header
+        .rsplit_once(", ")
+        .and_then(|(_, tail)| tail.strip_suffix(" dropped"))
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("unexpected report header: {header}"))
+}
+
+fn medians(runs: &[(f64, f64)]) -> (f64, f64) {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (
+        median(runs.iter().map(|r| r.0).collect()),
+        median(runs.iter().map(|r| r.1).collect()),
+    )
+}
