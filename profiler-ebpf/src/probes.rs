@@ -81,22 +81,26 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     add(&agg.alloc_var, delta.var);
     add(&agg.alloc_samples, 1);
 
-    let key = LiveKey { pid, _pad: 0, ptr };
-    // SAFETY: the value is copied out at once; a concurrent delete can at worst
-    // make us read a stale sample, which the remove below arbitrates.
-    if let Some(old) = unsafe { LIVE.get(key) }.copied() {
-        // The free of the block that lived here was missed (e.g. sampled
-        // before we attached): retire it so its bytes don't live forever.
-        if LIVE.remove(key).is_ok() {
-            retire(pid, &old);
-        }
-        count_drop(pid, DropReason::ReplacedLive);
-    }
     if proc.live_samples_value() >= max_live_per_process() {
         return Err(DropReason::ProcessCap);
     }
-    LIVE.insert(key, sample, BPF_NOEXIST as u64)
-        .map_err(|_| DropReason::LiveMapFull)?;
+    let key = LiveKey { pid, _pad: 0, ptr };
+    if let Err(e) = LIVE.insert(key, sample, BPF_NOEXIST as u64) {
+        if e != -EEXIST {
+            return Err(DropReason::LiveMapFull);
+        }
+        // The free of the block that lived here was missed (e.g. sampled
+        // before we attached): retire it so its bytes don't live forever.
+        // SAFETY: copied out at once; the remove arbitrates concurrent frees.
+        if let Some(old) = unsafe { LIVE.get(key) }.copied()
+            && LIVE.remove(key).is_ok()
+        {
+            retire(pid, &old);
+        }
+        count_drop(pid, DropReason::ReplacedLive);
+        LIVE.insert(key, sample, BPF_NOEXIST as u64)
+            .map_err(|_| DropReason::LiveMapFull)?;
+    }
     add(&proc.live_samples, 1);
     add(&agg.live_bytes, delta.bytes);
     add(&agg.live_objects, delta.objects);
@@ -187,14 +191,14 @@ fn take_stack(ctx: &ProbeContext) -> Result<u64, DropReason> {
         }
         hash = stack_hash_step(hash, trace.frames[i]);
     }
-    // Frames past `len` are left over from earlier stacks; clear them so the
-    // stored value is a function of the stack alone.
-    for i in 0..MAX_STACK_DEPTH {
-        if i >= len {
-            trace.frames[i] = 0;
-        }
-    }
+    // Frames past `len` are left over from earlier stacks: user space reads
+    // only `len` of them, so clearing them would be wasted work.
     let hash = if hash == NO_STACK { 1 } else { hash };
+    // Most stacks are seen before: a lockless lookup is cheaper than an
+    // insert that fails with EEXIST under the bucket lock.
+    if STACKS.get_ptr(hash).is_some() {
+        return Ok(hash);
+    }
     // By reference: a StackTrace copied onto the 512-byte BPF stack won't fit.
     let trace: &StackTrace = trace;
     match STACKS.insert(hash, trace, BPF_NOEXIST as u64) {

@@ -3,23 +3,28 @@
 
 use std::{path::PathBuf, sync::Arc};
 
+/// A file a process maps.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MappedFile {
+    /// The file as the process names it.
+    pub path: PathBuf,
+    /// The same file reached through `/proc/PID/root` (its mount namespace).
+    pub open_path: PathBuf,
+}
+
 /// One file-backed mapping of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
     pub start: u64,
     pub end: u64,
     pub offset: u64,
-    /// The file as the process names it.
-    pub path: Arc<PathBuf>,
-    /// The same file opened through `/proc/PID/root` (its mount namespace).
-    pub open_path: Arc<PathBuf>,
+    pub file: Arc<MappedFile>,
 }
 
 /// A normalized address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileAddr {
-    pub path: Arc<PathBuf>,
-    pub open_path: Arc<PathBuf>,
+    pub file: Arc<MappedFile>,
     pub file_offset: u64,
 }
 
@@ -60,20 +65,19 @@ impl AddressSpace {
             ) else {
                 continue;
             };
-            // Consecutive mappings of one file share the Arcs.
-            let (path, open_path) = match mappings.last() {
-                Some(m) if m.path.as_os_str() == path => (m.path.clone(), m.open_path.clone()),
-                _ => (
-                    Arc::new(PathBuf::from(path)),
-                    Arc::new(root.join(path.trim_start_matches('/'))),
-                ),
+            // Consecutive mappings of one file share it.
+            let file = match mappings.last() {
+                Some(m) if m.file.path.as_os_str() == path => m.file.clone(),
+                _ => Arc::new(MappedFile {
+                    path: PathBuf::from(path),
+                    open_path: root.join(path.trim_start_matches('/')),
+                }),
             };
             mappings.push(Mapping {
                 start,
                 end,
                 offset,
-                path,
-                open_path,
+                file,
             });
         }
         mappings.sort_by_key(|m| m.start);
@@ -94,8 +98,7 @@ impl AddressSpace {
             .checked_sub(1)?;
         let m = &self.mappings[i];
         (addr < m.end).then(|| FileAddr {
-            path: m.path.clone(),
-            open_path: m.open_path.clone(),
+            file: m.file.clone(),
             file_offset: addr - m.start + m.offset,
         })
     }
@@ -120,8 +123,11 @@ mod tests {
     fn addresses_map_to_file_offsets() {
         let space = AddressSpace::parse(42, MAPS);
         let a = space.normalize(0x55d0c0a01234).unwrap();
-        assert_eq!(a.path.to_str(), Some("/usr/bin/demo"));
-        assert_eq!(a.open_path.to_str(), Some("/proc/42/root/usr/bin/demo"));
+        assert_eq!(a.file.path.to_str(), Some("/usr/bin/demo"));
+        assert_eq!(
+            a.file.open_path.to_str(),
+            Some("/proc/42/root/usr/bin/demo")
+        );
         assert_eq!(a.file_offset, 0x1234);
         let c = space.normalize(0x7f1000000010).unwrap();
         assert_eq!(c.file_offset, 0x28010);

@@ -9,7 +9,7 @@ use blazesym::symbolize::{
     source::{Elf, Source},
 };
 
-use crate::normalize::FileAddr;
+use crate::normalize::{FileAddr, MappedFile};
 
 /// One frame of a symbolized stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -27,9 +27,9 @@ impl Frame {
     fn unknown(addr: u64, at: Option<&FileAddr>) -> Frame {
         match at {
             Some(a) => Frame {
-                function: format!("{}+{:#x}", basename(&a.path), a.file_offset),
+                function: format!("{}+{:#x}", basename(&a.file.path), a.file_offset),
                 location: None,
-                module: Some(a.path.display().to_string()),
+                module: Some(a.file.path.display().to_string()),
                 inlined: false,
             },
             None => Frame {
@@ -110,7 +110,7 @@ impl<K: Send + 'static> SymbolizerThread<K> {
 /// Symbolizes one stack, innermost first.
 pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>)]) -> Vec<Frame> {
     // Group frames by file: one blazesym call per file.
-    let mut by_file: HashMap<&Path, Vec<(usize, u64)>> = HashMap::new();
+    let mut by_file: HashMap<&MappedFile, Vec<(usize, u64)>> = HashMap::new();
     for (i, (_, at)) in frames.iter().enumerate() {
         if let Some(at) = at {
             // Return addresses point past the call; step back into it. The
@@ -120,31 +120,29 @@ pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>
             } else {
                 at.file_offset.saturating_sub(1)
             };
-            // The /proc/PID/root path dies with the process; the plain path
-            // still names the file afterwards (outside containers).
-            let path = if at.open_path.exists() {
-                &at.open_path
-            } else {
-                &at.path
-            };
-            by_file.entry(path.as_path()).or_default().push((i, offset));
+            by_file.entry(&at.file).or_default().push((i, offset));
         }
     }
     let mut symbolized: Vec<Option<Vec<Frame>>> = vec![None; frames.len()];
-    for (path, entries) in by_file {
+    for (file, entries) in by_file {
         let offsets: Vec<u64> = entries.iter().map(|(_, o)| *o).collect();
-        let source = Source::Elf(Elf::new(path));
-        let Ok(results) = symbolizer.symbolize(&source, Input::FileOffset(&offsets)) else {
-            continue;
-        };
-        let module = frames[entries[0].0]
-            .1
-            .as_ref()
-            .map(|a| a.path.display().to_string());
-        for ((i, _), result) in entries.iter().zip(results) {
-            if let Symbolized::Sym(sym) = result {
-                symbolized[*i] = Some(expand(&sym, module.clone()));
+        let module = file.path.display().to_string();
+        // The /proc/PID/root path dies with the process (possibly while we
+        // read it); the plain path still names the file afterwards.
+        for path in [file.open_path.as_path(), file.path.as_path()] {
+            let source = Source::Elf(Elf::new(path));
+            let Ok(results) = symbolizer.symbolize(&source, Input::FileOffset(&offsets)) else {
+                continue;
+            };
+            if !results.iter().any(|r| matches!(r, Symbolized::Sym(_))) {
+                continue;
             }
+            for ((i, _), result) in entries.iter().zip(results) {
+                if let Symbolized::Sym(sym) = result {
+                    symbolized[*i] = Some(expand(&sym, Some(module.clone())));
+                }
+            }
+            break;
         }
     }
     let mut out = Vec::with_capacity(frames.len());

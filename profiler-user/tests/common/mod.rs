@@ -28,12 +28,22 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// Compiles a C workload from tests/workloads with frame pointers and debug info.
+/// Compiles a C workload from tests/workloads with frame pointers and debug
+/// info, once per test binary: tests run in parallel, and rewriting a binary
+/// another test is running (or symbolizing) would break that test.
 pub fn compile_c(source: &str, extra: &[&str]) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let key = format!("{source} {}", extra.join(" "));
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = built.iter().find(|(k, _)| *k == key) {
+        return path.clone();
+    }
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/workloads")
         .join(source);
-    let out = scratch_dir("workloads").join(source.trim_end_matches(".c"));
+    // Per test binary (pid), so concurrent test binaries don't share it either.
+    let dir = scratch_dir(&format!("workloads-{}-{}", std::process::id(), built.len()));
+    let out = dir.join(source.trim_end_matches(".c"));
     let status = Command::new("gcc")
         .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-builtin", "-o"])
         .arg(&out)
@@ -45,6 +55,7 @@ pub fn compile_c(source: &str, extra: &[&str]) -> PathBuf {
         status.success(),
         "compiling {source} failed (sys/sdt.h comes from apt-get install systemtap-sdt-dev)"
     );
+    built.push((key, out.clone()));
     out
 }
 
