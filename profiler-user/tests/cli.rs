@@ -212,3 +212,41 @@ fn target_exiting_mid_run_stays_in_the_report() {
         "symbolized after exit: {report}"
     );
 }
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on a child we own.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+#[test]
+fn sigterm_detaches_cleanly_with_a_report() {
+    common::require_bpf();
+    let mut w = workload();
+    let profiler = attach(&w, &["-d", "60s"]);
+    go(&mut w);
+    signal(&profiler, libc::SIGTERM);
+    let result = profiler.wait_with_output().unwrap();
+    assert!(result.status.success(), "{:?}", result.status);
+    let report = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        report.contains(&format!("alloc_sites ({})", w.id())),
+        "{report}"
+    );
+    // The target runs on, unaffected, and exits normally.
+    writeln!(w.stdin.as_mut().unwrap(), "exit").unwrap();
+    assert!(w.wait().unwrap().success());
+}
+
+#[test]
+fn sigkill_of_allocprof_leaves_the_target_unharmed() {
+    common::require_bpf();
+    let mut w = workload();
+    let mut profiler = attach(&w, &["-d", "60s"]);
+    signal(&profiler, libc::SIGKILL);
+    profiler.wait().unwrap();
+    // The kernel removed the probes with allocprof's descriptors: the target
+    // allocates (hitting the probe sites) and exits normally.
+    go(&mut w);
+    writeln!(w.stdin.as_mut().unwrap(), "exit").unwrap();
+    assert!(w.wait().unwrap().success());
+}
