@@ -5,8 +5,8 @@
 mod common;
 
 use std::{
+    ffi::OsStr,
     io::{BufRead, BufReader, Write},
-    path::Path,
     process::{Child, ChildStdin, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -47,7 +47,7 @@ impl Workload {
         Workload { child, stdin }
     }
 
-    fn c(extra_args: &[&Path]) -> Workload {
+    fn c(extra_args: &[&OsStr]) -> Workload {
         let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
         let mut cmd = Command::new(exe);
         cmd.args(extra_args)
@@ -256,7 +256,7 @@ fn process_started_later_is_profiled_system_wide() {
 fn dlopened_library_is_seen() {
     common::require_bpf();
     let plugin = common::compile_c_library("plugin.c");
-    let mut w = Workload::c(&[&plugin]);
+    let mut w = Workload::c(&[plugin.as_os_str()]);
     let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
     w.allocate();
     let profile = final_profile(&mut session);
@@ -304,4 +304,51 @@ fn exited_process_keeps_its_symbolized_stacks() {
         !session.kernel_tracks(pid),
         "the kernel state of an exited process is freed"
     );
+}
+
+#[test]
+fn exec_keeps_the_old_image_apart_from_the_new_one() {
+    common::require_bpf();
+    let mut w = Workload::c(&[OsStr::new("--exec")]);
+    let pid = w.pid();
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    w.allocate();
+    session.refresh().unwrap();
+    // The last line execs a new image under the same pid; wait until
+    // allocprof has noticed, then let the new image allocate.
+    writeln!(w.stdin, "exec").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let profile = session.refresh().unwrap();
+        let replaced = profile
+            .processes
+            .iter()
+            .any(|p| p.key.pid == pid && p.state == ProcessState::Replaced);
+        if replaced && session.is_attached_to(pid) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the exec was never noticed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    w.allocate();
+    let profile = final_profile(&mut session);
+    let images: Vec<&ProcessProfile> = profile
+        .processes
+        .iter()
+        .filter(|p| p.key.pid == pid)
+        .collect();
+    assert_eq!(images.len(), 2, "{images:#?}");
+    let old = images
+        .iter()
+        .find(|p| p.key.generation == 0)
+        .expect("the old image");
+    let new = images
+        .iter()
+        .find(|p| p.key.generation == 1)
+        .expect("the new image");
+    assert_eq!(old.state, ProcessState::Replaced);
+    assert_eq!(new.state, ProcessState::Live);
+    assert_sites_within_bounds(old);
+    assert_sites_within_bounds(new);
+    w.exit();
 }

@@ -3,11 +3,13 @@
  *   waits for a line, allocates, prints "ready", waits for a line, exits.
  * With argv[1] = a shared library path, it also dlopens that library after
  * the first line and calls its `plugin_alloc(n)` (allocations seen through
- * a library loaded after attach). */
+ * a library loaded after attach). With argv[1] = "--exec", the last line
+ * makes it exec itself (a new image under the same pid) instead of exiting. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define N_SMALL 200000
 #define N_MEDIUM 2000
@@ -54,7 +56,8 @@ int main(int argc, char **argv) {
     site_medium();
     site_large();
     site_freed();
-    if (argc > 1) {
+    int exec_self = argc > 1 && !strcmp(argv[1], "--exec");
+    if (argc > 1 && !exec_self) {
         void *lib = dlopen(argv[1], RTLD_NOW);
         if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 3; }
         void (*plugin_alloc)(int) = (void (*)(int))dlsym(lib, "plugin_alloc");
@@ -64,5 +67,9 @@ int main(int argc, char **argv) {
     printf("ready\n");
     fflush(stdout);
     wait_line();
+    if (exec_self) {
+        execl("/proc/self/exe", argv[0], (char *)0);
+        return 5;
+    }
     return 0;
 }
