@@ -95,13 +95,15 @@ fn unprivileged_user_is_told_to_use_root() {
 /// The C workload under LD_PRELOAD, waiting for "go".
 fn workload() -> Child {
     let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
-    Command::new(exe)
+    let child = Command::new(exe)
         .env("LD_PRELOAD", common::preload_library())
         .env("ALLOCPROF_RATE", "64k")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .unwrap()
+        .unwrap();
+    common::wait_for_mapping(child.id(), "liballocprof.so");
+    child
 }
 
 /// Starts allocprof with `args` on the workload and waits until it has attached.

@@ -52,7 +52,9 @@ impl Workload {
         let mut cmd = Command::new(exe);
         cmd.args(extra_args)
             .env("LD_PRELOAD", common::preload_library());
-        Workload::spawn(cmd)
+        let w = Workload::spawn(cmd);
+        common::wait_for_mapping(w.pid(), "liballocprof.so");
+        w
     }
 
     fn rust() -> Workload {

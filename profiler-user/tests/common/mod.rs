@@ -137,3 +137,20 @@ pub fn truth_and_sigma(n: u64, size: u64, rate: u64) -> (f64, f64) {
     let p = -(-s / r).exp_m1();
     (n as f64 * s, (n as f64 * s * s * (1.0 - p) / p).sqrt())
 }
+
+/// Waits until a freshly spawned process has mapped `file_name` (the dynamic
+/// loader maps LD_PRELOAD libraries shortly after exec).
+pub fn wait_for_mapping(pid: u32, file_name: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        if maps.contains(file_name) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never mapped {file_name}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
