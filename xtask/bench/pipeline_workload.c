@@ -4,7 +4,9 @@
  *   rate EPS SECS   EPS sampled events per second (malloc+free pairs) for SECS
  *   max SECS THR    THR threads of malloc/free pairs as fast as they go
  * Each mode waits for a line on stdin before starting (so the profiler can
- * attach) and prints its results as `key value` lines. */
+ * attach), prints its results as `key value` lines then `end`, and waits for
+ * another line before exiting (so the harness can read kernel statistics
+ * while the profiler is still attached). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +83,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "rate") && argc == 4) rate(atol(argv[2]), atof(argv[3]));
     else if (!strcmp(argv[1], "max") && argc == 4) max_rate(atof(argv[2]), atoi(argv[3]));
     else return 64;
+    printf("end\n");
     fflush(stdout);
+    wait_line();
     return 0;
 }

@@ -17,6 +17,9 @@ use anyhow::{Context, Result, bail};
 use crate::shell;
 
 const RUNS: usize = 5;
+
+/// Nanoseconds per sampled alloc and per sampled free.
+type AllocFree = (f64, f64);
 const COST_N: &str = "20000";
 
 pub fn run(root: &Path, args: &[String]) -> Result<()> {
@@ -30,11 +33,12 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let mut bare = Vec::new();
     let mut attached = Vec::new();
     for _ in 0..RUNS {
-        bare.push(bench.cost(false)?);
+        bare.push(bench.cost(false)?.0);
         attached.push(bench.cost(true)?);
     }
     let (b_alloc, b_free) = medians(&bare);
-    let (a_alloc, a_free) = medians(&attached);
+    let (a_alloc, a_free) = medians(&attached.iter().map(|(c, _)| *c).collect::<Vec<_>>());
+    let kernel: Vec<(f64, f64)> = attached.iter().filter_map(|(_, k)| *k).collect();
     println!("| | without allocprof | with allocprof | added by allocprof |");
     println!("|---|---|---|---|");
     println!(
@@ -45,6 +49,15 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         "| sampled free | {b_free:.0} ns | {a_free:.0} ns | {:.2} µs |",
         (a_free - b_free) / 1e3
     );
+
+    if !kernel.is_empty() {
+        let (k_alloc, k_free) = medians(&kernel);
+        println!(
+            "eBPF program time alone (kernel.bpf_stats_enabled): alloc {:.2} µs, free {:.2} µs",
+            k_alloc / 1e3,
+            k_free / 1e3
+        );
+    }
 
     let secs = if quick { "3" } else { "10" };
     println!(
@@ -112,20 +125,34 @@ impl Bench {
     }
 
     /// (ns per sampled alloc, ns per sampled free).
-    fn cost(&self, profiled: bool) -> Result<(f64, f64)> {
-        let out = if profiled {
-            self.with_profiler(&["cost", COST_N], None)?.0
+    fn cost(&self, profiled: bool) -> Result<(AllocFree, Option<AllocFree>)> {
+        let (out, kernel) = if profiled {
+            let (out, _, kernel) = self.run_profiled(&["cost", COST_N], None)?;
+            (out, kernel)
         } else {
             let mut w = self.spawn_workload(&["cost", COST_N])?;
-            finish(&mut w)?
+            let out = start(&mut w)?;
+            stop(&mut w)?;
+            (out, None)
         };
-        Ok((value(&out, "alloc_ns")?, value(&out, "free_ns")?))
+        Ok(((value(&out, "alloc_ns")?, value(&out, "free_ns")?), kernel))
+    }
+
+    fn with_profiler(&self, args: &[&str], window: Option<u64>) -> Result<(String, String)> {
+        let (out, report, _) = self.run_profiled(args, window)?;
+        Ok((out, report))
     }
 
     /// Runs the workload with allocprof attached; returns the workload's
-    /// output and allocprof's report. With `window`, samples allocprof's CPU
-    /// and memory over that many seconds after a 5 s warm-up.
-    fn with_profiler(&self, args: &[&str], window: Option<u64>) -> Result<(String, String)> {
+    /// output, allocprof's report, and the eBPF programs' own ns per run
+    /// (alloc, free) when bpftool can tell. With `window`, samples allocprof's
+    /// CPU and memory over that many seconds after a 5 s warm-up.
+    fn run_profiled(
+        &self,
+        args: &[&str],
+        window: Option<u64>,
+    ) -> Result<(String, String, Option<AllocFree>)> {
+        let stats = BpfStats::enable();
         let mut w = self.spawn_workload(args)?;
         let mut profiler = Command::new(&self.allocprof)
             .args(["--pid", &w.id().to_string(), "--duration", "600s"])
@@ -144,7 +171,9 @@ impl Bench {
             let pid = profiler.id();
             thread::spawn(move || sample_usage(pid, secs))
         });
-        let out = finish(&mut w)?;
+        let out = start(&mut w)?;
+        let kernel = stats.as_ref().and_then(BpfStats::per_run);
+        stop(&mut w)?;
         if let Some(sampler) = sampler {
             let (cpu, rss) = sampler.join().expect("usage sampler")?;
             println!(
@@ -164,20 +193,77 @@ impl Bench {
         if !status.success() {
             bail!("allocprof failed: {status}");
         }
-        Ok((out, report))
+        Ok((out, report, kernel))
     }
 }
 
-/// Starts the workload and collects its output.
-fn finish(w: &mut Child) -> Result<String> {
-    writeln!(w.stdin.take().expect("piped"), "go")?;
+/// Lets the workload run and collects its results (up to its `end` line).
+fn start(w: &mut Child) -> Result<String> {
+    writeln!(w.stdin.as_mut().expect("piped"), "go")?;
     let mut out = String::new();
-    w.stdout.take().expect("piped").read_to_string(&mut out)?;
+    let mut lines = BufReader::new(w.stdout.as_mut().expect("piped"));
+    loop {
+        let mut line = String::new();
+        if lines.read_line(&mut line)? == 0 {
+            bail!("the benchmark workload stopped early: {out}");
+        }
+        if line.trim() == "end" {
+            return Ok(out);
+        }
+        out.push_str(&line);
+    }
+}
+
+/// Lets the workload exit.
+fn stop(w: &mut Child) -> Result<()> {
+    writeln!(w.stdin.take().expect("piped"), "exit")?;
     let status = w.wait()?;
     if !status.success() {
         bail!("the benchmark workload failed: {status}");
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The kernel's per-program run-time statistics, on for the duration.
+struct BpfStats;
+
+impl BpfStats {
+    const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+    fn enable() -> Option<BpfStats> {
+        fs::write(Self::SYSCTL, "1").ok().map(|()| BpfStats)
+    }
+
+    /// ns per run of the alloc and free programs, from `bpftool prog show`.
+    fn per_run(&self) -> Option<AllocFree> {
+        let out = Command::new("bpftool")
+            .args(["prog", "show"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        // Lines like `12: kprobe  name otel_memory_all  tag … run_time_ns 123 run_cnt 4`.
+        let per_run = |name: &str| {
+            text.lines().filter(|l| l.contains(name)).find_map(|l| {
+                let field = |key: &str| {
+                    l.split_whitespace()
+                        .skip_while(|w| *w != key)
+                        .nth(1)
+                        .and_then(|v| v.parse::<f64>().ok())
+                };
+                Some(field("run_time_ns")? / field("run_cnt")?)
+            })
+        };
+        Some((
+            per_run("name otel_memory_all")?,
+            per_run("name otel_memory_fre")?,
+        ))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = fs::write(Self::SYSCTL, "0");
+    }
 }
 
 /// allocprof's CPU (fraction of one core) and resident KiB over `secs`

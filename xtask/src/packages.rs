@@ -27,6 +27,7 @@ const BENCH_PACKAGES: &[(&str, &str)] = &[
     ),
     ("libjemalloc2", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
     ("hyperfine", "/usr/bin/hyperfine"),
+    ("bpftool", "/usr/sbin/bpftool"),
 ];
 
 pub fn ensure_test_packages() -> Result<()> {
