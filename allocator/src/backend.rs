@@ -8,8 +8,9 @@ use core::ffi::c_void;
 ///
 /// # Safety
 /// Implementations must behave like their C counterparts: `malloc` returns
-/// 16-byte aligned memory or null with errno = ENOMEM, `free`/`realloc`/
-/// `usable_size` accept exactly the pointers this backend returned.
+/// 16-byte aligned memory or null with errno = ENOMEM, `free` preserves
+/// errno (glibc >= 2.33 semantics), `free`/`realloc`/`usable_size` accept
+/// exactly the pointers this backend returned.
 #[allow(clippy::missing_safety_doc)] // one contract for all: C semantics, see above
 pub unsafe trait Backend {
     unsafe fn malloc(size: usize) -> *mut c_void;
@@ -53,6 +54,7 @@ unsafe impl Backend for Glibc {
     }
     #[inline(always)]
     unsafe fn free(p: *mut c_void) {
+        // glibc's free preserves errno itself (since 2.33).
         // SAFETY: p came from this backend (or is null).
         unsafe { __libc_free(p) }
     }

@@ -178,8 +178,8 @@ pub unsafe fn malloc_usable_size<B: Backend>(p: *mut c_void) -> usize {
 unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut c_void {
     let weight = thread_state::resolve(size);
     if weight != 0 {
-        // Region pages are fresh zero pages: no memset even for calloc.
-        let p = sampled::place(size, align, weight);
+        // The region zeroes only when it reuses a warm slot.
+        let p = sampled::place(size, align, weight, zero);
         if !p.is_null() {
             return p.cast();
         }
@@ -209,7 +209,7 @@ unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -
     };
     let old_sampled = in_region(p);
     let q = if weight != 0 {
-        sampled::place(size, MIN_ALIGN, weight).cast::<c_void>()
+        sampled::place(size, MIN_ALIGN, weight, false).cast::<c_void>()
     } else {
         ptr::null_mut()
     };

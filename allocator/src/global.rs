@@ -28,9 +28,8 @@ impl<A: GlobalAlloc> SamplingAllocator<A> {
     unsafe fn alloc_slow(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let weight = thread_state::resolve(layout.size());
         if weight != 0 {
-            let p = sampled::place(layout.size(), layout.align(), weight);
+            let p = sampled::place(layout.size(), layout.align(), weight, zeroed);
             if !p.is_null() {
-                // Fresh region pages are already zero.
                 return p;
             }
         }
@@ -62,7 +61,7 @@ impl<A: GlobalAlloc> SamplingAllocator<A> {
         // SAFETY: GlobalAlloc::realloc guarantees this layout is valid.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         let mut q = if weight != 0 {
-            sampled::place(new_size, layout.align(), weight)
+            sampled::place(new_size, layout.align(), weight, false)
         } else {
             ptr::null_mut()
         };

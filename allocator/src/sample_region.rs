@@ -5,29 +5,66 @@
 //! Layout: `CLASS_COUNT` classes of `CLASS_SPAN` bytes each; class `k` is
 //! cut into slots of `PAGE << k` bytes. A block lives at the start of its
 //! slot (so it is page aligned, and aligned to the slot size because the
-//! region base is aligned to the largest slot), and only its
-//! `ceil(size / PAGE)` pages are committed (mprotect RW); the rest of the
-//! slot stays PROT_NONE and costs nothing. Each class has a lock-free
-//! Treiber free stack (ABA-tagged) plus a bump index of never-used slots;
-//! per-slot size/weight/next live in a separate side table.
+//! region base is aligned to the largest slot). Per-slot size/weight/link
+//! and a "possibly dirty pages" count live in a separate side table.
+//!
+//! Memory: the whole region is mapped `PROT_READ | PROT_WRITE` up front
+//! with `MAP_NORESERVE`. Untouched pages cost nothing (no RSS, no commit
+//! charge under the default overcommit policy), so placing a block needs no
+//! syscall: its pages are committed by the first touch, like any fresh
+//! anonymous memory, and it is one VMA however many slots are live (no
+//! `vm.max_map_count` exposure).
+//!
+//! Reuse: each class has three sources of slots, tried in this order:
+//! * a *warm* Treiber stack of freed slots whose pages were kept resident
+//!   (no fault on reuse; the contents are stale, so `zero` requests
+//!   memset the block). At most [`warm_limit`]`(k)` slots per class:
+//!   [`WARM_MAX_SLOTS`] and at most [`WARM_MAX_BYTES`] of slot capacity, so
+//!   the cache holds at most ~5 MiB process-wide and nothing for slots of
+//!   2 MiB and more;
+//! * a *cold* Treiber stack of freed slots whose pages were released with
+//!   `madvise(MADV_DONTNEED)` when the warm stack was full (read as zero);
+//! * a bump index of never-used slots (zero).
+//!
+//! So a sample costs syscalls only when its class's warm cache overflows,
+//! and then exactly one `madvise`. Both stacks are ABA-tagged and share the
+//! per-slot link (a slot is on at most one stack); the warm count is taken
+//! before a push and dropped after a pop, so warm stack size <= count <=
+//! limit holds at every instant.
+//!
+//! Strict overcommit (`vm.overcommit_memory = 2` ignores `MAP_NORESERVE`,
+//! so a 64 GiB writable reservation fails): the region is then reserved
+//! `PROT_NONE` and runs in *lazy* mode, where placement `mprotect`s the
+//! block's pages and a cold release makes them `PROT_NONE` again (the old
+//! per-sample syscall cost, only in that configuration).
 //!
 //! Lock-free throughout: a signal handler or fork child can never find a
 //! lock held. Whatever cannot be placed is reported as `None` and the
 //! caller falls back to an ordinary allocation.
+//!
+//! Not a debugging allocator: a stale pointer into a freed sampled block,
+//! or an overflow past a block into the rest of its slot, reads/writes
+//! ordinary memory (as with any malloc) instead of faulting.
 
 use core::ptr;
-use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 
 pub const PAGE: usize = 4096;
 const PAGE_SHIFT: u32 = 12;
 pub const CLASS_COUNT: usize = 16;
 const CLASS_SHIFT: u32 = 32;
 const CLASS_SPAN: usize = 1 << CLASS_SHIFT;
-/// 64 GiB of address space (MAP_NORESERVE, PROT_NONE: no memory charged).
+/// 64 GiB of address space (MAP_NORESERVE: only touched pages are charged).
 pub const REGION_LEN: usize = CLASS_COUNT * CLASS_SPAN;
 /// Largest slot; also the alignment of the region base.
 pub const MAX_SLOT: usize = PAGE << (CLASS_COUNT - 1);
 const TOTAL_SLOTS: usize = slot_id_base(CLASS_COUNT);
+/// Most freed slots a class keeps warm (pages resident).
+pub const WARM_MAX_SLOTS: usize = 8;
+/// Most slot capacity (bytes) a class keeps warm.
+pub const WARM_MAX_BYTES: usize = 1 << 20;
 
 /// Before the region exists, `BASE` sits at the top of the address space
 /// (kernel half), so `p - BASE < REGION_LEN` is false for every user
@@ -37,6 +74,8 @@ const UNMAPPED_BASE: usize = 0usize.wrapping_sub(REGION_LEN);
 static BASE: AtomicUsize = AtomicUsize::new(UNMAPPED_BASE);
 static META: AtomicPtr<SlotMeta> = AtomicPtr::new(ptr::null_mut());
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// Region reserved PROT_NONE (strict overcommit): commit by mprotect.
+static LAZY: AtomicBool = AtomicBool::new(false);
 const UNINIT: u8 = 0;
 const INITIALISING: u8 = 1;
 const READY: u8 = 2;
@@ -48,24 +87,48 @@ struct SlotMeta {
     weight: AtomicU64,
     /// Free-stack link: slot index + 1, 0 = end.
     next: AtomicU32,
+    /// Pages of the slot that may be resident (high-water mark of the
+    /// blocks placed since the slot was last released cold).
+    dirty_pages: AtomicU32,
 }
 
+#[repr(C, align(64))] // one cache line per class: no false sharing
 struct Class {
-    /// (ABA tag << 32) | (slot index + 1); 0 in the low half = empty.
-    free_head: AtomicU64,
+    /// Treiber heads: (ABA tag << 32) | (slot index + 1); 0 low = empty.
+    warm: AtomicU64,
+    cold: AtomicU64,
+    /// Slots on (or being pushed to) the warm stack; see module docs.
+    warm_count: AtomicU32,
     /// Slots `[0, bump)` have been handed out at least once.
     bump: AtomicUsize,
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // only used to build CLASSES
 const CLASS_INIT: Class = Class {
-    free_head: AtomicU64::new(0),
+    warm: AtomicU64::new(0),
+    cold: AtomicU64::new(0),
+    warm_count: AtomicU32::new(0),
     bump: AtomicUsize::new(0),
 };
 static CLASSES: [Class; CLASS_COUNT] = [CLASS_INIT; CLASS_COUNT];
 
 const fn slots_in_class(k: usize) -> usize {
     CLASS_SPAN >> (PAGE_SHIFT as usize + k)
+}
+
+/// Bytes per slot of class `k`.
+pub const fn slot_bytes(k: usize) -> usize {
+    PAGE << k
+}
+
+/// How many freed slots class `k` keeps warm.
+pub const fn warm_limit(k: usize) -> u32 {
+    let by_bytes = WARM_MAX_BYTES / slot_bytes(k);
+    (if by_bytes < WARM_MAX_SLOTS {
+        by_bytes
+    } else {
+        WARM_MAX_SLOTS
+    }) as u32
 }
 
 /// Index of class `k`'s first slot in the side table.
@@ -93,7 +156,7 @@ const SLOT_ID_BASE: [usize; CLASS_COUNT] = {
 /// unsampled free path: one load of a read-mostly global and a compare.
 #[inline(always)]
 pub fn contains(p: *const u8) -> bool {
-    (p as usize).wrapping_sub(BASE.load(Ordering::Relaxed)) < REGION_LEN
+    (p as usize).wrapping_sub(load_relaxed_direct!(BASE => usize)) < REGION_LEN
 }
 
 /// The region's address range, once it exists.
@@ -102,7 +165,7 @@ pub fn bounds() -> Option<(usize, usize)> {
     (base != UNMAPPED_BASE).then_some((base, REGION_LEN))
 }
 
-/// Pages a block of `size` bytes commits (at least one).
+/// Pages a block of `size` bytes occupies (at least one).
 pub const fn pages_for(size: usize) -> usize {
     if size == 0 { 1 } else { size.div_ceil(PAGE) }
 }
@@ -119,36 +182,72 @@ pub fn class_for(pages: usize, align: usize) -> Option<usize> {
     (k < CLASS_COUNT).then_some(k)
 }
 
+/// Where a placed slot came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Warm,
+    Cold,
+    Bump,
+}
+
 /// Place a block of `size` bytes aligned to `align` (a power of two),
-/// recording `weight`. `None` if the region is unavailable or full, the
-/// block is too large or too aligned, or the kernel refuses to commit it.
-pub fn alloc(size: usize, align: usize, weight: u64) -> Option<*mut u8> {
+/// recording `weight`; with `zero`, its `size` bytes read as zero. `None`
+/// if the region is unavailable or full, the block is too large or too
+/// aligned, or (lazy mode only) the kernel refuses to commit it.
+pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut u8> {
     if size > MAX_SLOT {
         return None;
     }
     let pages = pages_for(size);
     let k = class_for(pages, align)?;
     let (base, meta) = ensure_mapped()?;
-    let idx = pop(meta, k).or_else(|| bump(k))?;
-    let addr = base + (k << CLASS_SHIFT) + (idx << (PAGE_SHIFT as usize + k));
-    // SAFETY: [addr, addr + pages*PAGE) lies inside slot `idx` of class k,
-    // which we own exclusively now and which is part of our reservation.
-    let rc = unsafe {
-        libc::mprotect(
-            addr as *mut libc::c_void,
-            pages * PAGE,
-            libc::PROT_READ | libc::PROT_WRITE,
-        )
+    let c = &CLASSES[k];
+    let (idx, source) = if let Some(i) = pop(&c.warm, meta, k) {
+        c.warm_count.fetch_sub(1, Ordering::Relaxed);
+        (i, Source::Warm)
+    } else if let Some(i) = pop(&c.cold, meta, k) {
+        (i, Source::Cold)
+    } else {
+        (bump(k)?, Source::Bump)
     };
-    if rc != 0 {
-        // Typically vm.max_map_count: every committed slot may be its own
-        // VMA. Give the slot back and let the caller fall back.
-        push(meta, k, idx);
-        return None;
+    let addr = base + (k << CLASS_SHIFT) + (idx << (PAGE_SHIFT as usize + k));
+    if LAZY.load(Ordering::Relaxed) {
+        // SAFETY: [addr, addr + pages*PAGE) lies inside slot `idx` of class
+        // k, which we own exclusively now and which is part of our
+        // reservation.
+        let rc = unsafe {
+            libc::mprotect(
+                addr as *mut libc::c_void,
+                pages * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        if rc != 0 {
+            // Typically vm.max_map_count or the commit limit. Give the
+            // slot back where it came from and let the caller fall back.
+            match source {
+                Source::Warm => {
+                    c.warm_count.fetch_add(1, Ordering::Relaxed);
+                    push(&c.warm, meta, k, idx);
+                }
+                Source::Cold | Source::Bump => push(&c.cold, meta, k, idx),
+            }
+            return None;
+        }
     }
     let m = slot_meta(meta, k, idx);
     m.size.store(size, Ordering::Relaxed);
     m.weight.store(weight, Ordering::Relaxed);
+    let dirty = m.dirty_pages.load(Ordering::Relaxed);
+    if (pages as u32) > dirty {
+        m.dirty_pages.store(pages as u32, Ordering::Relaxed);
+    }
+    if zero && source == Source::Warm {
+        // SAFETY: the block's `size` bytes lie in its slot, which we own
+        // and which is readable and writable (committed above in lazy
+        // mode, always otherwise).
+        unsafe { ptr::write_bytes(addr as *mut u8, 0, size) };
+    }
     Some(addr as *mut u8)
 }
 
@@ -163,25 +262,37 @@ pub fn block_info(p: *const u8) -> (usize, u64) {
     )
 }
 
-/// Bytes usable at `p`: its committed pages.
+/// Bytes usable at `p`: its whole pages.
 pub fn usable_size(p: *const u8) -> usize {
     pages_for(block_info(p).0) * PAGE
 }
 
-/// Release the block at `p`: drop its pages and make the slot PROT_NONE
-/// again (a stale access faults instead of reading a reused block).
-/// Returns the block's size.
+/// Release the block at `p` (a live block returned by [`alloc`]): keep its
+/// slot warm if the class's cache has room, else drop the slot's pages
+/// (`MADV_DONTNEED`; lazy mode also makes them `PROT_NONE`) and put it on
+/// the cold stack. Returns the block's size. May change errno.
 pub fn free(p: *mut u8) -> usize {
     let (meta, k, idx) = locate(p);
-    let size = slot_meta(meta, k, idx).size.load(Ordering::Relaxed);
-    let len = pages_for(size) * PAGE;
-    // SAFETY: `p` starts a committed slot of `len` bytes that the caller
-    // gives up; both calls only change that range's pages/protection.
+    let m = slot_meta(meta, k, idx);
+    let size = m.size.load(Ordering::Relaxed);
+    let c = &CLASSES[k];
+    if c.warm_count.fetch_add(1, Ordering::Relaxed) < warm_limit(k) {
+        push(&c.warm, meta, k, idx);
+        return size;
+    }
+    c.warm_count.fetch_sub(1, Ordering::Relaxed);
+    let len = m.dirty_pages.load(Ordering::Relaxed) as usize * PAGE;
+    // SAFETY: `p` starts slot `idx`, which the caller gives up, and `len`
+    // is at most the slot's size; both calls only change that range's
+    // pages/protection.
     unsafe {
         libc::madvise(p.cast(), len, libc::MADV_DONTNEED);
-        libc::mprotect(p.cast(), len, libc::PROT_NONE);
+        if LAZY.load(Ordering::Relaxed) {
+            libc::mprotect(p.cast(), len, libc::PROT_NONE);
+        }
     }
-    push(meta, k, idx);
+    m.dirty_pages.store(0, Ordering::Relaxed);
+    push(&c.cold, meta, k, idx);
     size
 }
 
@@ -199,8 +310,7 @@ fn slot_meta<'a>(meta: *mut SlotMeta, k: usize, idx: usize) -> &'a SlotMeta {
     unsafe { &*meta.add(SLOT_ID_BASE[k] + idx) }
 }
 
-fn pop(meta: *mut SlotMeta, k: usize) -> Option<usize> {
-    let head = &CLASSES[k].free_head;
+fn pop(head: &AtomicU64, meta: *mut SlotMeta, k: usize) -> Option<usize> {
     let mut h = head.load(Ordering::Acquire);
     loop {
         let top = (h & 0xffff_ffff) as usize;
@@ -208,7 +318,9 @@ fn pop(meta: *mut SlotMeta, k: usize) -> Option<usize> {
             return None;
         }
         // May read a link another thread is rewriting; the tag makes the
-        // CAS fail in that case.
+        // CAS fail in that case (any push or pop on this stack bumps it, and
+        // a slot's link is only rewritten by pushing it, which needs it
+        // popped first).
         let next = slot_meta(meta, k, top - 1).next.load(Ordering::Relaxed);
         let new = (((h >> 32).wrapping_add(1)) << 32) | u64::from(next);
         match head.compare_exchange_weak(h, new, Ordering::AcqRel, Ordering::Acquire) {
@@ -218,8 +330,7 @@ fn pop(meta: *mut SlotMeta, k: usize) -> Option<usize> {
     }
 }
 
-fn push(meta: *mut SlotMeta, k: usize, idx: usize) {
-    let head = &CLASSES[k].free_head;
+fn push(head: &AtomicU64, meta: *mut SlotMeta, k: usize, idx: usize) {
     let link = &slot_meta(meta, k, idx).next;
     let mut h = head.load(Ordering::Relaxed);
     loop {
@@ -260,7 +371,8 @@ fn ensure_mapped() -> Option<(usize, *mut SlotMeta)> {
         return ensure_mapped_ready();
     }
     match map_region() {
-        Some((base, meta)) => {
+        Some((base, meta, lazy)) => {
+            LAZY.store(lazy, Ordering::Relaxed);
             META.store(meta, Ordering::Release);
             BASE.store(base, Ordering::Release);
             STATE.store(READY, Ordering::Release);
@@ -281,24 +393,33 @@ fn ensure_mapped_ready() -> Option<(usize, *mut SlotMeta)> {
 const PR_SET_VMA: libc::c_int = 0x5356_4d41;
 const PR_SET_VMA_ANON_NAME: libc::c_ulong = 0;
 
-fn map_region() -> Option<(usize, *mut SlotMeta)> {
-    let reserve = REGION_LEN + MAX_SLOT;
-    // SAFETY: fresh anonymous PROT_NONE reservation; no existing mapping is
-    // touched.
-    let raw = unsafe {
+/// Fresh anonymous `MAP_NORESERVE` mapping of `len` bytes, or `None`.
+fn map_anon(len: usize, prot: libc::c_int) -> Option<usize> {
+    // SAFETY: fresh anonymous mapping at a kernel-chosen address; no
+    // existing mapping is touched.
+    let p = unsafe {
         libc::mmap(
             ptr::null_mut(),
-            reserve,
-            libc::PROT_NONE,
+            len,
+            prot,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         )
     };
-    if raw == libc::MAP_FAILED {
-        return None;
-    }
-    let raw = raw as usize;
+    (p != libc::MAP_FAILED).then_some(p as usize)
+}
+
+/// Reserve the region (writable; `PROT_NONE` + lazy mode if the kernel
+/// refuses a writable reservation) and the side table. Returns (base,
+/// side table, lazy).
+fn map_region() -> Option<(usize, *mut SlotMeta, bool)> {
+    let reserve = REGION_LEN + MAX_SLOT;
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let (raw, lazy) = match map_anon(reserve, rw) {
+        Some(raw) => (raw, false),
+        None => (map_anon(reserve, libc::PROT_NONE)?, true),
+    };
     let base = (raw + MAX_SLOT - 1) & !(MAX_SLOT - 1);
     // SAFETY: trims the unaligned head and tail of our own reservation.
     unsafe {
@@ -312,23 +433,12 @@ fn map_region() -> Option<(usize, *mut SlotMeta)> {
         }
     }
     let meta_len = TOTAL_SLOTS * core::mem::size_of::<SlotMeta>();
-    // SAFETY: fresh anonymous mapping; zero pages are a valid all-empty
-    // side table (atomics of 0).
-    let meta = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            meta_len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if meta == libc::MAP_FAILED {
+    // Zero pages are a valid all-empty side table (atomics of 0).
+    let Some(meta) = map_anon(meta_len, rw) else {
         // SAFETY: releases the reservation made above.
         unsafe { libc::munmap(base as *mut libc::c_void, REGION_LEN) };
         return None;
-    }
+    };
     // SAFETY: names our own anonymous mappings; failure (kernel without
     // CONFIG_ANON_VMA_NAME) is harmless and ignored.
     unsafe {
@@ -347,7 +457,7 @@ fn map_region() -> Option<(usize, *mut SlotMeta)> {
             c"allocprof-meta".as_ptr() as libc::c_ulong,
         );
     }
-    Some((base, meta.cast()))
+    Some((base, meta as *mut SlotMeta, lazy))
 }
 
 #[cfg(test)]
@@ -368,21 +478,99 @@ mod tests {
     }
 
     #[test]
+    fn warm_limits() {
+        assert_eq!(warm_limit(0), 8);
+        assert_eq!(warm_limit(5), 8); // 8 x 128 KiB = 1 MiB
+        assert_eq!(warm_limit(6), 4);
+        assert_eq!(warm_limit(8), 1);
+        assert_eq!(warm_limit(9), 0);
+        assert_eq!(warm_limit(CLASS_COUNT - 1), 0);
+        let total: usize = (0..CLASS_COUNT)
+            .map(|k| warm_limit(k) as usize * slot_bytes(k))
+            .sum();
+        assert!(total <= 5 << 20, "{total}");
+    }
+
+    /// Resident pages of `[p, p + len)` (mincore).
+    fn resident(p: *mut u8, len: usize) -> usize {
+        let mut v = [0u8; 64];
+        assert!(len / PAGE <= v.len());
+        // SAFETY: p is page aligned and mapped; v holds len/PAGE entries.
+        let rc = unsafe { libc::mincore(p.cast(), len, v.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        v[..len / PAGE].iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    // All region tests in one function: the region and its caches are
+    // process-wide and the test harness runs tests in parallel.
+    #[test]
     fn alloc_free_reuse_and_alignment() {
-        let p = alloc(100, 16, 7).expect("placed");
+        let p = alloc(100, 16, 7, false).expect("placed");
         assert!(contains(p));
         assert_eq!(p as usize % PAGE, 0);
         assert_eq!(block_info(p), (100, 7));
         assert_eq!(usable_size(p), PAGE);
-        // SAFETY: p has PAGE committed bytes.
+        // SAFETY: p has PAGE usable bytes.
         unsafe { p.write_bytes(0xab, PAGE) };
         assert_eq!(free(p), 100);
 
-        let q = alloc(3 * PAGE + 1, 1 << 20, 1).expect("placed");
+        let q = alloc(3 * PAGE + 1, 1 << 20, 1, false).expect("placed");
         assert_eq!(q as usize % (1 << 20), 0);
         assert_eq!(usable_size(q), 4 * PAGE);
         free(q);
-        assert!(alloc(MAX_SLOT + 1, 16, 1).is_none());
+        assert!(alloc(MAX_SLOT + 1, 16, 1, false).is_none());
         assert!(!contains(ptr::null()));
+
+        // Warm reuse: class 2 (3-4 pages) keeps up to 8 freed slots
+        // resident; `zero` clears stale contents of a warm slot.
+        let k = 2;
+        let n = warm_limit(k) as usize + 4;
+        let blocks: Vec<*mut u8> = (0..n)
+            .map(|_| {
+                let b = alloc(3 * PAGE, 16, 1, true).expect("placed");
+                // SAFETY: 3 pages usable; the block reads as zero.
+                unsafe {
+                    assert!(
+                        core::slice::from_raw_parts(b, 3 * PAGE)
+                            .iter()
+                            .all(|&x| x == 0)
+                    );
+                    b.write_bytes(0x5a, 3 * PAGE);
+                }
+                b
+            })
+            .collect();
+        for &b in &blocks {
+            assert_eq!(resident(b, 4 * PAGE), 3);
+            free(b);
+        }
+        // The first `limit` frees stayed warm, the rest were released.
+        let warm = blocks[..warm_limit(k) as usize]
+            .iter()
+            .filter(|&&b| resident(b, 4 * PAGE) == 3)
+            .count();
+        assert_eq!(warm, warm_limit(k) as usize);
+        for &b in &blocks[warm_limit(k) as usize..] {
+            assert_eq!(resident(b, 4 * PAGE), 0);
+        }
+        // Reuse order: warm slots first (stale data unless `zero`), then
+        // cold ones (zero pages).
+        let again: Vec<*mut u8> = (0..n)
+            .map(|i| alloc(4 * PAGE, 16, 1, i % 2 == 0).expect("placed"))
+            .collect();
+        for (i, &b) in again.iter().enumerate() {
+            assert!(blocks.contains(&b), "reused a freed slot");
+            // SAFETY: 4 pages usable.
+            let bytes = unsafe { core::slice::from_raw_parts(b, 4 * PAGE) };
+            let was_warm = i < warm_limit(k) as usize;
+            if i % 2 == 0 || !was_warm {
+                assert!(bytes.iter().all(|&x| x == 0), "block {i}");
+            } else {
+                assert!(bytes[..3 * PAGE].iter().all(|&x| x == 0x5a), "block {i}");
+            }
+        }
+        for &b in &again {
+            free(b);
+        }
     }
 }

@@ -23,7 +23,8 @@ pub struct Stats {
     pub unplaced_samples: u64,
     /// Sampled blocks released (free probe fired).
     pub freed: u64,
-    /// Pages currently committed for live sampled blocks.
+    /// Pages occupied by live sampled blocks (`ceil(size / 4096)` each).
+    /// Freed slots kept warm by the region's cache are not counted.
     pub live_pages: u64,
 }
 
@@ -37,11 +38,12 @@ pub fn stats() -> Stats {
 }
 
 /// Place a sampled allocation and announce it; null if it cannot be placed
-/// (counted in `unplaced_samples`; the caller allocates it normally).
+/// (counted in `unplaced_samples`; the caller allocates it normally). With
+/// `zero` the block's `size` bytes read as zero.
 #[inline(never)]
-pub fn place(size: usize, align: usize, weight: u64) -> *mut u8 {
+pub fn place(size: usize, align: usize, weight: u64, zero: bool) -> *mut u8 {
     SAMPLED.fetch_add(1, Ordering::Relaxed);
-    match sample_region::alloc(size, align, weight) {
+    match sample_region::alloc(size, align, weight, zero) {
         Some(p) => {
             LIVE_PAGES.fetch_add(sample_region::pages_for(size) as u64, Ordering::Relaxed);
             usdt::alloc(p as usize, size, weight);
@@ -55,16 +57,12 @@ pub fn place(size: usize, align: usize, weight: u64) -> *mut u8 {
 }
 
 /// Release a block for which `sample_region::contains` holds. errno is
-/// preserved (free must not change it).
+/// preserved (free must not change it; the region may call madvise).
 #[cold]
 #[inline(never)]
 pub fn release(p: *mut u8) {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    let errno = unsafe { *libc::__errno_location() };
     usdt::free(p as usize);
-    let size = sample_region::free(p);
+    let size = crate::errno::preserving(|| sample_region::free(p));
     LIVE_PAGES.fetch_sub(sample_region::pages_for(size) as u64, Ordering::Relaxed);
     FREED.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
 }

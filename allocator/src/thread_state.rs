@@ -8,8 +8,8 @@
 //! it `DF_STATIC_TLS` and relaxes the access to local-exec in executables.
 //! All-zero is the valid "not yet initialised" state.
 
-use core::ptr::addr_of_mut;
-use core::sync::atomic::{Ordering, compiler_fence};
+use core::ptr::{self, addr_of_mut};
+use core::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, Ordering, compiler_fence};
 
 use crate::rate;
 use crate::sampler::{self, Sampler};
@@ -93,7 +93,7 @@ pub(crate) fn resolve(size: usize) -> u64 {
         (*st).busy = 1;
         compiler_fence(Ordering::SeqCst);
 
-        let pid = libc::getpid();
+        let pid = current_pid();
         let sampled = if (*st).initialised == 0 || (*st).pid != pid {
             let rate = rate::current();
             (*st).sampler = Sampler::new(seed(st as usize, pid), rate);
@@ -114,6 +114,79 @@ pub(crate) fn resolve(size: usize) -> u64 {
         // A 0-byte allocation is never sampled, so 0 is unambiguous.
         weight
     }
+}
+
+/// The process id, cached in a `MADV_WIPEONFORK` page: the page reads as
+/// zero in a fork child, so the cache notices forks without a `getpid`
+/// syscall per slow path (which was half the cost of a sample). Lock-free:
+/// the page is set up once, by whichever thread gets there first.
+static PID_PAGE: AtomicPtr<AtomicI32> = AtomicPtr::new(ptr::null_mut());
+static PID_PAGE_STATE: AtomicU8 = AtomicU8::new(PID_PAGE_UNTRIED);
+const PID_PAGE_UNTRIED: u8 = 0;
+const PID_PAGE_TRYING: u8 = 1;
+const PID_PAGE_DONE: u8 = 2;
+
+fn current_pid() -> i32 {
+    let page = PID_PAGE.load(Ordering::Acquire);
+    if !page.is_null() {
+        // SAFETY: once published, the page stays mapped for the life of the
+        // process (and of its fork children, where it reads as zero).
+        let cached = unsafe { &*page };
+        let pid = cached.load(Ordering::Relaxed);
+        if pid != 0 {
+            return pid;
+        }
+        // First slow path in a fork child: every thread computes the same
+        // value, so racing stores are harmless.
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        cached.store(pid, Ordering::Relaxed);
+        return pid;
+    }
+    // SAFETY: as above.
+    let pid = unsafe { libc::getpid() };
+    if PID_PAGE_STATE
+        .compare_exchange(
+            PID_PAGE_UNTRIED,
+            PID_PAGE_TRYING,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+    {
+        map_pid_page(pid);
+        PID_PAGE_STATE.store(PID_PAGE_DONE, Ordering::Relaxed);
+    }
+    pid
+}
+
+/// Map and publish the pid page; on a kernel without `MADV_WIPEONFORK`
+/// (< 4.14) leave it unpublished, so every slow path calls getpid.
+fn map_pid_page(pid: i32) {
+    // SAFETY: fresh anonymous page at a kernel-chosen address.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return;
+    }
+    // SAFETY: our own page; madvise only changes its fork behaviour.
+    if unsafe { libc::madvise(p, 4096, libc::MADV_WIPEONFORK) } != 0 {
+        // SAFETY: releases the page mapped above, never published.
+        unsafe { libc::munmap(p, 4096) };
+        return;
+    }
+    let cached = p.cast::<AtomicI32>();
+    // SAFETY: the page is ours, zeroed, suitably aligned for an AtomicI32.
+    unsafe { (*cached).store(pid, Ordering::Relaxed) };
+    PID_PAGE.store(cached, Ordering::Release);
 }
 
 /// Per-thread, per-process seed: TLS address differs per thread, pid per

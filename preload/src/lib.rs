@@ -24,7 +24,7 @@ fn enomem_if_null(p: *mut c_void) -> *mut c_void {
 }
 
 // SAFETY: mimalloc has C allocator semantics; errno is set on failure here
-// in case a mimalloc build does not.
+// in case a mimalloc build does not, and preserved across free.
 unsafe impl Backend for Mimalloc {
     #[inline(always)]
     unsafe fn malloc(size: usize) -> *mut c_void {
@@ -43,8 +43,10 @@ unsafe impl Backend for Mimalloc {
     }
     #[inline(always)]
     unsafe fn free(p: *mut c_void) {
+        // mi_free may reach munmap/madvise (segment and page purging),
+        // which set errno on failure; C free must not change errno.
         // SAFETY: p came from mimalloc (or is null).
-        unsafe { libmimalloc_sys::mi_free(p) }
+        allocator::errno::preserving(|| unsafe { libmimalloc_sys::mi_free(p) })
     }
     #[inline(always)]
     unsafe fn memalign(align: usize, size: usize) -> *mut c_void {

@@ -38,6 +38,38 @@ fn api_semantics_all_backends_and_rates() {
     }
 }
 
+/// free preserves errno even when the allocator's free makes a syscall that
+/// touches errno (errno.c interposes madvise/munmap/mprotect to clobber it):
+/// unsampled blocks (mimalloc purges/unmaps in free) and sampled ones (the
+/// region's madvise when a class's warm cache is full), both backends.
+#[test]
+fn free_preserves_errno() {
+    for backend in BACKENDS {
+        for rate in [Some("0"), Some("1"), None] {
+            let out = run_c("errno", &[], backend, rate);
+            assert!(out.contains("errno ok"), "{out}");
+            let syscalls: u64 = out
+                .trim()
+                .rsplit("syscalls_in_free=")
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no syscall count: {out}"));
+            // The check must not be vacuous: with everything sampled the
+            // region releases pages from free; mimalloc's own free reaches
+            // munmap/madvise for the large blocks. (glibc's free calls its
+            // internal munmap, which cannot be interposed, and preserves
+            // errno itself.)
+            let expect_syscalls = matches!(
+                (backend, rate),
+                (_, Some("1")) | (Backend::Mimalloc, Some("0"))
+            );
+            if expect_syscalls {
+                assert!(syscalls > 0, "{backend:?} rate={rate:?}: {out}");
+            }
+        }
+    }
+}
+
 #[test]
 fn threads_with_cross_thread_frees() {
     for backend in BACKENDS {
@@ -53,6 +85,16 @@ fn fork_from_threaded_program() {
         for rate in [None, Some("1"), Some("4k")] {
             run_c("stress", &["fork"], backend, rate);
         }
+    }
+}
+
+/// A fork child reseeds its sampler (fork is detected through a
+/// MADV_WIPEONFORK page, not a getpid per sample): parent and child running
+/// the same allocations must sample different ones.
+#[test]
+fn fork_child_does_not_sample_in_lockstep() {
+    for backend in BACKENDS {
+        run_c("stress", &["fork-reseed"], backend, Some("4k"));
     }
 }
 

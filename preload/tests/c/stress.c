@@ -1,7 +1,9 @@
-/* Concurrency stress under LD_PRELOAD: `stress threads|fork|signals`.
+/* Concurrency stress under LD_PRELOAD:
+ * `stress threads|fork|fork-reseed|signals|signals-async`.
  * Exit status 0 = pass. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -271,11 +273,75 @@ static int run_signals(int async) {
     return 0;
 }
 
+/* ---- fork-reseed: a fork child must not sample in lockstep with its
+ * parent (the sampler is reseeded in the child). Both run the same
+ * allocation sequence and record which allocations were sampled. ---- */
+struct alloc_stats { uint64_t sampled, unplaced, freed, live_pages; };
+enum { RESEED_ALLOCS = 20000 };
+
+static void sample_pattern(unsigned char *bits) {
+    void (*stats)(struct alloc_stats *) =
+        (void (*)(struct alloc_stats *))dlsym(RTLD_DEFAULT, "allocprof_stats");
+    CHECK(stats != NULL);
+    struct alloc_stats st;
+    stats(&st);
+    uint64_t before = st.sampled;
+    for (int i = 0; i < RESEED_ALLOCS; i++) {
+        void *p = malloc(64);
+        CHECK(p != NULL);
+        stats(&st);
+        bits[i] = st.sampled != before;
+        before = st.sampled;
+        free(p);
+    }
+}
+
+static int run_fork_reseed(void) {
+    /* Warm up: this thread's sampler is seeded before the fork. */
+    free(malloc(100000));
+    static unsigned char parent[RESEED_ALLOCS], child[RESEED_ALLOCS];
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        sample_pattern(child);
+        size_t off = 0;
+        while (off < sizeof child) {
+            ssize_t n = write(fds[1], child + off, sizeof child - off);
+            CHECK(n > 0);
+            off += (size_t)n;
+        }
+        _exit(0);
+    }
+    sample_pattern(parent);
+    size_t off = 0;
+    while (off < sizeof child) {
+        ssize_t n = read(fds[0], child + off, sizeof child - off);
+        CHECK(n > 0);
+        off += (size_t)n;
+    }
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    int sampled_p = 0, sampled_c = 0, same = 1;
+    for (int i = 0; i < RESEED_ALLOCS; i++) {
+        sampled_p += parent[i];
+        sampled_c += child[i];
+        same &= parent[i] == child[i];
+    }
+    /* ALLOCPROF_RATE=4k: p = 1 - e^(-64/4096) per allocation, ~310 each. */
+    CHECK(sampled_p > 100 && sampled_c > 100);
+    CHECK(!same);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     int rc = 2;
     if (!strcmp(argv[1], "threads")) rc = run_threads();
     else if (!strcmp(argv[1], "fork")) rc = run_fork();
+    else if (!strcmp(argv[1], "fork-reseed")) rc = run_fork_reseed();
     else if (!strcmp(argv[1], "signals")) rc = run_signals(0);
     else if (!strcmp(argv[1], "signals-async")) rc = run_signals(1);
     if (rc == 0) printf("stress %s ok (signals handled: %d)\n", argv[1], atomic_load(&handled));

@@ -24,8 +24,12 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `<target dir>/test-artifacts`, honouring `CARGO_TARGET_DIR`.
 pub fn artifacts_dir() -> PathBuf {
-    workspace_root().join("target").join("test-artifacts")
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("test-artifacts")
 }
 
 struct Libs {
