@@ -222,10 +222,12 @@ pub fn is_library_frame(frame: &Frame) -> bool {
     const PREFIXES: &[&str] = &[
         "alloc::", "core::", "std::", "<alloc::", "<core::", "<std::", "__libc_", "_start",
     ];
+    // /rustc/ is the standard library's source, /rust/deps/ the crates it
+    // vendors (hashbrown behind HashMap).
     frame
         .location
         .as_deref()
-        .is_some_and(|l| l.starts_with("/rustc/"))
+        .is_some_and(|l| l.starts_with("/rustc/") || l.starts_with("/rust/deps/"))
         || PREFIXES.iter().any(|p| frame.function.starts_with(p))
 }
 

@@ -368,7 +368,11 @@ fn debian_binaries_with_probes_parse() {
         ("/usr/lib/x86_64-linux-gnu/libstdc++.so.6", "libstdc++6"),
     ] {
         let path = Path::new(path);
-        assert!(path.exists(), "{} missing: apt-get install {package}", path.display());
+        assert!(
+            path.exists(),
+            "{} missing: apt-get install {package}",
+            path.display()
+        );
         let probes = probes_in_file(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(!probes.is_empty(), "{} has USDT probes", path.display());
         for p in &probes {
