@@ -84,6 +84,8 @@ fn test(root: &std::path::Path, cargo_args: &[String]) -> Result<()> {
         &[
             "clippy",
             "--workspace",
+            "--exclude",
+            "profiler-ebpf",
             "--all-targets",
             "--release",
             "--",
