@@ -2,8 +2,9 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use clap::{Parser, ValueEnum};
-use profiler_user::{kernel::Limits, report::ReportOptions, session::Target, stats::Value};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum, error::ErrorKind};
+pub use profiler_user::export::Format;
+use profiler_user::{export, kernel::Limits, report::ReportOptions, session::Target, stats::Value};
 use thiserror::Error;
 
 /// allocprof: a heap profiler for processes that carry the `otel_memory`
@@ -15,8 +16,11 @@ use thiserror::Error;
 /// --duration or --output, allocprof runs headless and prints a report (or
 /// the chosen format) at the end.
 #[derive(Parser, Debug)]
-#[command(name = "allocprof", version)]
+#[command(name = "allocprof", version, args_conflicts_with_subcommands = true)]
 pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Profile only this process (repeatable).
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
@@ -37,7 +41,7 @@ pub struct Cli {
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
-    /// The quantity exported stacks are weighted by.
+    /// The quantity folded stacks and flamegraphs are weighted by.
     #[arg(long, value_enum, default_value_t = Value::InuseBytes)]
     pub value: Value,
 
@@ -54,24 +58,154 @@ pub struct Cli {
     pub max_live_per_process: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    /// Human-readable top-N report.
-    Report,
-    /// Folded stacks (`frame;frame;leaf VALUE`) for flamegraph.pl / inferno.
-    Collapsed,
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    Record(RecordArgs),
+    Diff(DiffArgs),
 }
 
-impl Format {
-    pub fn describe(self, value: Value) -> String {
-        match self {
-            Format::Report => "report".into(),
-            Format::Collapsed => format!("collapsed stacks of {}", value.describe()),
+/// Profile, then write pprof heap profiles (for `go tool pprof`).
+///
+/// With --interval, numbered snapshots, to compare with
+/// `go tool pprof -base A B` or `allocprof diff A B`.
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Profile only this process (repeatable); by default every process
+    /// carrying the probes.
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+
+    /// Stop after this long (e.g. 30s, 2m); otherwise at Ctrl-C, SIGTERM, or
+    /// when every --pid target has exited.
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Write a snapshot this often, numbered: -o heap.pb.gz writes
+    /// heap.0001.pb.gz, heap.0002.pb.gz, ... and one at the stop.
+    #[arg(long, value_parser = parse_duration)]
+    pub interval: Option<Duration>,
+
+    /// The pprof file to write (gzip'd profile.proto).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+
+    /// Cap on live samples kept in the kernel, over all processes.
+    #[arg(long, default_value_t = Limits::default().max_live_samples)]
+    pub max_live_samples: u32,
+
+    /// Cap on live samples kept in the kernel per process.
+    #[arg(long, default_value_t = Limits::default().max_live_per_process)]
+    pub max_live_per_process: u64,
+}
+
+/// The growth between two pprof profiles written by allocprof (B minus A).
+///
+/// Per process and stack. The flamegraph and folded stacks show the stacks
+/// that grew, widths proportional to the growth; pprof keeps negative growth
+/// too. Needs no privileges.
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    /// The earlier profile (e.g. heap.0001.pb.gz).
+    #[arg(value_name = "A")]
+    pub base: PathBuf,
+
+    /// The later profile (e.g. heap.0002.pb.gz).
+    #[arg(value_name = "B")]
+    pub profile: PathBuf,
+
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = DiffFormat::Svg)]
+    pub format: DiffFormat,
+
+    /// The quantity whose growth is shown (svg, collapsed).
+    #[arg(long, value_enum, default_value_t = Value::InuseBytes)]
+    pub value: Value,
+
+    /// Write the output to this file instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    /// Flamegraph of the stacks that grew.
+    Svg,
+    /// Folded stacks of the stacks that grew.
+    Collapsed,
+    /// pprof profile of the differences (negative where memory shrank).
+    Pprof,
+}
+
+impl From<DiffFormat> for Format {
+    fn from(f: DiffFormat) -> Format {
+        match f {
+            DiffFormat::Svg => Format::Svg,
+            DiffFormat::Collapsed => Format::Collapsed,
+            DiffFormat::Pprof => Format::Pprof,
         }
     }
 }
 
+impl RecordArgs {
+    pub fn target(&self) -> Target {
+        if self.pids.is_empty() {
+            Target::All
+        } else {
+            Target::Pids(self.pids.clone())
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_live_samples: self.max_live_samples,
+            max_live_per_process: self.max_live_per_process,
+            ..Limits::default()
+        }
+    }
+}
+
+/// `heap.pb.gz`, 3 → `heap.0003.pb.gz`; `heap.pprof` → `heap.0003.pprof`;
+/// `heap` → `heap.0003`. Four digits keep the names sorted for a day of
+/// 30 s snapshots; more digits are used past 9999.
+pub fn numbered(path: &std::path::Path, n: u32) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let split = name
+        .strip_suffix(".pb.gz")
+        .map(|stem| (stem, ".pb.gz"))
+        .or_else(|| {
+            name.rfind('.')
+                .filter(|&i| i > 0)
+                .map(|i| (&name[..i], &name[i..]))
+        })
+        .unwrap_or((name.as_str(), ""));
+    path.with_file_name(format!("{}.{n:04}{}", split.0, split.1))
+}
+
+/// Refuses, as a usage error (exit 2), binary output to a terminal.
+pub fn refuse_binary_to_terminal(format: Format, output: Option<&std::path::Path>) {
+    use std::io::IsTerminal;
+    if format.is_binary() && output.is_none() && std::io::stdout().is_terminal() {
+        Cli::command()
+            .error(
+                ErrorKind::ArgumentConflict,
+                "--format pprof writes binary data: give --output FILE or redirect stdout",
+            )
+            .exit();
+    }
+}
+
 impl Cli {
+    pub fn export_options(&self) -> export::Options {
+        export::Options {
+            value: self.value,
+            report: self.report_options(),
+            ..Default::default()
+        }
+    }
+
     pub fn target(&self) -> Target {
         if self.pids.is_empty() {
             Target::All
@@ -168,6 +302,49 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("soon").unwrap_err().contains("examples"));
+    }
+
+    #[test]
+    fn snapshot_names() {
+        let n = |p: &str, i| numbered(std::path::Path::new(p), i);
+        assert_eq!(
+            n("/tmp/heap.pb.gz", 1),
+            PathBuf::from("/tmp/heap.0001.pb.gz")
+        );
+        assert_eq!(n("heap.pprof", 12), PathBuf::from("heap.0012.pprof"));
+        assert_eq!(n("heap", 3), PathBuf::from("heap.0003"));
+        assert_eq!(n(".hidden", 3), PathBuf::from(".hidden.0003"));
+        assert_eq!(n("h.pb.gz", 12345), PathBuf::from("h.12345.pb.gz"));
+    }
+
+    #[test]
+    fn subcommands_and_the_plain_form_parse() {
+        let cli = Cli::try_parse_from(["allocprof", "--pid", "1", "-f", "svg"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.format, Format::Svg);
+        let cli = Cli::try_parse_from([
+            "allocprof",
+            "record",
+            "--pid",
+            "1",
+            "-d",
+            "30s",
+            "--interval",
+            "10s",
+            "-o",
+            "h.pb.gz",
+        ])
+        .unwrap();
+        let Some(Command::Record(r)) = cli.command else {
+            panic!("not record")
+        };
+        assert_eq!(r.interval, Some(Duration::from_secs(10)));
+        let cli = Cli::try_parse_from(["allocprof", "diff", "a", "b", "-f", "collapsed"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Diff(d)) if d.format == DiffFormat::Collapsed));
+        // Top-level options do not mix with subcommands; diff has no json.
+        assert!(Cli::try_parse_from(["allocprof", "--pid", "1", "record", "-o", "x"]).is_err());
+        assert!(Cli::try_parse_from(["allocprof", "diff", "a", "b", "-f", "json"]).is_err());
+        assert!(Cli::try_parse_from(["allocprof", "record", "--pid", "1"]).is_err());
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! cores (statistics, profile model, symbolization, output formats) that the
 //! binary drives. Only `kernel` talks to aya.
 
-pub mod collapsed;
 pub mod discover;
+pub mod export;
 pub mod kernel;
 pub mod normalize;
 pub mod profile;
@@ -11,4 +11,5 @@ pub mod report;
 pub mod session;
 pub mod stats;
 pub mod symbolize;
+pub mod tui;
 pub mod usdt;

@@ -2,6 +2,7 @@
 //! report or export their heap profiles.
 
 mod cli;
+mod commands;
 
 use std::{
     io::{IsTerminal, Write},
@@ -12,18 +13,19 @@ use std::{
 use anyhow::{Context, Result};
 use clap::Parser;
 use profiler_user::{
-    collapsed,
+    export,
     kernel::KernelError,
     profile::Profile,
     report::{self, ReportOptions},
     session::{Session, StartError},
+    tui,
 };
 use tokio::{
     signal::unix::{SignalKind, signal},
     time::{Instant, interval, sleep_until},
 };
 
-use crate::cli::{Cli, Format};
+use crate::cli::{Cli, Command, Format};
 
 /// Exit codes, distinct per cause so scripts can branch on them.
 mod exit {
@@ -35,7 +37,17 @@ mod exit {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    let command = cli.command.take();
+    if let Some(Command::Diff(args)) = &command {
+        // Files in, file out: no runtime, no kernel, no privileges needed.
+        return finish(commands::diff(args));
+    }
+    // Without --duration, a terminal gets the TUI (--format is then what its
+    // export key writes), so only a timed run could print pprof to it.
+    if command.is_none() && cli.duration.is_some() {
+        cli::refuse_binary_to_terminal(cli.format, cli.output.as_deref());
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -46,7 +58,14 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
-    match runtime.block_on(run(cli)) {
+    finish(match command {
+        Some(Command::Record(args)) => runtime.block_on(commands::record(args)),
+        _ => runtime.block_on(run(cli)),
+    })
+}
+
+fn finish(result: Result<()>) -> ExitCode {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("allocprof: {e:#}");
@@ -83,16 +102,27 @@ async fn run(cli: Cli) -> Result<()> {
     for w in session.warnings.drain(..) {
         eprintln!("allocprof: warning: {w}");
     }
-    if headless {
-        eprintln!(
-            "allocprof: attached {} probe sites; {}",
-            session.attachments(),
-            match cli.duration {
-                Some(d) => format!("profiling for {}", humantime::format_duration(d)),
-                None => "profiling until Ctrl-C".into(),
-            }
-        );
+    if !headless {
+        let dir = std::env::current_dir().context("finding the current directory")?;
+        let exporter = tui::file_exporter(cli.format, cli.export_options(), dir);
+        let options = tui::Options {
+            interval: cli.interval,
+            target: cli.target(),
+        };
+        // What the status line said (exports, warnings) outlives the screen.
+        for line in tui::run(session, options, exporter).await? {
+            eprintln!("allocprof: {line}");
+        }
+        return Ok(());
     }
+    eprintln!(
+        "allocprof: attached {} probe sites; {}",
+        session.attachments(),
+        match cli.duration {
+            Some(d) => format!("profiling for {}", humantime::format_duration(d)),
+            None => "profiling until Ctrl-C".into(),
+        }
+    );
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -107,12 +137,9 @@ async fn run(cli: Cli) -> Result<()> {
             _ = sleep_until(deadline.unwrap_or(far)) => break,
             _ = events.tick() => session.poll_events(),
             _ = refresh.tick() => {
-                let profile = session.refresh().context("reading the kernel's maps")?;
+                session.refresh().context("reading the kernel's maps")?;
                 for w in session.warnings.drain(..) {
                     eprintln!("allocprof: warning: {w}");
-                }
-                if !headless {
-                    redraw(&profile, &cli)?;
                 }
                 if !session.targets_alive() {
                     eprintln!("allocprof: every target process has exited");
@@ -128,26 +155,12 @@ async fn run(cli: Cli) -> Result<()> {
     output(&profile, &cli)
 }
 
-fn redraw(profile: &Profile, cli: &Cli) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    // Home and clear: a plain refreshed report until the TUI lands.
-    write!(
-        out,
-        "\x1b[H\x1b[2J{}",
-        report::render(profile, cli.report_options())
-    )?;
-    out.flush()?;
-    Ok(())
-}
-
 fn output(profile: &Profile, cli: &Cli) -> Result<()> {
-    let text = match cli.format {
-        Format::Report => report::render(profile, cli.report_options()),
-        Format::Collapsed => collapsed::render(profile, cli.value),
-    };
+    let bytes = export::render(profile, cli.format, &cli.export_options())
+        .with_context(|| format!("rendering the {}", cli.format.describe(cli.value)))?;
     match &cli.output {
         Some(path) => {
-            std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(path, &bytes).with_context(|| format!("writing {}", path.display()))?;
             eprintln!(
                 "allocprof: wrote {} ({})",
                 path.display(),
@@ -166,7 +179,11 @@ fn output(profile: &Profile, cli: &Cli) -> Result<()> {
                 );
             }
         }
-        None => print!("{text}"),
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&bytes)?;
+            out.flush()?;
+        }
     }
     Ok(())
 }

@@ -18,6 +18,10 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
         "/usr/include/x86_64-linux-gnu/sys/sdt.h",
     ),
     ("tmux", "/usr/bin/tmux"),
+    // `go tool pprof` opens allocprof's pprof exports in the tests.
+    ("golang-go", "/usr/bin/go"),
+    // rsvg-convert renders the flamegraph exports in the tests.
+    ("librsvg2-bin", "/usr/bin/rsvg-convert"),
 ];
 
 const BENCH_PACKAGES: &[(&str, &str)] = &[

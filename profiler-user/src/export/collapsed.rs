@@ -6,15 +6,22 @@ use std::{collections::BTreeMap, fmt::Write};
 use crate::{profile::Profile, stats::Value};
 
 pub fn render(profile: &Profile, value: Value) -> String {
+    let mut out = String::new();
+    for (line, v) in folded(profile, value) {
+        let _ = writeln!(out, "{line} {v}");
+    }
+    out
+}
+
+/// The folded stacks and their rounded values, sorted (as inferno expects),
+/// values below one half (nothing to draw, or negative growth) left out.
+pub fn folded(profile: &Profile, value: Value) -> BTreeMap<String, u64> {
     // Identical lines (e.g. stacks that differ only in addresses that
     // symbolize the same) are summed, as the format expects.
     let mut lines: BTreeMap<String, f64> = BTreeMap::new();
     for p in &profile.processes {
         for s in &p.stacks {
             let v = s.totals.value(value);
-            if v < 0.5 {
-                continue;
-            }
             let mut line = sanitize(&p.label());
             for f in s.frames.iter().rev() {
                 line.push(';');
@@ -23,11 +30,11 @@ pub fn render(profile: &Profile, value: Value) -> String {
             *lines.entry(line).or_default() += v;
         }
     }
-    let mut out = String::new();
-    for (line, v) in lines {
-        let _ = writeln!(out, "{line} {}", v.round() as u64);
-    }
-    out
+    lines
+        .into_iter()
+        .filter(|(_, v)| *v >= 0.5)
+        .map(|(line, v)| (line, v.round() as u64))
+        .collect()
 }
 
 /// `;` separates frames and the last space separates the value.

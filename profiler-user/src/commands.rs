@@ -1,0 +1,197 @@
+//! The subcommands: `allocprof record` (pprof files, optionally numbered
+//! snapshots) and `allocprof diff` (the growth between two of them).
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use profiler_user::{
+    export::{self, Format, diff, pprof, svg},
+    profile::Profile,
+    session::Session,
+    stats::{Value, human_bytes},
+};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    time::{Instant, MissedTickBehavior, interval, interval_at, sleep_until},
+};
+
+use crate::cli::{self, DiffArgs, RecordArgs};
+
+/// How often the kernel's aggregates are read while recording (exec, exit
+/// and dlopen are followed on these reads).
+const REFRESH: Duration = Duration::from_secs(1);
+
+pub async fn record(args: RecordArgs) -> Result<()> {
+    cli::check_preconditions()?;
+    let mut session = Session::start(args.target(), args.limits())?;
+    for w in session.warnings.drain(..) {
+        eprintln!("allocprof: warning: {w}");
+    }
+    eprintln!(
+        "allocprof: attached {} probe sites; recording {}{}",
+        session.attachments(),
+        match args.duration {
+            Some(d) => format!("for {}", humantime::format_duration(d)),
+            None => "until Ctrl-C".into(),
+        },
+        match args.interval {
+            Some(i) => format!(", a snapshot every {}", humantime::format_duration(i)),
+            None => String::new(),
+        }
+    );
+
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let far = Duration::from_secs(100 * 365 * 86_400);
+    let deadline = Instant::now() + args.duration.unwrap_or(far);
+    let mut refresh = interval(args.interval.map_or(REFRESH, |i| i.min(REFRESH)));
+    let every = args.interval.unwrap_or(far);
+    let mut snapshots = interval_at(Instant::now() + every, every);
+    // A snapshot takes time (symbolization); never catch up with a burst.
+    snapshots.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut events = interval(Duration::from_millis(20));
+    let mut written = 0;
+    let mut at_deadline = false;
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = sleep_until(deadline) => {
+                at_deadline = true;
+                break;
+            }
+            _ = events.tick() => session.poll_events(),
+            _ = snapshots.tick() => {
+                written += 1;
+                snapshot(&mut session, &cli::numbered(&args.output, written))?;
+            }
+            _ = refresh.tick() => {
+                session.refresh().context("reading the kernel's maps")?;
+                for w in session.warnings.drain(..) {
+                    eprintln!("allocprof: warning: {w}");
+                }
+                if !session.targets_alive() {
+                    eprintln!("allocprof: every target process has exited");
+                    break;
+                }
+            }
+        }
+    }
+    match (args.interval, args.duration) {
+        // -d 30s --interval 10s: three snapshots, the last at the deadline,
+        // whichever of the two timers fired first.
+        (Some(every), Some(d)) if at_deadline && d.as_nanos() % every.as_nanos() == 0 => {
+            let due = u32::try_from(d.as_nanos() / every.as_nanos()).unwrap_or(u32::MAX);
+            if written < due {
+                snapshot(&mut session, &cli::numbered(&args.output, written + 1))?;
+            }
+        }
+        // Otherwise the state at the stop is one more snapshot.
+        (Some(_), _) => snapshot(&mut session, &cli::numbered(&args.output, written + 1))?,
+        (None, _) => snapshot(&mut session, &args.output)?,
+    }
+    Ok(())
+}
+
+/// Reads the kernel, waits for every stack to be symbolized, and writes the
+/// profile as pprof.
+fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
+    session.refresh().context("reading the kernel's maps")?;
+    session.finish_symbols();
+    let profile = session.refresh().context("reading the kernel's maps")?;
+    let bytes = export::render(&profile, Format::Pprof, &export::Options::default())?;
+    write_atomically(path, &bytes)?;
+    let total = profile.totals();
+    eprintln!(
+        "allocprof: wrote {} ({} process{}, live {} ± {})",
+        path.display(),
+        profile.processes.len(),
+        if profile.processes.len() == 1 {
+            ""
+        } else {
+            "es"
+        },
+        human_bytes(total.live_bytes),
+        human_bytes(total.live_ci95()),
+    );
+    Ok(())
+}
+
+/// Via a temporary file and rename: whoever watches the directory never
+/// reads half a snapshot.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+pub fn diff(args: &DiffArgs) -> Result<()> {
+    let format = Format::from(args.format);
+    cli::refuse_binary_to_terminal(format, args.output.as_deref());
+    let a = read_pprof(&args.base)?;
+    let b = read_pprof(&args.profile)?;
+    let growth = diff::growth(&a, &b);
+    let name = |p: &Path| {
+        p.file_name()
+            .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
+    };
+    let title = format!(
+        "allocprof: growth of {} from {} to {}",
+        args.value.describe(),
+        name(&args.base),
+        name(&args.profile)
+    );
+    let stacks = growth.processes.iter().flat_map(|p| &p.stacks);
+    let grew = stacks
+        .clone()
+        .filter(|s| s.totals.value(args.value) >= 0.5)
+        .count();
+    let shrank = stacks
+        .filter(|s| s.totals.value(args.value) <= -0.5)
+        .count();
+    let net = growth.totals().value(args.value);
+    let unit = match args.value {
+        Value::InuseBytes | Value::AllocBytes => "bytes",
+        Value::InuseObjects | Value::AllocObjects => "objects",
+    };
+    eprintln!("{title}: {net:+.0} {unit} net; {grew} stacks grew, {shrank} shrank");
+    let shrank_note = match shrank {
+        0 => String::new(),
+        n => format!("; {n} stacks that shrank are not drawn"),
+    };
+    let subtitle = format!(
+        "{} later; net {}{}; widths proportional to the growth{shrank_note}",
+        humantime::format_duration(Duration::from_secs(growth.elapsed.as_secs())),
+        if net >= 0.0 { "+" } else { "" },
+        svg::quantity(net, args.value),
+    );
+    let opts = export::Options {
+        value: args.value,
+        title: Some(title),
+        subtitle: Some(subtitle),
+        ..Default::default()
+    };
+    let bytes = export::render(&growth, format, &opts)?;
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("allocprof: wrote {}", path.display());
+        }
+        None => std::io::stdout()
+            .lock()
+            .write_all(&bytes)
+            .context("writing to stdout")?,
+    }
+    Ok(())
+}
+
+fn read_pprof(path: &Path) -> Result<Profile> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    pprof::decode(&bytes).with_context(|| format!("reading {}", path.display()))
+}

@@ -1,0 +1,247 @@
+//! The report as JSON, for scripts and dashboards. The schema is documented
+//! in docs/json-schema.md; these types are it. Bump [`SCHEMA_VERSION`] on
+//! any change that is not a pure addition of fields.
+
+use std::collections::BTreeMap;
+
+use profiler_common::{DROP_REASONS, DropReason};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    profile::{ProcessState, Profile},
+    stats::Totals,
+    symbolize::Frame,
+};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub schema_version: u32,
+    /// `allocprof VERSION`.
+    pub generator: String,
+    pub elapsed_seconds: f64,
+    /// Of every `*_ci95` half-width.
+    pub confidence_level: f64,
+    /// All processes summed.
+    pub totals: Estimates,
+    /// Sampled events not accounted, over all processes (including events
+    /// that could not be tied to a process).
+    pub dropped: u64,
+    pub drops: BTreeMap<String, u64>,
+    /// Largest live bytes first.
+    pub processes: Vec<Process>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Process {
+    pub pid: u32,
+    /// Which exec of the pid this image is (0 until it execs).
+    pub generation: u32,
+    pub name: String,
+    /// `live`, `exited` or `replaced` (exec'ed another program).
+    pub state: String,
+    pub sampling_rate_bytes: u64,
+    pub totals: Estimates,
+    pub alloc_events: u64,
+    pub free_events: u64,
+    pub dropped: u64,
+    pub drops: BTreeMap<String, u64>,
+    /// Largest live bytes first.
+    pub stacks: Vec<Stack>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stack {
+    pub totals: Estimates,
+    /// Innermost first, allocator frames removed.
+    pub frames: Vec<StackFrame>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StackFrame {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// The executable or library the code is in.
+    pub module: Option<String>,
+    /// Inlined into the next frame (same machine address).
+    pub inlined: bool,
+}
+
+/// Unbiased estimates; `x_ci95` is the half-width of the 95% confidence
+/// interval of `x`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimates {
+    pub live_bytes: f64,
+    pub live_bytes_ci95: f64,
+    pub live_objects: f64,
+    pub live_samples: u64,
+    pub alloc_bytes: f64,
+    pub alloc_bytes_ci95: f64,
+    pub alloc_objects: f64,
+    pub alloc_samples: u64,
+}
+
+impl From<&Totals> for Estimates {
+    fn from(t: &Totals) -> Estimates {
+        Estimates {
+            live_bytes: t.live_bytes,
+            live_bytes_ci95: t.live_ci95(),
+            live_objects: t.live_objects,
+            live_samples: t.live_samples,
+            alloc_bytes: t.alloc_bytes,
+            alloc_bytes_ci95: t.alloc_ci95(),
+            alloc_objects: t.alloc_objects,
+            alloc_samples: t.alloc_samples,
+        }
+    }
+}
+
+/// Stable machine names of the drop causes (the enum's order may change).
+pub fn drop_name(reason: DropReason) -> &'static str {
+    match reason {
+        DropReason::LiveMapFull => "live_map_full",
+        DropReason::ProcessCap => "process_cap",
+        DropReason::StackFailed => "stack_failed",
+        DropReason::StackMapFull => "stack_map_full",
+        DropReason::AggMapFull => "agg_map_full",
+        DropReason::ArgReadFailed => "arg_read_failed",
+        DropReason::UnmatchedFree => "unmatched_free",
+        DropReason::ReplacedLive => "replaced_live",
+        DropReason::ProcMapFull => "proc_map_full",
+    }
+}
+
+fn drops(counts: &[u64; DROP_REASONS]) -> BTreeMap<String, u64> {
+    DropReason::ALL
+        .iter()
+        .map(|&r| (drop_name(r).to_string(), counts[r as usize]))
+        .collect()
+}
+
+fn frame(f: &Frame) -> StackFrame {
+    let (file, line) = match f.location.as_deref().map(|l| (l, l.rsplit_once(':'))) {
+        None => (None, None),
+        Some((l, Some((file, line)))) => match line.parse::<u32>() {
+            Ok(n) => (Some(file.to_string()), Some(n)),
+            Err(_) => (Some(l.to_string()), None),
+        },
+        Some((l, None)) => (Some(l.to_string()), None),
+    };
+    StackFrame {
+        function: f.function.clone(),
+        file,
+        line,
+        module: f.module.clone(),
+        inlined: f.inlined,
+    }
+}
+
+pub fn report(profile: &Profile) -> Report {
+    let processes = profile
+        .processes
+        .iter()
+        .map(|p| Process {
+            pid: p.key.pid,
+            generation: p.key.generation,
+            name: p.name.clone(),
+            state: match p.state {
+                ProcessState::Live => "live",
+                ProcessState::Exited => "exited",
+                ProcessState::Replaced => "replaced",
+            }
+            .into(),
+            sampling_rate_bytes: p.rate,
+            totals: (&p.totals).into(),
+            alloc_events: p.alloc_events,
+            free_events: p.free_events,
+            dropped: p.dropped(),
+            drops: drops(&p.drops),
+            stacks: p
+                .stacks
+                .iter()
+                .map(|s| Stack {
+                    totals: (&s.totals).into(),
+                    frames: s.frames.iter().map(frame).collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    Report {
+        schema_version: SCHEMA_VERSION,
+        generator: format!("allocprof {}", env!("CARGO_PKG_VERSION")),
+        elapsed_seconds: profile.elapsed.as_secs_f64(),
+        // The level of `stats::Z95`.
+        confidence_level: 0.95,
+        totals: (&profile.totals()).into(),
+        dropped: profile.drops.iter().sum(),
+        drops: drops(&profile.drops),
+        processes,
+    }
+}
+
+pub fn render(profile: &Profile) -> Vec<u8> {
+    let mut out = serde_json::to_vec_pretty(&report(profile)).expect("plain data serializes");
+    out.push(b'\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::tests::hand_made;
+
+    #[test]
+    fn numbers_and_shape() {
+        let profile = hand_made();
+        let text = render(&profile);
+        let r: Report = serde_json::from_slice(&text).unwrap();
+        assert_eq!(r.schema_version, SCHEMA_VERSION);
+        assert_eq!(r.processes.len(), 2);
+        let p = &r.processes[0];
+        assert_eq!(
+            (p.pid, p.name.as_str(), p.state.as_str()),
+            (7, "demo", "live")
+        );
+        assert_eq!(p.totals.live_bytes, profile.processes[0].totals.live_bytes);
+        assert_eq!(
+            p.totals.live_bytes_ci95,
+            profile.processes[0].totals.live_ci95()
+        );
+        assert_eq!(p.drops["unmatched_free"], 3);
+        assert_eq!(p.dropped, 3);
+        assert_eq!(r.drops.len(), DROP_REASONS);
+        let large = &p.stacks[0];
+        assert_eq!(large.totals.live_bytes, 8.0 * 1048576.0);
+        let f = &large.frames[0];
+        assert_eq!(f.function, "inlined_helper");
+        assert!(f.inlined);
+        assert_eq!(f.file.as_deref(), Some("/src/demo.c"));
+        assert_eq!(f.line, Some(40));
+        assert_eq!(large.frames[1].module.as_deref(), Some("/usr/bin/demo"));
+        assert_eq!(r.totals.live_bytes, profile.totals().live_bytes);
+        // Plain JSON with the documented top-level keys.
+        let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        for k in ["schema_version", "processes", "totals", "drops"] {
+            assert!(keys.contains(&k), "{keys:?}");
+        }
+    }
+
+    #[test]
+    fn frames_without_lines() {
+        let mut f = Frame {
+            function: "f".into(),
+            location: Some("/a/b.rs".into()),
+            module: None,
+            inlined: false,
+        };
+        assert_eq!(
+            (frame(&f).file.as_deref(), frame(&f).line),
+            (Some("/a/b.rs"), None)
+        );
+        f.location = None;
+        assert_eq!(frame(&f).file, None);
+    }
+}

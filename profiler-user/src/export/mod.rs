@@ -1,0 +1,258 @@
+//! Every output format behind one entry point, [`render`], which both the
+//! headless binary and the TUI's export key call: the text report, folded
+//! stacks, pprof (gzip'd `profile.proto`), flamegraph SVG and JSON. Also
+//! what `allocprof diff` needs: reading pprof back and the growth between
+//! two profiles.
+
+pub mod build_id;
+pub mod collapsed;
+pub mod diff;
+pub mod json;
+pub mod pprof;
+pub mod svg;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+
+use crate::{
+    profile::Profile,
+    report::{self, ReportOptions},
+    stats::Value,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Human-readable top-N report.
+    Report,
+    /// Folded stacks (`frame;frame;leaf VALUE`) for flamegraph.pl / inferno.
+    Collapsed,
+    /// gzip'd pprof profile.proto, a Go heap profile (`go tool pprof`).
+    Pprof,
+    /// Flamegraph SVG.
+    Svg,
+    /// The report as JSON (schema in docs/json-schema.md).
+    Json,
+}
+
+impl Format {
+    pub const ALL: [Format; 5] = [
+        Format::Report,
+        Format::Collapsed,
+        Format::Pprof,
+        Format::Svg,
+        Format::Json,
+    ];
+
+    /// File name extension, without the dot (e.g. for export file names).
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Report => "txt",
+            Format::Collapsed => "folded",
+            Format::Pprof => "pb.gz",
+            Format::Svg => "svg",
+            Format::Json => "json",
+        }
+    }
+
+    /// Not text: never written to a terminal.
+    pub fn is_binary(self) -> bool {
+        self == Format::Pprof
+    }
+
+    /// Whether `--value` changes the output (pprof and JSON hold every value).
+    pub fn uses_value(self) -> bool {
+        matches!(self, Format::Collapsed | Format::Svg)
+    }
+
+    pub fn describe(self, value: Value) -> String {
+        match self {
+            Format::Report => "report".into(),
+            Format::Collapsed => format!("collapsed stacks of {}", value.describe()),
+            Format::Pprof => "pprof heap profile".into(),
+            Format::Svg => format!("flamegraph of {}", value.describe()),
+            Format::Json => "json report".into(),
+        }
+    }
+}
+
+/// What the formats need besides the profile.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The quantity folded stacks and flamegraphs are weighted by.
+    pub value: Value,
+    pub report: ReportOptions,
+    /// Flamegraph title; by default generated from the processes and value.
+    pub title: Option<String>,
+    /// Flamegraph subtitle; by default the estimated total and duration.
+    pub subtitle: Option<String>,
+}
+
+#[derive(Debug, Error)]
+pub enum ExportError {
+    #[error("rendering the flamegraph: {0}")]
+    Flamegraph(#[source] std::io::Error),
+}
+
+/// The profile in `format`, as the bytes of a file.
+pub fn render(profile: &Profile, format: Format, opts: &Options) -> Result<Vec<u8>, ExportError> {
+    Ok(match format {
+        Format::Report => report::render(profile, opts.report).into_bytes(),
+        Format::Collapsed => collapsed::render(profile, opts.value).into_bytes(),
+        Format::Pprof => pprof::render(profile, now_nanos()),
+        Format::Svg => svg::render(profile, opts).map_err(ExportError::Flamegraph)?,
+        Format::Json => json::render(profile),
+    })
+}
+
+fn now_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use profiler_common::DROP_REASONS;
+
+    use super::*;
+    use crate::{
+        profile::{ProcessKey, ProcessProfile, ProcessState, StackProfile},
+        stats::Totals,
+        symbolize::Frame,
+    };
+
+    pub fn frame(function: &str, module: Option<&str>) -> Frame {
+        Frame {
+            function: function.into(),
+            location: None,
+            module: module.map(str::to_string),
+            inlined: false,
+        }
+    }
+
+    fn totals(live: f64, alloc: f64, size: f64) -> Totals {
+        Totals {
+            live_bytes: live,
+            live_var: live * 10.0,
+            live_objects: live / size,
+            live_samples: 3,
+            alloc_bytes: alloc,
+            alloc_var: alloc * 10.0,
+            alloc_objects: alloc / size,
+            alloc_samples: 5,
+        }
+    }
+
+    /// Two processes; an inlined frame; a frame without a module; a name
+    /// with XML metacharacters; fractional object estimates.
+    pub fn hand_made() -> Profile {
+        const EXE: Option<&str> = Some("/usr/bin/demo");
+        let mut inlined = frame("inlined_helper", EXE);
+        inlined.inlined = true;
+        inlined.location = Some("/src/demo.c:40".into());
+        let mut large = frame("site_large", EXE);
+        large.location = Some("/src/demo.c:42".into());
+        let main = frame("main", EXE);
+        let libc = Some("/lib/x86_64-linux-gnu/libc.so.6");
+        let start = frame("__libc_start_call_main", libc);
+        let stacks = vec![
+            StackProfile {
+                frames: vec![inlined, large, main.clone(), start].into(),
+                totals: totals(8.0 * 1048576.0, 8.0 * 1048576.0, 1048576.0),
+            },
+            StackProfile {
+                frames: vec![
+                    frame("site_small", EXE),
+                    frame("__libc_start_call_main", libc),
+                    main.clone(),
+                ]
+                .into(),
+                totals: totals(12_800_000.0 / 3.0, 12_800_000.0, 64.0 * 3.0),
+            },
+            StackProfile {
+                frames: vec![frame("Vec<u8>::push", EXE), main.clone()].into(),
+                totals: totals(0.0, 65_536.0, 7.0),
+            },
+        ];
+        let mut drops = [0; DROP_REASONS];
+        drops[profiler_common::DropReason::UnmatchedFree as usize] = 3;
+        let demo = ProcessProfile {
+            key: ProcessKey {
+                pid: 7,
+                generation: 0,
+            },
+            name: "demo".into(),
+            state: ProcessState::Live,
+            rate: 65_536,
+            totals: stacks.iter().map(|s| s.totals).sum(),
+            alloc_events: 100,
+            free_events: 40,
+            drops,
+            stacks,
+        };
+        let other_stacks = vec![
+            StackProfile {
+                frames: vec![frame("site_small", EXE), main].into(),
+                totals: totals(1000.0, 2000.0, 64.0),
+            },
+            StackProfile {
+                frames: Arc::from(vec![frame("[stack unavailable]", None)]),
+                totals: totals(64.0, 64.0, 64.0),
+            },
+        ];
+        let other = ProcessProfile {
+            key: ProcessKey {
+                pid: 8,
+                generation: 1,
+            },
+            name: "other".into(),
+            state: ProcessState::Exited,
+            rate: 65_536,
+            totals: other_stacks.iter().map(|s| s.totals).sum(),
+            alloc_events: 10,
+            free_events: 0,
+            drops: [0; DROP_REASONS],
+            stacks: other_stacks,
+        };
+        Profile {
+            processes: vec![demo, other],
+            drops,
+            elapsed: Duration::from_millis(12_500),
+        }
+    }
+
+    #[test]
+    fn every_format_renders_the_hand_made_profile() {
+        let profile = hand_made();
+        let opts = Options::default();
+        for format in Format::ALL {
+            let out = render(&profile, format, &opts).unwrap();
+            assert!(!out.is_empty(), "{format:?}");
+            if !format.is_binary() {
+                let text = String::from_utf8(out).unwrap();
+                assert!(text.contains("site_large"), "{format:?}: {text}");
+            }
+        }
+        let report = render(&profile, Format::Report, &opts).unwrap();
+        assert!(String::from_utf8(report).unwrap().contains("TOP STACKS"));
+        let pprof = render(&profile, Format::Pprof, &opts).unwrap();
+        assert_eq!(&pprof[..2], [0x1f, 0x8b], "gzip'd");
+    }
+
+    #[test]
+    fn every_format_handles_an_empty_profile() {
+        for format in Format::ALL {
+            render(&Profile::default(), format, &Options::default()).unwrap();
+        }
+    }
+
+    #[test]
+    fn extensions_are_distinct() {
+        let mut exts: Vec<_> = Format::ALL.iter().map(|f| f.extension()).collect();
+        exts.dedup();
+        assert_eq!(exts.len(), Format::ALL.len());
+    }
+}

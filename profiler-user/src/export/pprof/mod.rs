@@ -1,0 +1,691 @@
+//! pprof export: a gzip'd `profile.proto` shaped like a Go heap profile, so
+//! `go tool pprof`, Pyroscope, Parca, Speedscope and friends open it as is.
+//!
+//! - Sample types, in Go's order: `alloc_objects/count`, `alloc_space/bytes`,
+//!   `inuse_objects/count`, `inuse_space/bytes` (the default). Values are
+//!   allocprof's unbiased estimates (no further scaling is to be applied),
+//!   rounded so that the sum over all samples equals the rounded total.
+//! - One sample per process image and stack, labelled `process` (name),
+//!   `pid` and, after an exec, `generation`.
+//! - One location per distinct symbolized frame chain: a machine frame and
+//!   the functions inlined into it (lines innermost first). Addresses are 0:
+//!   frames are merged across processes by what they symbolize to, so no
+//!   single address would be true.
+//! - One mapping per file, with its GNU build id.
+//!
+//! [`decode`] reads such files back (and Go heap profiles) for `allocprof diff`.
+
+pub mod proto;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{Read, Write},
+    path::Path,
+    sync::Arc,
+    time::Duration,
+};
+
+use flate2::{Compression, read::GzDecoder, write::GzEncoder};
+use profiler_common::{DROP_REASONS, DropReason};
+use thiserror::Error;
+
+use self::proto::{Function, Label, Line, Location, Mapping, Sample, ValueType};
+use super::build_id::build_id;
+use crate::{
+    profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_stacks},
+    stats::{Totals, human_bytes},
+    symbolize::Frame,
+};
+
+/// Go's heap-profile sample types, in Go's order.
+pub const SAMPLE_TYPES: [(&str, &str); 4] = [
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+];
+
+const LABEL_PROCESS: &str = "process";
+const LABEL_PID: &str = "pid";
+const LABEL_GENERATION: &str = "generation";
+
+#[derive(Debug, Error)]
+pub enum DecodeError {
+    #[error("cannot decompress: {0}")]
+    Gzip(#[source] std::io::Error),
+    #[error("not a pprof profile: {0}")]
+    Wire(#[from] proto::WireError),
+    #[error("not a heap profile: no sample type {0}")]
+    NotHeap(&'static str),
+    #[error("malformed pprof profile: {0}")]
+    Invalid(String),
+}
+
+/// The profile as a gzip'd `profile.proto`.
+pub fn render(profile: &Profile, time_nanos: i64) -> Vec<u8> {
+    let bytes = to_proto(profile, time_nanos).encode();
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    gz.write_all(&bytes).expect("writing to memory");
+    gz.finish().expect("writing to memory")
+}
+
+/// Builds the `profile.proto` message.
+pub fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
+    let mut b = Builder::default();
+    b.strings.get(""); // index 0 is ""
+    let sample_type = SAMPLE_TYPES
+        .iter()
+        .map(|(t, u)| ValueType {
+            r#type: b.strings.get(t),
+            unit: b.strings.get(u),
+        })
+        .collect();
+    // Executables first: pprof takes the first mapping for the main binary.
+    for p in &profile.processes {
+        if let Some(module) = p.stacks.iter().find_map(|s| executable(&s.frames)) {
+            b.mapping(module);
+        }
+    }
+    let keys = [LABEL_PROCESS, LABEL_PID, LABEL_GENERATION].map(|k| b.strings.get(k));
+    let mut rounding = Rounding::default();
+    let mut samples = Vec::new();
+    for p in &profile.processes {
+        let name = b.strings.get(&p.name);
+        let mut label = vec![
+            Label {
+                key: keys[0],
+                str: name,
+                ..Default::default()
+            },
+            Label {
+                key: keys[1],
+                num: i64::from(p.key.pid),
+                ..Default::default()
+            },
+        ];
+        if p.key.generation != 0 {
+            label.push(Label {
+                key: keys[2],
+                num: i64::from(p.key.generation),
+                ..Default::default()
+            });
+        }
+        for s in &p.stacks {
+            let value = rounding.round(&s.totals);
+            if value.iter().all(|&v| v == 0) {
+                continue;
+            }
+            let location_id = b.locations(&s.frames);
+            samples.push(Sample {
+                location_id,
+                value,
+                label: label.clone(),
+            });
+        }
+    }
+    let comment = comments(profile).iter().map(|c| b.strings.get(c)).collect();
+    let period_type = ValueType {
+        r#type: b.strings.get("space"),
+        unit: b.strings.get("bytes"),
+    };
+    let default_sample_type = b.strings.get("inuse_space");
+    let mapping = b.finish_mappings();
+    proto::Profile {
+        sample_type,
+        sample: samples,
+        mapping,
+        location: b.locations,
+        function: b.functions,
+        string_table: b.strings.table,
+        time_nanos,
+        duration_nanos: i64::try_from(profile.elapsed.as_nanos()).unwrap_or(i64::MAX),
+        period_type: Some(period_type),
+        // The rate most processes sampled at (Go's MemProfileRate has the
+        // same meaning and the same default, 512 KiB).
+        period: common_rate(profile) as i64,
+        comment,
+        default_sample_type,
+        ..Default::default()
+    }
+}
+
+/// The executable a stack runs in: the module of its outermost frame that
+/// is not a shared library (stack walks often end in libc's start code).
+fn executable(frames: &[Frame]) -> Option<&str> {
+    let is_library = |m: &str| {
+        let name = m.rsplit('/').next().unwrap_or(m);
+        name.ends_with(".so") || name.contains(".so.")
+    };
+    let mut modules = frames.iter().rev().filter_map(|f| f.module.as_deref());
+    let outermost = modules.clone().next();
+    modules.find(|m| !is_library(m)).or(outermost)
+}
+
+/// Human-readable notes, shown by `go tool pprof -comments`.
+fn comments(profile: &Profile) -> Vec<String> {
+    let mut out = vec![format!(
+        "allocprof {}: unbiased estimates from per-byte sampling; {:.1} s",
+        env!("CARGO_PKG_VERSION"),
+        profile.elapsed.as_secs_f64()
+    )];
+    for p in &profile.processes {
+        out.push(format!(
+            "{} [{}]: live {} ± {} (95% CI), {} sampled allocations, rate {} B, {} dropped",
+            p.label(),
+            p.state.describe(),
+            human_bytes(p.totals.live_bytes),
+            human_bytes(p.totals.live_ci95()),
+            p.totals.alloc_samples,
+            p.rate,
+            p.dropped()
+        ));
+    }
+    for reason in DropReason::ALL {
+        let n = profile.drops[reason as usize];
+        if n > 0 {
+            out.push(format!("dropped: {n} ({})", reason.describe()));
+        }
+    }
+    out
+}
+
+fn common_rate(profile: &Profile) -> u64 {
+    let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
+    for p in &profile.processes {
+        *counts.entry(p.rate).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|&(rate, n)| (n, rate))
+        .map_or(512 * 1024, |(rate, _)| rate)
+}
+
+/// Rounds each sample so that the running sums stay the rounded running sums
+/// of the estimates: the file's totals then equal allocprof's (rounded)
+/// totals exactly, rather than drifting by half a unit per stack.
+#[derive(Default)]
+struct Rounding {
+    exact: [f64; 4],
+    written: [i64; 4],
+}
+
+impl Rounding {
+    fn round(&mut self, t: &Totals) -> Vec<i64> {
+        let values = [t.alloc_objects, t.alloc_bytes, t.live_objects, t.live_bytes];
+        (0..4)
+            .map(|i| {
+                self.exact[i] += values[i];
+                let target = self.exact[i].round() as i64;
+                let v = target - self.written[i];
+                self.written[i] = target;
+                v
+            })
+            .collect()
+    }
+}
+
+#[derive(Default)]
+struct Strings {
+    index: HashMap<String, i64>,
+    table: Vec<String>,
+}
+
+impl Strings {
+    fn get(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(s.to_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+#[derive(Default)]
+struct ModuleInfo {
+    id: u64,
+    has_filenames: bool,
+    has_line_numbers: bool,
+    has_inline_frames: bool,
+}
+
+#[derive(Default)]
+struct Builder {
+    strings: Strings,
+    /// By file path, in first-seen order (ids are 1-based positions).
+    modules: Vec<(String, ModuleInfo)>,
+    module_ids: HashMap<String, usize>,
+    functions: Vec<Function>,
+    function_ids: HashMap<(String, String), u64>,
+    locations: Vec<Location>,
+    location_ids: HashMap<Vec<Frame>, u64>,
+}
+
+impl Builder {
+    fn mapping(&mut self, module: &str) -> usize {
+        if let Some(&i) = self.module_ids.get(module) {
+            return i;
+        }
+        let i = self.modules.len();
+        let info = ModuleInfo {
+            id: i as u64 + 1,
+            ..Default::default()
+        };
+        self.modules.push((module.to_owned(), info));
+        self.module_ids.insert(module.to_owned(), i);
+        i
+    }
+
+    fn function(&mut self, name: &str, file: &str) -> u64 {
+        let key = (name.to_owned(), file.to_owned());
+        if let Some(&id) = self.function_ids.get(&key) {
+            return id;
+        }
+        let id = self.functions.len() as u64 + 1;
+        let name = self.strings.get(name);
+        let filename = self.strings.get(file);
+        self.functions.push(Function {
+            id,
+            name,
+            system_name: name,
+            filename,
+            start_line: 0,
+        });
+        self.function_ids.insert(key, id);
+        id
+    }
+
+    /// Location ids of a stack, innermost first: each machine frame with the
+    /// frames inlined into it (which precede it in `frames`).
+    fn locations(&mut self, frames: &[Frame]) -> Vec<u64> {
+        let mut ids = Vec::new();
+        let mut start = 0;
+        for (i, f) in frames.iter().enumerate() {
+            if f.inlined && i + 1 < frames.len() {
+                continue;
+            }
+            ids.push(self.location(&frames[start..=i]));
+            start = i + 1;
+        }
+        ids
+    }
+
+    fn location(&mut self, chain: &[Frame]) -> u64 {
+        if let Some(&id) = self.location_ids.get(chain) {
+            return id;
+        }
+        let outer = chain.last().expect("a location has a frame");
+        let mapping_id = match &outer.module {
+            Some(module) => {
+                let i = self.mapping(module);
+                let info = &mut self.modules[i].1;
+                info.has_inline_frames |= chain.len() > 1;
+                for f in chain {
+                    let (file, line) = split_location(f.location.as_deref());
+                    info.has_filenames |= !file.is_empty();
+                    info.has_line_numbers |= line != 0;
+                }
+                info.id
+            }
+            None => 0,
+        };
+        let line = chain
+            .iter()
+            .map(|f| {
+                let (file, line) = split_location(f.location.as_deref());
+                Line {
+                    function_id: self.function(&f.function, file),
+                    line,
+                    column: 0,
+                }
+            })
+            .collect();
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(Location {
+            id,
+            mapping_id,
+            address: 0,
+            line,
+            is_folded: false,
+        });
+        self.location_ids.insert(chain.to_vec(), id);
+        id
+    }
+
+    fn finish_mappings(&mut self) -> Vec<Mapping> {
+        let modules = std::mem::take(&mut self.modules);
+        modules
+            .into_iter()
+            .map(|(path, info)| {
+                let id = build_id(Path::new(&path)).unwrap_or_default();
+                Mapping {
+                    id: info.id,
+                    filename: self.strings.get(&path),
+                    build_id: self.strings.get(&id),
+                    // Every location carries its function name (unknown code
+                    // is named `file+offset`): nothing is left for pprof to
+                    // symbolize, so it never goes looking for binaries.
+                    has_functions: true,
+                    has_filenames: info.has_filenames,
+                    has_line_numbers: info.has_line_numbers,
+                    has_inline_frames: info.has_inline_frames,
+                    ..Default::default()
+                }
+            })
+            .collect()
+    }
+}
+
+/// `file:line` → (file, line); a location without a line number → (it, 0).
+fn split_location(location: Option<&str>) -> (&str, i64) {
+    let Some(loc) = location else {
+        return ("", 0);
+    };
+    match loc.rsplit_once(':') {
+        Some((file, line)) => match line.parse::<i64>() {
+            Ok(n) if n > 0 => (file, n),
+            _ => (loc, 0),
+        },
+        None => (loc, 0),
+    }
+}
+
+// ---------------------------------------------------------------- decoding
+
+/// Reads a pprof heap profile (gzip'd or not), as allocprof writes them, or
+/// as Go's runtime does (one process, named after the main mapping).
+pub fn decode(bytes: &[u8]) -> Result<Profile, DecodeError> {
+    let raw;
+    let data = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        GzDecoder::new(bytes)
+            .read_to_end(&mut out)
+            .map_err(DecodeError::Gzip)?;
+        raw = out;
+        &raw[..]
+    } else {
+        bytes
+    };
+    from_proto(&proto::Profile::decode(data)?)
+}
+
+pub fn from_proto(p: &proto::Profile) -> Result<Profile, DecodeError> {
+    let string = |i: i64| -> Result<&str, DecodeError> {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| p.string_table.get(i))
+            .map(String::as_str)
+            .ok_or_else(|| DecodeError::Invalid(format!("string index {i} out of range")))
+    };
+    if p.string_table.first().is_some_and(|s| !s.is_empty()) {
+        return Err(DecodeError::Invalid("string_table[0] is not empty".into()));
+    }
+    // Where each of our quantities is among the file's sample types.
+    let mut index = [0usize; 4];
+    for (slot, (name, _)) in index.iter_mut().zip(SAMPLE_TYPES) {
+        *slot = p
+            .sample_type
+            .iter()
+            .map(|t| string(t.r#type))
+            .position(|t| t.is_ok_and(|t| t == name))
+            .ok_or(DecodeError::NotHeap(name))?;
+    }
+    let mut functions = HashMap::new();
+    for f in &p.function {
+        functions.insert(f.id, (string(f.name)?, string(f.filename)?));
+    }
+    let mut mappings = HashMap::new();
+    for m in &p.mapping {
+        mappings.insert(m.id, string(m.filename)?);
+    }
+    let mut locations: HashMap<u64, Vec<Frame>> = HashMap::new();
+    for l in &p.location {
+        let module = match l.mapping_id {
+            0 => None,
+            id => Some(
+                mappings
+                    .get(&id)
+                    .ok_or_else(|| {
+                        DecodeError::Invalid(format!("location {} has no mapping {id}", l.id))
+                    })?
+                    .to_string(),
+            ),
+        };
+        let mut frames = Vec::with_capacity(l.line.len());
+        for (i, line) in l.line.iter().enumerate() {
+            let (name, file) = functions.get(&line.function_id).ok_or_else(|| {
+                DecodeError::Invalid(format!(
+                    "location {} has no function {}",
+                    l.id, line.function_id
+                ))
+            })?;
+            let location = match (file.is_empty(), line.line) {
+                (true, _) => None,
+                (false, n) if n > 0 => Some(format!("{file}:{n}")),
+                (false, _) => Some(file.to_string()),
+            };
+            frames.push(Frame {
+                function: name.to_string(),
+                location,
+                module: module.clone(),
+                inlined: i + 1 < l.line.len(),
+            });
+        }
+        if frames.is_empty() {
+            // Unsymbolized (e.g. a raw Go profile): name it by address.
+            frames.push(Frame {
+                function: format!("[unknown {:#x}]", l.address),
+                location: None,
+                module,
+                inlined: false,
+            });
+        }
+        locations.insert(l.id, frames);
+    }
+    let main_binary = p
+        .mapping
+        .first()
+        .and_then(|m| string(m.filename).ok())
+        .and_then(|f| Path::new(f).file_name())
+        .map_or("profile".to_string(), |n| n.to_string_lossy().into_owned());
+
+    struct Proc {
+        name: String,
+        stacks: HashMap<Arc<[Frame]>, Totals>,
+    }
+    let mut processes: BTreeMap<ProcessKey, Proc> = BTreeMap::new();
+    for s in &p.sample {
+        if s.value.len() != p.sample_type.len() {
+            return Err(DecodeError::Invalid(format!(
+                "a sample has {} values for {} sample types",
+                s.value.len(),
+                p.sample_type.len()
+            )));
+        }
+        let mut key = ProcessKey {
+            pid: 0,
+            generation: 0,
+        };
+        let mut name = None;
+        for l in &s.label {
+            match string(l.key)? {
+                LABEL_PROCESS => name = Some(string(l.str)?.to_string()),
+                LABEL_PID => key.pid = u32::try_from(l.num).unwrap_or(0),
+                LABEL_GENERATION => key.generation = u32::try_from(l.num).unwrap_or(0),
+                _ => {}
+            }
+        }
+        let mut frames = Vec::new();
+        for id in &s.location_id {
+            let chain = locations.get(id).ok_or_else(|| {
+                DecodeError::Invalid(format!("a sample refers to no location {id}"))
+            })?;
+            frames.extend(chain.iter().cloned());
+        }
+        let v = |i: usize| s.value[index[i]] as f64;
+        let totals = Totals {
+            alloc_objects: v(0),
+            alloc_bytes: v(1),
+            live_objects: v(2),
+            live_bytes: v(3),
+            ..Default::default()
+        };
+        let proc = processes.entry(key).or_insert_with(|| Proc {
+            name: name.clone().unwrap_or_else(|| main_binary.clone()),
+            stacks: HashMap::new(),
+        });
+        *proc.stacks.entry(frames.into()).or_default() += totals;
+    }
+    let rate = u64::try_from(p.period).unwrap_or(0);
+    let mut out: Vec<ProcessProfile> = processes
+        .into_iter()
+        .map(|(key, proc)| {
+            let mut stacks: Vec<StackProfile> = proc
+                .stacks
+                .into_iter()
+                .map(|(frames, totals)| StackProfile { frames, totals })
+                .collect();
+            sort_stacks(&mut stacks);
+            ProcessProfile {
+                key,
+                name: proc.name,
+                state: ProcessState::Live,
+                rate,
+                totals: stacks.iter().map(|s| s.totals).sum(),
+                alloc_events: 0,
+                free_events: 0,
+                drops: [0; DROP_REASONS],
+                stacks,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.totals
+            .live_bytes
+            .total_cmp(&a.totals.live_bytes)
+            .then(a.key.cmp(&b.key))
+    });
+    Ok(Profile {
+        processes: out,
+        drops: [0; DROP_REASONS],
+        elapsed: Duration::from_nanos(u64::try_from(p.duration_nanos).unwrap_or(0)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::tests::{frame, hand_made};
+
+    fn decoded(profile: &Profile) -> Profile {
+        decode(&render(profile, 1)).unwrap()
+    }
+
+    #[test]
+    fn round_trip_keeps_processes_stacks_frames_and_values() {
+        let profile = hand_made();
+        let back = decoded(&profile);
+        assert_eq!(back.processes.len(), profile.processes.len());
+        for (a, b) in profile.processes.iter().zip(&back.processes) {
+            assert_eq!((a.key, &a.name), (b.key, &b.name));
+            assert_eq!(a.stacks.len(), b.stacks.len());
+            for (sa, sb) in a.stacks.iter().zip(&b.stacks) {
+                assert_eq!(sa.frames, sb.frames, "frames survive, inlining included");
+                // Values are whole bytes and objects in the file.
+                assert!((sa.totals.live_bytes - sb.totals.live_bytes).abs() <= 1.0);
+                assert!((sa.totals.alloc_objects - sb.totals.alloc_objects).abs() <= 1.0);
+            }
+        }
+        assert_eq!(back.elapsed, profile.elapsed);
+        assert_eq!(back.processes[0].rate, 65_536);
+    }
+
+    #[test]
+    fn totals_are_the_rounded_totals() {
+        let profile = hand_made();
+        let p = to_proto(&profile, 0);
+        let sum = |i: usize| p.sample.iter().map(|s| s.value[i]).sum::<i64>();
+        let t = profile.totals();
+        assert_eq!(sum(0), t.alloc_objects.round() as i64);
+        assert_eq!(sum(1), t.alloc_bytes.round() as i64);
+        assert_eq!(sum(2), t.live_objects.round() as i64);
+        assert_eq!(sum(3), t.live_bytes.round() as i64);
+    }
+
+    #[test]
+    fn go_heap_profile_shape() {
+        let p = to_proto(&hand_made(), 0);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let types: Vec<_> = p
+            .sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect();
+        assert_eq!(types, SAMPLE_TYPES);
+        assert_eq!(s(p.default_sample_type), "inuse_space");
+        let period = p.period_type.unwrap();
+        assert_eq!((s(period.r#type), s(period.unit)), ("space", "bytes"));
+        assert_eq!(p.string_table[0], "");
+        // The executable, not libc's start code, is the first mapping.
+        assert_eq!(s(p.mapping[0].filename), "/usr/bin/demo");
+        assert!(p.mapping.iter().all(|m| m.has_functions));
+        // The inlined frame shares a location with its caller, innermost first.
+        let inlined = p.location.iter().find(|l| l.line.len() == 2).unwrap();
+        let names: Vec<_> = inlined
+            .line
+            .iter()
+            .map(|l| s(p.function[l.function_id as usize - 1].name))
+            .collect();
+        assert_eq!(names, ["inlined_helper", "site_large"]);
+        assert_eq!(inlined.line[1].line, 42);
+    }
+
+    #[test]
+    fn mappings_carry_build_ids() {
+        let exe = std::env::current_exe().unwrap();
+        let exe = exe.to_str().unwrap();
+        let mut profile = hand_made();
+        let mut f = frame("main", Some(exe));
+        f.location = Some("main.rs:3".into());
+        profile.processes[0].stacks[0].frames = vec![f].into();
+        let p = to_proto(&profile, 0);
+        let m = p
+            .mapping
+            .iter()
+            .find(|m| p.string_table[m.filename as usize] == exe)
+            .unwrap();
+        assert_eq!(
+            p.string_table[m.build_id as usize],
+            build_id(Path::new(exe)).unwrap()
+        );
+        assert!(m.has_filenames && m.has_line_numbers);
+    }
+
+    #[test]
+    fn garbage_is_a_clear_error() {
+        assert!(matches!(decode(b"hello"), Err(DecodeError::Wire(_))));
+        assert!(matches!(
+            decode(&[0x1f, 0x8b, 1, 2, 3]),
+            Err(DecodeError::Gzip(_))
+        ));
+        let cpu = proto::Profile {
+            sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+            string_table: ["", "samples", "count"].map(String::from).to_vec(),
+            ..Default::default()
+        };
+        let err = decode(&cpu.encode()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "not a heap profile: no sample type alloc_objects"
+        );
+    }
+
+    #[test]
+    fn locations_split_file_and_line() {
+        assert_eq!(split_location(Some("/src/a.c:12")), ("/src/a.c", 12));
+        assert_eq!(split_location(Some("/src/a.c")), ("/src/a.c", 0));
+        assert_eq!(split_location(Some("C:x")), ("C:x", 0));
+        assert_eq!(split_location(None), ("", 0));
+    }
+}

@@ -1,0 +1,212 @@
+//! The live TUI (`allocprof` in a terminal): producers (the session, the
+//! terminal's keys, signals) send [`AppEvent`]s over one channel; the UI
+//! loop applies each to the pure [`App`] state and redraws. Everything runs
+//! on the caller's task (the session need not be `Send`).
+//!
+//! - `state`: the state and its transitions (keys, profiles), unit-tested.
+//! - `rows`: table rows with stable identities; `history`: rates, growth,
+//!   sparkline series.
+//! - `render`: drawing; `exporter`: the `e` key's injected writer.
+
+pub mod exporter;
+pub mod history;
+pub mod render;
+pub mod rows;
+pub mod state;
+
+use std::{
+    io::{Stdout, stdout},
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use crossterm::{
+    cursor::Show,
+    event::{Event, EventStream, KeyEventKind},
+    execute,
+    terminal::{EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode},
+};
+use futures::StreamExt;
+use ratatui::{Terminal, backend::CrosstermBackend};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+    time::{MissedTickBehavior, interval},
+};
+
+pub use self::{
+    exporter::{Exporter, ViewSelection, collapsed_exporter, file_exporter},
+    state::{App, AppEvent, AppOptions, Command},
+};
+use crate::session::{Session, Target};
+
+/// How often the session handles exec/exit events and due rescans.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
+pub struct Options {
+    /// Kernel reads and redraws happen this often.
+    pub interval: Duration,
+    pub target: Target,
+}
+
+/// What is profiled, for the header.
+fn describe(target: &Target) -> String {
+    match target {
+        Target::All => "all processes".into(),
+        Target::Pids(pids) if pids.len() == 1 => format!("pid {}", pids[0]),
+        Target::Pids(pids) => {
+            let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+            format!("pids {}", pids.join(", "))
+        }
+    }
+}
+
+/// Runs the TUI until the user quits (or a signal asks to); returns what
+/// should be printed once the terminal is restored (exports, warnings).
+pub async fn run(session: Session, options: Options, exporter: Exporter) -> Result<Vec<String>> {
+    let mut app = App::new(AppOptions {
+        target: describe(&options.target),
+        interval: options.interval,
+    });
+    app.set_notice(state::Notice::Info(format!(
+        "attached {} probe sites; press ? for the keys",
+        session.attachments()
+    )));
+    let (tx, rx) = mpsc::channel(64);
+    let mut terminal = TerminalGuard::enter()?;
+    let result = tokio::select! {
+        r = drive(session, options.interval, tx.clone()) => r,
+        r = input(tx) => r,
+        r = ui(&mut terminal.terminal, rx, &mut app, &exporter) => r,
+    };
+    drop(terminal);
+    result.map(|()| app.log)
+}
+
+/// The session's side: a profile every interval, warnings as they come.
+async fn drive(mut session: Session, every: Duration, tx: mpsc::Sender<AppEvent>) -> Result<()> {
+    let mut refresh = interval(every);
+    refresh.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut poll = interval(POLL_EVERY);
+    poll.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut told_gone = false;
+    loop {
+        tokio::select! {
+            _ = poll.tick() => session.poll_events(),
+            _ = refresh.tick() => {
+                let profile = session.refresh().context("reading the kernel's maps")?;
+                let mut events: Vec<AppEvent> =
+                    session.warnings.drain(..).map(AppEvent::Warning).collect();
+                if !told_gone && !session.targets_alive() {
+                    told_gone = true;
+                    events.push(AppEvent::Info(
+                        "every target process has exited: its figures are frozen (q quits)".into(),
+                    ));
+                }
+                events.push(AppEvent::Profile(profile));
+                for event in events {
+                    if tx.send(event).await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The terminal's side: keys and resizes; and the signals that end us.
+/// In raw mode Ctrl-C is a key, but `kill -INT` still sends SIGINT.
+async fn input(tx: mpsc::Sender<AppEvent>) -> Result<()> {
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let mut events = EventStream::new();
+    loop {
+        let event = tokio::select! {
+            _ = sigint.recv() => AppEvent::Quit,
+            _ = sigterm.recv() => AppEvent::Quit,
+            _ = sighup.recv() => AppEvent::Quit,
+            event = events.next() => match event {
+                Some(Ok(Event::Key(key))) if key.kind != KeyEventKind::Release => AppEvent::Key(key),
+                Some(Ok(Event::Resize(..))) => AppEvent::Resize,
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Err(e).context("reading the terminal"),
+                // The terminal is gone.
+                None => AppEvent::Quit,
+            },
+        };
+        if tx.send(event).await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// Applies events and redraws once per batch of them: ratatui diffs each
+/// frame against the last, and nothing clears the screen, so no flicker.
+async fn ui(
+    terminal: &mut Terminal<CrosstermBackend<Stdout>>,
+    mut rx: mpsc::Receiver<AppEvent>,
+    app: &mut App,
+    exporter: &Exporter,
+) -> Result<()> {
+    terminal.draw(|f| render::draw(f, app))?;
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(event) = next {
+            match app.update(event) {
+                Command::None => {}
+                Command::Quit => return Ok(()),
+                Command::Export { profile, selection } => {
+                    let what = app.describe_selection(&selection);
+                    app.exported(exporter(&profile, &selection), &what);
+                }
+            }
+            next = rx.try_recv().ok();
+        }
+        terminal.draw(|f| render::draw(f, app))?;
+    }
+    Ok(())
+}
+
+/// Raw mode and the alternate screen, undone on drop and on panic.
+struct TerminalGuard {
+    terminal: Terminal<CrosstermBackend<Stdout>>,
+}
+
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+impl TerminalGuard {
+    fn enter() -> Result<TerminalGuard> {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // Restore first, or the panic message lands in the alternate
+            // screen and vanishes with it.
+            restore();
+            hook(info);
+        }));
+        enable_raw_mode().context("switching the terminal to raw mode")?;
+        ACTIVE.store(true, Ordering::SeqCst);
+        let guard = |e: std::io::Error| {
+            restore();
+            anyhow::Error::from(e).context("setting up the terminal")
+        };
+        execute!(stdout(), EnterAlternateScreen).map_err(guard)?;
+        let terminal = Terminal::new(CrosstermBackend::new(stdout())).map_err(guard)?;
+        Ok(TerminalGuard { terminal })
+    }
+}
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        restore();
+    }
+}
+
+/// Leaves raw mode and the alternate screen, once.
+fn restore() {
+    if ACTIVE.swap(false, Ordering::SeqCst) {
+        let _ = disable_raw_mode();
+        let _ = execute!(stdout(), LeaveAlternateScreen, Show);
+    }
+}

@@ -1,0 +1,583 @@
+//! What the tables show: rows with identities that stay the same across
+//! refreshes (a process image, a stack, a function), so that selection,
+//! history and baselines follow the row rather than its position.
+
+use std::{collections::HashMap, sync::Arc};
+
+use crate::{
+    profile::{ProcessKey, ProcessProfile, Profile, StackProfile},
+    stats::Totals,
+    symbolize::{Frame, is_allocator_frame, is_library_frame, most_informative},
+};
+
+/// How the stack view groups stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grouping {
+    /// A row per distinct symbolized stack.
+    Stack,
+    /// A row per most informative function: its stacks summed.
+    Function,
+}
+
+impl Grouping {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Grouping::Stack => "by stack",
+            Grouping::Function => "by function",
+        }
+    }
+}
+
+/// The stable identity of a row. `scope` is the process a stack row belongs
+/// to, or `None` for stacks merged over all processes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RowId {
+    Process(ProcessKey),
+    Stack {
+        scope: Option<ProcessKey>,
+        frames: Arc<[Frame]>,
+    },
+    Function {
+        scope: Option<ProcessKey>,
+        name: String,
+    },
+}
+
+/// One row of a table, with everything its columns show.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub id: RowId,
+    pub label: String,
+    pub totals: Totals,
+    /// Share of the view's live bytes, 0..=1.
+    pub share: f64,
+    /// Bytes allocated per second, over the rate window.
+    pub alloc_rate: Option<f64>,
+    /// Live bytes gained over the growth window (about a minute).
+    pub growth: Option<f64>,
+    /// Live bytes gained since the baseline, when one is marked.
+    pub since_baseline: Option<f64>,
+    /// The stack shown in the detail pane: the row's own, or for a function
+    /// row, its heaviest. Empty for process rows.
+    pub frames: Arc<[Frame]>,
+    /// Process rows only.
+    pub process: Option<ProcessInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub name: String,
+    pub state: crate::profile::ProcessState,
+}
+
+/// The profiles a set of rows is computed from.
+#[derive(Clone, Copy)]
+pub struct Inputs<'a> {
+    pub current: &'a Profile,
+    /// A few seconds older than `current`: allocation rates.
+    pub rate_ref: Option<&'a Profile>,
+    /// About a minute older than `current`: growth.
+    pub growth_ref: Option<&'a Profile>,
+    pub baseline: Option<&'a Profile>,
+}
+
+/// The function that names a stack (`symbolize::most_informative`).
+pub fn function_of(frames: &[Frame]) -> String {
+    most_informative(frames)
+        .map(|f| f.function.clone())
+        .unwrap_or_else(|| "[empty stack]".into())
+}
+
+/// A stack's label: its most informative frame and that frame's nearest
+/// informative caller, which tells apart stacks through the same function.
+pub fn stack_label(frames: &[Frame]) -> String {
+    let informative = |f: &&Frame| !is_allocator_frame(f) && !is_library_frame(f);
+    let Some(first) = frames.iter().position(|f| informative(&f)) else {
+        return function_of(frames);
+    };
+    match frames[first + 1..].iter().find(informative) {
+        Some(caller) => format!("{} ← {}", frames[first].function, caller.function),
+        None => frames[first].function.clone(),
+    }
+}
+
+/// Tells apart stacks whose labels are equal (same function, same caller):
+/// by the line of the naming frame, else by the innermost frame (where the
+/// allocation was made, e.g. `vec::from_elem` or `RawVec::grow`), else by an
+/// ordinal in frame order (stable across refreshes).
+fn disambiguate(rows: &mut [Row]) {
+    let naming_line = |r: &Row| {
+        most_informative(&r.frames)
+            .and_then(|f| f.location.as_deref())
+            .map(|l| format!(" @{}", l.rsplit('/').next().unwrap_or(l)))
+    };
+    let innermost = |r: &Row| {
+        let first = r.frames.first()?;
+        let naming = most_informative(&r.frames)?;
+        (first != naming).then(|| format!(" via {}", short_function(&first.function)))
+    };
+    split_duplicates(rows, naming_line);
+    split_duplicates(rows, innermost);
+    let mut ordinal = |_: &Row| None::<String>;
+    split_duplicates(rows, &mut ordinal);
+}
+
+/// Appends `suffix(row)` to the labels of rows that share a label, where
+/// the suffix tells at least two of them apart; numbers them as a last
+/// resort (no suffix given).
+fn split_duplicates(rows: &mut [Row], mut suffix: impl FnMut(&Row) -> Option<String>) {
+    let mut by_label: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        by_label.entry(r.label.clone()).or_default().push(i);
+    }
+    for (_, mut same) in by_label.into_iter().filter(|(_, v)| v.len() > 1) {
+        let suffixes: Vec<Option<String>> = same.iter().map(|&i| suffix(&rows[i])).collect();
+        let distinct = suffixes
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        if suffixes.iter().all(Option::is_none) {
+            same.sort_by(|&a, &b| rows[a].id.cmp(&rows[b].id));
+            for (n, i) in same.into_iter().enumerate() {
+                rows[i].label.push_str(&format!(" #{}", n + 1));
+            }
+        } else if distinct > 1 {
+            for (i, s) in same.into_iter().zip(suffixes) {
+                rows[i].label.push_str(&s.unwrap_or_default());
+            }
+        }
+    }
+}
+
+/// `alloc::raw_vec::RawVec<T,A>::grow_one` → `RawVec<T,A>::grow_one`.
+fn short_function(name: &str) -> &str {
+    if name.starts_with('<') {
+        return name;
+    }
+    // The start of the last two path segments, outside generics.
+    let (mut depth, mut last, mut before) = (0, 0, 0);
+    let bytes = name.as_bytes();
+    for (i, c) in name.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            ':' if depth == 0 && bytes.get(i + 1) == Some(&b':') => {
+                before = last;
+                last = i + 2;
+            }
+            _ => {}
+        }
+    }
+    &name[before..]
+}
+
+fn in_scope(p: &ProcessProfile, scope: Option<ProcessKey>) -> bool {
+    scope.is_none_or(|k| p.key == k)
+}
+
+fn stack_id(scope: Option<ProcessKey>, grouping: Grouping, s: &StackProfile) -> RowId {
+    match grouping {
+        Grouping::Stack => RowId::Stack {
+            scope,
+            frames: s.frames.clone(),
+        },
+        Grouping::Function => RowId::Function {
+            scope,
+            name: function_of(&s.frames),
+        },
+    }
+}
+
+/// The stacks behind one row of the stack view.
+#[derive(Clone, Debug)]
+pub struct Group {
+    pub totals: Totals,
+    /// The heaviest stack (live, then allocated bytes).
+    pub frames: Arc<[Frame]>,
+    heaviest: (f64, f64),
+}
+
+/// The stacks of a profile grouped into rows.
+pub fn stack_groups(
+    profile: &Profile,
+    scope: Option<ProcessKey>,
+    grouping: Grouping,
+) -> HashMap<RowId, Group> {
+    let mut groups: HashMap<RowId, Group> = HashMap::new();
+    for p in profile.processes.iter().filter(|p| in_scope(p, scope)) {
+        for s in &p.stacks {
+            let weight = (s.totals.live_bytes, s.totals.alloc_bytes);
+            let group = groups
+                .entry(stack_id(scope, grouping, s))
+                .or_insert_with(|| Group {
+                    totals: Totals::default(),
+                    frames: s.frames.clone(),
+                    heaviest: weight,
+                });
+            group.totals += s.totals;
+            if weight > group.heaviest {
+                group.frames = s.frames.clone();
+                group.heaviest = weight;
+            }
+        }
+    }
+    groups
+}
+
+/// The totals of one row in a profile (for its history), if it is there.
+pub fn totals_of(profile: &Profile, id: &RowId) -> Option<Totals> {
+    let scope = match id {
+        RowId::Process(key) => {
+            return profile
+                .processes
+                .iter()
+                .find(|p| p.key == *key)
+                .map(|p| p.totals);
+        }
+        RowId::Stack { scope, .. } | RowId::Function { scope, .. } => *scope,
+    };
+    let matches = |s: &StackProfile| match id {
+        RowId::Stack { frames, .. } => s.frames == *frames,
+        RowId::Function { name, .. } => function_of(&s.frames) == *name,
+        RowId::Process(_) => false,
+    };
+    let mut found = None;
+    for p in profile.processes.iter().filter(|p| in_scope(p, scope)) {
+        for s in p.stacks.iter().filter(|s| matches(s)) {
+            *found.get_or_insert_with(Totals::default) += s.totals;
+        }
+    }
+    found
+}
+
+/// Allocated bytes per second between `then` and `now`.
+fn rate(now: &Totals, then: Option<&Totals>, seconds: f64) -> f64 {
+    let before = then.map_or(0.0, |t| t.alloc_bytes);
+    // Never negative: an exec'ed or forgotten image can only lose counts.
+    ((now.alloc_bytes - before) / seconds).max(0.0)
+}
+
+fn seconds_between(now: &Profile, then: &Profile) -> Option<f64> {
+    let dt = now.elapsed.checked_sub(then.elapsed)?.as_secs_f64();
+    (dt > 0.0).then_some(dt)
+}
+
+/// A row per process image.
+pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
+    let by_key = |p: Option<&Profile>| -> HashMap<ProcessKey, Totals> {
+        p.map(|p| p.processes.iter().map(|q| (q.key, q.totals)).collect())
+            .unwrap_or_default()
+    };
+    let rate_then = by_key(inputs.rate_ref);
+    let growth_then = by_key(inputs.growth_ref);
+    let baseline = by_key(inputs.baseline);
+    let dt = inputs
+        .rate_ref
+        .and_then(|r| seconds_between(inputs.current, r));
+    let total: f64 = inputs.current.totals().live_bytes;
+    inputs
+        .current
+        .processes
+        .iter()
+        .map(|p| Row {
+            id: RowId::Process(p.key),
+            label: p.name.clone(),
+            totals: p.totals,
+            share: share(p.totals.live_bytes, total),
+            alloc_rate: dt.map(|dt| rate(&p.totals, rate_then.get(&p.key), dt)),
+            growth: inputs.growth_ref.and_then(|g| {
+                seconds_between(inputs.current, g)?;
+                Some(p.totals.live_bytes - growth_then.get(&p.key).map_or(0.0, |t| t.live_bytes))
+            }),
+            since_baseline: inputs
+                .baseline
+                .map(|_| p.totals.live_bytes - baseline.get(&p.key).map_or(0.0, |t| t.live_bytes)),
+            frames: Arc::from(Vec::new()),
+            process: Some(ProcessInfo {
+                name: p.name.clone(),
+                state: p.state,
+            }),
+        })
+        .collect()
+}
+
+/// A row per stack (or function) of one process, or of all merged.
+pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Grouping) -> Vec<Row> {
+    let groups = stack_groups(inputs.current, scope, grouping);
+    let groups_of = |p: Option<&Profile>| p.map(|p| stack_groups(p, scope, grouping));
+    let rate_then = groups_of(inputs.rate_ref);
+    let growth_then = groups_of(inputs.growth_ref);
+    let baseline = groups_of(inputs.baseline);
+    let dt = inputs
+        .rate_ref
+        .and_then(|r| seconds_between(inputs.current, r));
+    let growth_ok = inputs
+        .growth_ref
+        .and_then(|g| seconds_between(inputs.current, g))
+        .is_some();
+    let total: f64 = groups.values().map(|g| g.totals.live_bytes).sum();
+    let live_in = |m: &Option<HashMap<RowId, Group>>, id: &RowId| {
+        m.as_ref()
+            .and_then(|m| m.get(id))
+            .map_or(0.0, |g| g.totals.live_bytes)
+    };
+    let mut rows: Vec<Row> = groups
+        .iter()
+        .map(|(id, Group { totals, frames, .. })| Row {
+            id: id.clone(),
+            label: match grouping {
+                Grouping::Stack => stack_label(frames),
+                Grouping::Function => function_of(frames),
+            },
+            totals: *totals,
+            share: share(totals.live_bytes, total),
+            alloc_rate: dt.map(|dt| {
+                let then = rate_then
+                    .as_ref()
+                    .and_then(|m| m.get(id))
+                    .map(|g| &g.totals);
+                rate(totals, then, dt)
+            }),
+            growth: growth_ok.then(|| totals.live_bytes - live_in(&growth_then, id)),
+            since_baseline: baseline
+                .as_ref()
+                .map(|_| totals.live_bytes - live_in(&baseline, id)),
+            frames: frames.clone(),
+            process: None,
+        })
+        .collect();
+    if grouping == Grouping::Stack {
+        disambiguate(&mut rows);
+    }
+    rows
+}
+
+fn share(part: f64, total: f64) -> f64 {
+    if total > 0.0 {
+        (part / total).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use profiler_common::DROP_REASONS;
+
+    use super::*;
+    use crate::profile::ProcessState;
+
+    pub fn frames(names: &[&str]) -> Arc<[Frame]> {
+        names
+            .iter()
+            .map(|n| Frame {
+                function: n.to_string(),
+                location: Some(format!("/src/work.c:{}", n.len())),
+                module: Some("/usr/bin/work".into()),
+                inlined: false,
+            })
+            .collect()
+    }
+
+    pub fn totals(live: f64, alloc: f64) -> Totals {
+        Totals {
+            live_bytes: live,
+            live_var: live * 100.0,
+            live_objects: live / 64.0,
+            live_samples: 1,
+            alloc_bytes: alloc,
+            alloc_var: 0.0,
+            alloc_objects: alloc / 64.0,
+            alloc_samples: 2,
+        }
+    }
+
+    /// A process with stacks given as (frames, live, allocated).
+    pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessProfile {
+        let stacks: Vec<StackProfile> = stacks
+            .iter()
+            .map(|(f, live, alloc)| StackProfile {
+                frames: frames(f),
+                totals: totals(*live, *alloc),
+            })
+            .collect();
+        ProcessProfile {
+            key: ProcessKey { pid, generation: 0 },
+            name: name.into(),
+            state: ProcessState::Live,
+            rate: 524_288,
+            totals: stacks.iter().map(|s| s.totals).sum(),
+            alloc_events: 10,
+            free_events: 5,
+            drops: [0; DROP_REASONS],
+            stacks,
+        }
+    }
+
+    pub fn profile(secs: u64, processes: Vec<ProcessProfile>) -> Profile {
+        Profile {
+            processes,
+            drops: [0; DROP_REASONS],
+            elapsed: Duration::from_secs(secs),
+        }
+    }
+
+    #[test]
+    fn labels_skip_allocator_and_library_frames() {
+        let f = frames(&[
+            "malloc",
+            "alloc::vec::Vec::push",
+            "app::load",
+            "std::rt::main",
+            "main",
+        ]);
+        // malloc has no allocator marker here; give it one through its module.
+        let mut v = f.to_vec();
+        v[0].module = Some("/opt/liballocprof.so".into());
+        assert_eq!(stack_label(&v), "app::load ← main");
+        assert_eq!(function_of(&v), "app::load");
+        assert_eq!(stack_label(&frames(&["std::alloc"])), "std::alloc");
+    }
+
+    #[test]
+    fn merged_rows_sum_processes_and_get_rates_and_baselines() {
+        let then = profile(
+            10,
+            vec![process(1, "a", &[(&["leak", "main"], 100.0, 100.0)])],
+        );
+        let now = profile(
+            15,
+            vec![
+                process(1, "a", &[(&["leak", "main"], 600.0, 1100.0)]),
+                process(2, "b", &[(&["leak", "main"], 400.0, 400.0)]),
+            ],
+        );
+        let rows = stack_rows(
+            Inputs {
+                current: &now,
+                rate_ref: Some(&then),
+                growth_ref: Some(&then),
+                baseline: Some(&then),
+            },
+            None,
+            Grouping::Stack,
+        );
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!(r.label, "leak ← main");
+        assert_eq!(r.totals.live_bytes, 1000.0);
+        assert_eq!(r.share, 1.0);
+        // (1500 - 100) bytes over 5 s.
+        assert_eq!(r.alloc_rate, Some(280.0));
+        assert_eq!(r.growth, Some(900.0));
+        assert_eq!(r.since_baseline, Some(900.0));
+        assert_eq!(totals_of(&now, &r.id).unwrap().live_bytes, 1000.0);
+        assert_eq!(totals_of(&then, &r.id).unwrap().live_bytes, 100.0);
+    }
+
+    #[test]
+    fn equal_labels_are_told_apart() {
+        let mut p = process(
+            1,
+            "a",
+            &[
+                (&["alloc::vec::from_elem", "load", "main"], 1.0, 1.0),
+                (
+                    &["alloc::raw_vec::RawVec<T>::grow", "load", "main"],
+                    2.0,
+                    2.0,
+                ),
+                (
+                    &["alloc::raw_vec::RawVec<T>::grow", "load", "x", "main"],
+                    3.0,
+                    3.0,
+                ),
+                (
+                    &["alloc::raw_vec::RawVec<T>::grow", "load", "y", "main"],
+                    3.0,
+                    3.0,
+                ),
+                (&["parse", "main"], 4.0, 4.0),
+                (&["parse", "main"], 4.0, 4.0),
+                (&["q", "main", "x"], 4.0, 4.0),
+                (&["q", "main", "y"], 4.0, 4.0),
+            ],
+        );
+        // `parse` at two lines.
+        let mut v = p.stacks[5].frames.to_vec();
+        v[0].location = Some("/src/parse.c:99".into());
+        p.stacks[5].frames = v.into();
+        let now = profile(1, vec![p]);
+        let inputs = Inputs {
+            current: &now,
+            rate_ref: None,
+            growth_ref: None,
+            baseline: None,
+        };
+        let mut labels: Vec<String> = stack_rows(inputs, None, Grouping::Stack)
+            .into_iter()
+            .map(|r| r.label)
+            .collect();
+        labels.sort();
+        assert_eq!(
+            labels,
+            [
+                "load ← main via RawVec<T>::grow",
+                "load ← main via vec::from_elem",
+                "load ← x",
+                "load ← y",
+                "parse ← main @parse.c:99",
+                "parse ← main @work.c:5",
+                "q ← main #1",
+                "q ← main #2",
+            ]
+        );
+        assert_eq!(short_function("a::b::<impl c::D>::e"), "<impl c::D>::e");
+        assert_eq!(short_function("main"), "main");
+    }
+
+    #[test]
+    fn function_grouping_sums_stacks_and_keeps_the_heaviest() {
+        let now = profile(
+            1,
+            vec![process(
+                1,
+                "a",
+                &[
+                    (&["parse", "load"], 10.0, 10.0),
+                    (&["parse", "main"], 30.0, 30.0),
+                    (&["other", "main"], 5.0, 5.0),
+                ],
+            )],
+        );
+        let key = ProcessKey {
+            pid: 1,
+            generation: 0,
+        };
+        let rows = stack_rows(
+            Inputs {
+                current: &now,
+                rate_ref: None,
+                growth_ref: None,
+                baseline: None,
+            },
+            Some(key),
+            Grouping::Function,
+        );
+        let parse = rows.iter().find(|r| r.label == "parse").unwrap();
+        assert_eq!(parse.totals.live_bytes, 40.0);
+        assert_eq!(parse.frames[1].function, "main");
+        assert_eq!(parse.alloc_rate, None);
+        assert_eq!(parse.since_baseline, None);
+        assert_eq!(
+            parse.id,
+            RowId::Function {
+                scope: Some(key),
+                name: "parse".into()
+            }
+        );
+        assert_eq!(totals_of(&now, &parse.id).unwrap().live_bytes, 40.0);
+    }
+}

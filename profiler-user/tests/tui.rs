@@ -1,0 +1,239 @@
+//! The TUI as a person uses it: allocprof in a real terminal (a tmux pane)
+//! on a workload with known allocation sites; keys sent with `send-keys`,
+//! the screen read with `capture-pane`. Nothing here is timed: every check
+//! polls the pane until the expected text shows, with a generous deadline,
+//! and fails with what the pane showed.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A private tmux server (its own socket), killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(width: u16, height: u16, script: &str) -> Tmux {
+        let tmux = Tmux {
+            socket: format!("allocprof-tui-test-{}", std::process::id()),
+        };
+        let status = tmux
+            .command()
+            .args(["new-session", "-d", "-s", "tui"])
+            .args(["-x", &width.to_string(), "-y", &height.to_string()])
+            .args(["sh", "-c", script])
+            .status()
+            .expect("tmux is needed for the TUI test (apt-get install tmux)");
+        assert!(status.success(), "starting tmux failed");
+        tmux
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new("tmux");
+        // No user configuration; UTF-8 whatever the locale.
+        cmd.args(["-L", &self.socket, "-f", "/dev/null", "-u"])
+            .env("TERM", "xterm-256color")
+            .env("LANG", "C.UTF-8")
+            .env("LC_ALL", "C.UTF-8");
+        cmd
+    }
+
+    fn output(&self, args: &[&str]) -> String {
+        let out = self.command().args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn pane(&self) -> String {
+        self.output(&["capture-pane", "-p", "-t", "tui"])
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "tui"];
+        args.extend(keys);
+        self.output(&args);
+    }
+
+    /// Types `text` literally (`?` and friends are not key names then).
+    fn literal(&self, text: &str) {
+        self.output(&["send-keys", "-t", "tui", "-l", text]);
+    }
+
+    /// Polls the pane until `ok` holds; fails with the pane otherwise.
+    fn wait_for(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let pane = self.pane();
+            if ok(&pane) {
+                return pane;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "timed out waiting for {what}; the pane shows:\n{pane}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self
+            .command()
+            .arg("kill-server")
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The C workload under LD_PRELOAD, killed on drop.
+struct Workload(Child);
+
+impl Workload {
+    fn start() -> Workload {
+        let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+        Workload(
+            Command::new(exe)
+                .env("LD_PRELOAD", common::preload_library())
+                .env("ALLOCPROF_RATE", "64k")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    /// Lets it allocate; returns once it has.
+    fn go(&mut self) {
+        writeln!(self.0.stdin.as_mut().unwrap(), "go").unwrap();
+        let mut line = String::new();
+        BufReader::new(self.0.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The row of the first line that mentions `text`.
+fn line_of(pane: &str, text: &str) -> usize {
+    pane.lines()
+        .position(|l| l.contains(text))
+        .unwrap_or_else(|| panic!("{text} is not on screen:\n{pane}"))
+}
+
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
+
+#[test]
+fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
+    common::require_bpf();
+    let mut workload = Workload::start();
+    let dir: PathBuf = common::scratch_dir(&format!("tui-e2e-{}", std::process::id()));
+    let script = format!(
+        "cd {dir} && stty -g > stty.before; {exe} --pid {pid}; echo EXIT=$? > exit.status; \
+         stty -g > stty.after; echo TUI-TEST-DONE; exec sleep 600",
+        dir = shell_quote(&dir),
+        exe = shell_quote(Path::new(env!("CARGO_BIN_EXE_allocprof"))),
+        pid = workload.0.id(),
+    );
+    let tmux = Tmux::start(120, 40, &script);
+
+    // The TUI is up once its header shows a profile; the probes were
+    // attached before it started.
+    tmux.wait_for("the TUI", |p| {
+        p.contains("live heap") && p.contains("events/s")
+    });
+    workload.go();
+
+    // The workload's sites, named by their most informative frame.
+    let sites = [
+        "site_small ← main",
+        "site_medium ← main",
+        "site_large ← main",
+    ];
+    let pane = tmux.wait_for("the workload's stacks", |p| {
+        sites.iter().all(|s| p.contains(s))
+    });
+    assert!(pane.contains("pid "), "{pane}");
+    assert!(pane.contains("sampling rate 64.0 KiB"), "{pane}");
+    // By live bytes: 12.5 MB of 64-byte blocks over 8 MiB of 1 MiB ones.
+    assert!(
+        line_of(&pane, "site_small ← main") < line_of(&pane, "site_large ← main"),
+        "sorted by live bytes:\n{pane}"
+    );
+
+    // `s` three times: objects, allocation rate, then the name.
+    for _ in 0..3 {
+        tmux.keys(&["s"]);
+    }
+    let pane = tmux.wait_for("the sort by name", |p| p.contains("sort name"));
+    assert!(
+        line_of(&pane, "site_large ← main") < line_of(&pane, "site_small ← main"),
+        "sorted by name:\n{pane}"
+    );
+
+    tmux.literal("?");
+    let pane = tmux.wait_for("the help", |p| {
+        p.contains("Keys") && p.contains("mark a baseline")
+    });
+    assert!(pane.contains("q Ctrl-C"), "{pane}");
+    tmux.keys(&["Escape"]);
+    tmux.wait_for("the help to close", |p| !p.contains("mark a baseline"));
+
+    // `e` exports the view; the status line names the file.
+    tmux.keys(&["e"]);
+    let pane = tmux.wait_for("the export", |p| {
+        p.contains("exported the stacks of all processes to")
+    });
+    let exported = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "folded"))
+        .unwrap_or_else(|| panic!("no .folded file in {}:\n{pane}", dir.display()));
+    let folded = std::fs::read_to_string(&exported).unwrap();
+    assert!(folded.contains("main;site_large "), "{folded}");
+
+    tmux.keys(&["q"]);
+    let status_file = dir.join("exit.status");
+    let pane = tmux.wait_for("allocprof to exit", |p| p.contains("TUI-TEST-DONE"));
+    assert_eq!(
+        std::fs::read_to_string(&status_file).unwrap().trim(),
+        "EXIT=0",
+        "{pane}"
+    );
+    // The terminal is restored: the main screen is back (with what allocprof
+    // printed on leaving), and the tty modes are as they were.
+    assert_eq!(
+        tmux.output(&["display-message", "-p", "-t", "tui", "#{alternate_on}"])
+            .trim(),
+        "0"
+    );
+    assert!(!pane.contains("live heap"), "{pane}");
+    assert!(pane.contains("allocprof: exported the stacks"), "{pane}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("stty.before")).unwrap(),
+        std::fs::read_to_string(dir.join("stty.after")).unwrap(),
+        "the tty modes changed"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
