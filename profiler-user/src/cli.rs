@@ -21,9 +21,8 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
-    /// Profile only this process (repeatable).
-    #[arg(short, long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
+    #[command(flatten)]
+    pub targets: TargetArgs,
 
     /// Stop after this long (e.g. 30s, 2m) and report.
     #[arg(short, long, value_parser = parse_duration)]
@@ -48,6 +47,15 @@ pub struct Cli {
     /// Stacks shown per process in the report.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+}
+
+/// Which processes to profile, and the kernel's memory caps.
+#[derive(Args, Debug)]
+pub struct TargetArgs {
+    /// Profile only this process (repeatable); by default every process
+    /// carrying the probes, including those started later.
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
 
     /// Cap on live samples kept in the kernel, over all processes.
     #[arg(long, default_value_t = Limits::default().max_live_samples)]
@@ -56,6 +64,24 @@ pub struct Cli {
     /// Cap on live samples kept in the kernel per process.
     #[arg(long, default_value_t = Limits::default().max_live_per_process)]
     pub max_live_per_process: u64,
+}
+
+impl TargetArgs {
+    pub fn target(&self) -> Target {
+        if self.pids.is_empty() {
+            Target::All
+        } else {
+            Target::Pids(self.pids.clone())
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_live_samples: self.max_live_samples,
+            max_live_per_process: self.max_live_per_process,
+            ..Limits::default()
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -70,10 +96,8 @@ pub enum Command {
 /// `go tool pprof -base A B` or `allocprof diff A B`.
 #[derive(Args, Debug)]
 pub struct RecordArgs {
-    /// Profile only this process (repeatable); by default every process
-    /// carrying the probes.
-    #[arg(short, long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
+    #[command(flatten)]
+    pub targets: TargetArgs,
 
     /// Stop after this long (e.g. 30s, 2m); otherwise at Ctrl-C, SIGTERM, or
     /// when every --pid target has exited.
@@ -88,14 +112,6 @@ pub struct RecordArgs {
     /// The pprof file to write (gzip'd profile.proto).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
-
-    /// Cap on live samples kept in the kernel, over all processes.
-    #[arg(long, default_value_t = Limits::default().max_live_samples)]
-    pub max_live_samples: u32,
-
-    /// Cap on live samples kept in the kernel per process.
-    #[arg(long, default_value_t = Limits::default().max_live_per_process)]
-    pub max_live_per_process: u64,
 }
 
 /// The growth between two pprof profiles written by allocprof (B minus A).
@@ -146,24 +162,6 @@ impl From<DiffFormat> for Format {
     }
 }
 
-impl RecordArgs {
-    pub fn target(&self) -> Target {
-        if self.pids.is_empty() {
-            Target::All
-        } else {
-            Target::Pids(self.pids.clone())
-        }
-    }
-
-    pub fn limits(&self) -> Limits {
-        Limits {
-            max_live_samples: self.max_live_samples,
-            max_live_per_process: self.max_live_per_process,
-            ..Limits::default()
-        }
-    }
-}
-
 /// `heap.pb.gz`, 3 → `heap.0003.pb.gz`; `heap.pprof` → `heap.0003.pprof`;
 /// `heap` → `heap.0003`. Four digits keep the names sorted for a day of
 /// 30 s snapshots; more digits are used past 9999.
@@ -203,22 +201,6 @@ impl Cli {
             value: self.value,
             report: self.report_options(),
             ..Default::default()
-        }
-    }
-
-    pub fn target(&self) -> Target {
-        if self.pids.is_empty() {
-            Target::All
-        } else {
-            Target::Pids(self.pids.clone())
-        }
-    }
-
-    pub fn limits(&self) -> Limits {
-        Limits {
-            max_live_samples: self.max_live_samples,
-            max_live_per_process: self.max_live_per_process,
-            ..Limits::default()
         }
     }
 

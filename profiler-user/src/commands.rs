@@ -27,10 +27,8 @@ const REFRESH: Duration = Duration::from_secs(1);
 
 pub async fn record(args: RecordArgs) -> Result<()> {
     cli::check_preconditions()?;
-    let mut session = Session::start(args.target(), args.limits())?;
-    for w in session.warnings.drain(..) {
-        eprintln!("allocprof: warning: {w}");
-    }
+    let mut session = Session::start(args.targets.target(), args.targets.limits())?;
+    crate::print_warnings(&mut session);
     eprintln!(
         "allocprof: attached {} probe sites; recording {}{}",
         session.attachments(),
@@ -69,16 +67,7 @@ pub async fn record(args: RecordArgs) -> Result<()> {
                 written += 1;
                 snapshot(&mut session, &cli::numbered(&args.output, written))?;
             }
-            _ = refresh.tick() => {
-                session.refresh().context("reading the kernel's maps")?;
-                for w in session.warnings.drain(..) {
-                    eprintln!("allocprof: warning: {w}");
-                }
-                if !session.targets_alive() {
-                    eprintln!("allocprof: every target process has exited");
-                    break;
-                }
-            }
+            _ = refresh.tick() => if !crate::refresh_tick(&mut session)? { break },
         }
     }
     match (args.interval, args.duration) {
@@ -100,9 +89,9 @@ pub async fn record(args: RecordArgs) -> Result<()> {
 /// Reads the kernel, waits for every stack to be symbolized, and writes the
 /// profile as pprof.
 fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
-    session.refresh().context("reading the kernel's maps")?;
-    session.finish_symbols();
-    let profile = session.refresh().context("reading the kernel's maps")?;
+    let profile = session
+        .complete_profile()
+        .context("reading the kernel's maps")?;
     let bytes = export::render(&profile, Format::Pprof, &export::Options::default())?;
     write_atomically(path, &bytes)?;
     let total = profile.totals();

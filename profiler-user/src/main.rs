@@ -98,16 +98,14 @@ async fn run(cli: Cli) -> Result<()> {
     cli::check_preconditions()?;
     let headless =
         cli.duration.is_some() || !std::io::stdout().is_terminal() || cli.output.is_some();
-    let mut session = Session::start(cli.target(), cli.limits())?;
-    for w in session.warnings.drain(..) {
-        eprintln!("allocprof: warning: {w}");
-    }
+    let mut session = Session::start(cli.targets.target(), cli.targets.limits())?;
+    print_warnings(&mut session);
     if !headless {
         let dir = std::env::current_dir().context("finding the current directory")?;
         let exporter = tui::file_exporter(cli.format, cli.export_options(), dir);
         let options = tui::Options {
             interval: cli.interval,
-            target: cli.target(),
+            target: cli.targets.target(),
         };
         // What the status line said (exports, warnings) outlives the screen.
         for line in tui::run(session, options, exporter).await? {
@@ -136,23 +134,30 @@ async fn run(cli: Cli) -> Result<()> {
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline.unwrap_or(far)) => break,
             _ = events.tick() => session.poll_events(),
-            _ = refresh.tick() => {
-                session.refresh().context("reading the kernel's maps")?;
-                for w in session.warnings.drain(..) {
-                    eprintln!("allocprof: warning: {w}");
-                }
-                if !session.targets_alive() {
-                    eprintln!("allocprof: every target process has exited");
-                    break;
-                }
-            }
+            _ = refresh.tick() => if !refresh_tick(&mut session)? { break },
         }
     }
-    // One last read, then wait for every stack to be symbolized.
-    session.refresh().context("reading the kernel's maps")?;
-    session.finish_symbols();
-    let profile = session.refresh().context("reading the kernel's maps")?;
+    let profile = session
+        .complete_profile()
+        .context("reading the kernel's maps")?;
     output(&profile, &cli)
+}
+
+/// One periodic read of the kernel; `false` once every `--pid` target exited.
+pub(crate) fn refresh_tick(session: &mut Session) -> Result<bool> {
+    session.refresh().context("reading the kernel's maps")?;
+    print_warnings(session);
+    if !session.targets_alive() {
+        eprintln!("allocprof: every target process has exited");
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+pub(crate) fn print_warnings(session: &mut Session) {
+    for w in session.warnings.drain(..) {
+        eprintln!("allocprof: warning: {w}");
+    }
 }
 
 fn output(profile: &Profile, cli: &Cli) -> Result<()> {

@@ -100,6 +100,16 @@ impl Profile {
     }
 }
 
+/// Largest live heap first; ties by process key, so the order is stable.
+pub fn sort_processes(processes: &mut [ProcessProfile]) {
+    processes.sort_by(|a, b| {
+        b.totals
+            .live_bytes
+            .total_cmp(&a.totals.live_bytes)
+            .then(a.key.cmp(&b.key))
+    });
+}
+
 /// Largest live bytes first; ties by allocated bytes, then frames, so the
 /// order is stable between refreshes.
 pub fn sort_stacks(stacks: &mut [StackProfile]) {

@@ -16,7 +16,10 @@ use crate::{
     discover::{self, FileId, ProbeFile, Scanner},
     kernel::{self, Kernel, KernelError, KernelSnapshot, Limits, Scope},
     normalize::AddressSpace,
-    profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_stacks},
+    profile::{
+        ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
+        sort_stacks,
+    },
     stats::Totals,
     symbolize::{Frame, Request, SymbolizerThread},
 };
@@ -351,6 +354,14 @@ impl Session {
         }
     }
 
+    /// The profile as of now with every stack symbolized: for a final
+    /// report or a snapshot (waits for the symbolization thread).
+    pub fn complete_profile(&mut self) -> Result<Profile, KernelError> {
+        self.refresh()?;
+        self.finish_symbols();
+        self.refresh()
+    }
+
     /// Waits for every requested stack to be symbolized.
     pub fn finish_symbols(&mut self) {
         for response in self.symbolizer.wait(self.pending.len()) {
@@ -403,12 +414,7 @@ impl Session {
             };
             processes.push(self.process_profile(*key, image, &f.proc, &f.stacks));
         }
-        processes.sort_by(|a, b| {
-            b.totals
-                .live_bytes
-                .total_cmp(&a.totals.live_bytes)
-                .then(a.key.cmp(&b.key))
-        });
+        sort_processes(&mut processes);
         Profile {
             processes,
             drops: snapshot.drops,

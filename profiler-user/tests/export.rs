@@ -186,9 +186,7 @@ fn pprof_totals_in_go_tool_pprof_equal_the_json_export_of_the_same_profile() {
     let mut w = Workload::spawn();
     let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
     w.allocate();
-    session.refresh().unwrap();
-    session.finish_symbols();
-    let profile = session.refresh().unwrap();
+    let profile = session.complete_profile().unwrap();
     let opts = export::Options::default();
     let pprof = export::render(&profile, Format::Pprof, &opts).unwrap();
     let json: Report =

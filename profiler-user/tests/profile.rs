@@ -82,9 +82,7 @@ impl Workload {
 }
 
 fn final_profile(session: &mut Session) -> Profile {
-    session.refresh().unwrap();
-    session.finish_symbols();
-    session.refresh().unwrap()
+    session.complete_profile().unwrap()
 }
 
 fn process(profile: &Profile, pid: u32) -> &ProcessProfile {

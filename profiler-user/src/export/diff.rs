@@ -13,7 +13,7 @@ use std::sync::Arc;
 use profiler_common::DROP_REASONS;
 
 use crate::{
-    profile::{ProcessKey, ProcessProfile, Profile, StackProfile, sort_stacks},
+    profile::{ProcessKey, ProcessProfile, Profile, StackProfile, sort_processes, sort_stacks},
     stats::Totals,
     symbolize::Frame,
 };
@@ -57,12 +57,7 @@ pub fn growth(a: &Profile, b: &Profile) -> Profile {
             }
         })
         .collect();
-    processes.sort_by(|x, y| {
-        y.totals
-            .live_bytes
-            .total_cmp(&x.totals.live_bytes)
-            .then(x.key.cmp(&y.key))
-    });
+    sort_processes(&mut processes);
     Profile {
         processes,
         drops: [0; DROP_REASONS],

@@ -32,7 +32,10 @@ use thiserror::Error;
 use self::proto::{Function, Label, Line, Location, Mapping, Sample, ValueType};
 use super::build_id::build_id;
 use crate::{
-    profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_stacks},
+    profile::{
+        ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
+        sort_stacks,
+    },
     stats::{Totals, human_bytes},
     symbolize::Frame,
 };
@@ -560,12 +563,7 @@ pub fn from_proto(p: &proto::Profile) -> Result<Profile, DecodeError> {
             }
         })
         .collect();
-    out.sort_by(|a, b| {
-        b.totals
-            .live_bytes
-            .total_cmp(&a.totals.live_bytes)
-            .then(a.key.cmp(&b.key))
-    });
+    sort_processes(&mut out);
     Ok(Profile {
         processes: out,
         drops: [0; DROP_REASONS],
