@@ -95,7 +95,7 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
         if let Some(old) = unsafe { LIVE.get(key) }.copied()
             && LIVE.remove(key).is_ok()
         {
-            retire(pid, &old);
+            retire(pid, Some(proc), &old);
         }
         count_drop(pid, DropReason::ReplacedLive);
         LIVE.insert(key, sample, BPF_NOEXIST as u64)
@@ -117,20 +117,21 @@ fn try_free(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     let sample = unsafe { LIVE.get(key) }
         .copied()
         .ok_or(DropReason::UnmatchedFree)?;
-    if let Some(proc) = PROCS.get_ptr_mut(pid) {
-        // SAFETY: map values stay valid for the whole program run.
-        add(unsafe { &(*proc).free_events }, 1);
+    // SAFETY: map values stay valid for the whole program run.
+    let proc = PROCS.get_ptr_mut(pid).map(|p| unsafe { &*p });
+    if let Some(proc) = proc {
+        add(&proc.free_events, 1);
     }
     // Whoever removes the entry (this free, a concurrent one, or user space
     // cleaning up after exec) is the one that subtracts it.
     if LIVE.remove(key).is_ok() {
-        retire(pid, &sample);
+        retire(pid, proc, &sample);
     }
     Ok(())
 }
 
 /// Subtracts a removed live sample from its aggregate and its process.
-fn retire(pid: u32, sample: &LiveSample) {
+fn retire(pid: u32, proc: Option<&ProcState>, sample: &LiveSample) {
     let agg_key = AggKey {
         pid,
         generation: sample.generation,
@@ -145,12 +146,10 @@ fn retire(pid: u32, sample: &LiveSample) {
         sub(&agg.live_var, delta.var);
         sub(&agg.live_samples, 1);
     }
-    if let Some(proc) = PROCS.get_ptr_mut(pid) {
-        // SAFETY: as above.
-        let proc = unsafe { &*proc };
-        if proc.generation == sample.generation {
-            sub(&proc.live_samples, 1);
-        }
+    if let Some(proc) = proc
+        && proc.generation == sample.generation
+    {
+        sub(&proc.live_samples, 1);
     }
 }
 
