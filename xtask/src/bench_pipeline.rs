@@ -33,12 +33,16 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let mut bare = Vec::new();
     let mut attached = Vec::new();
     for _ in 0..RUNS {
-        bare.push(bench.cost(false)?.0);
-        attached.push(bench.cost(true)?);
+        bare.push(bench.cost(false, false)?.0);
+        attached.push(bench.cost(true, false)?.0);
+    }
+    // Separate runs: the kernel's run-time statistics slow each program run.
+    let mut kernel = Vec::new();
+    for _ in 0..RUNS {
+        kernel.extend(bench.cost(true, true)?.1);
     }
     let (b_alloc, b_free) = medians(&bare);
-    let (a_alloc, a_free) = medians(&attached.iter().map(|(c, _)| *c).collect::<Vec<_>>());
-    let kernel: Vec<(f64, f64)> = attached.iter().filter_map(|(_, k)| *k).collect();
+    let (a_alloc, a_free) = medians(&attached);
     println!("| | without allocprof | with allocprof | added by allocprof |");
     println!("|---|---|---|---|");
     println!(
@@ -125,9 +129,10 @@ impl Bench {
     }
 
     /// (ns per sampled alloc, ns per sampled free).
-    fn cost(&self, profiled: bool) -> Result<(AllocFree, Option<AllocFree>)> {
+    /// With `stats`, also the eBPF programs' own time (when bpftool can tell).
+    fn cost(&self, profiled: bool, stats: bool) -> Result<(AllocFree, Option<AllocFree>)> {
         let (out, kernel) = if profiled {
-            let (out, _, kernel) = self.run_profiled(&["cost", COST_N], None)?;
+            let (out, _, kernel) = self.run_profiled(&["cost", COST_N], None, stats)?;
             (out, kernel)
         } else {
             let mut w = self.spawn_workload(&["cost", COST_N])?;
@@ -139,20 +144,21 @@ impl Bench {
     }
 
     fn with_profiler(&self, args: &[&str], window: Option<u64>) -> Result<(String, String)> {
-        let (out, report, _) = self.run_profiled(args, window)?;
+        let (out, report, _) = self.run_profiled(args, window, false)?;
         Ok((out, report))
     }
 
     /// Runs the workload with allocprof attached; returns the workload's
-    /// output, allocprof's report, and the eBPF programs' own ns per run
-    /// (alloc, free) when bpftool can tell. With `window`, samples allocprof's
-    /// CPU and memory over that many seconds after a 5 s warm-up.
+    /// output, allocprof's report, and with `stats` the eBPF programs' own
+    /// ns per run (alloc, free) when bpftool can tell. With `window`, samples
+    /// allocprof's CPU and memory over that many seconds after a 5 s warm-up.
     fn run_profiled(
         &self,
         args: &[&str],
         window: Option<u64>,
+        stats: bool,
     ) -> Result<(String, String, Option<AllocFree>)> {
-        let stats = BpfStats::enable();
+        let stats = if stats { BpfStats::enable() } else { None };
         let mut w = self.spawn_workload(args)?;
         let mut profiler = Command::new(&self.allocprof)
             .args(["--pid", &w.id().to_string(), "--duration", "600s"])
