@@ -8,9 +8,9 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, Command, Stdio},
+    process::{Child, Command, Stdio},
     sync::mpsc,
     time::Duration,
 };
@@ -23,55 +23,14 @@ use profiler_user::{
 };
 use serde::Deserialize;
 
-const RATE: u64 = 64 * 1024;
+use common::{RATE, Workload};
+
 /// site_large: 8 blocks of 1 MiB, sampled with probability 1 - e^-16 each,
 /// so its estimate is exact.
 const LARGE: u64 = 8 << 20;
 
 fn allocprof() -> Command {
     Command::new(env!("CARGO_BIN_EXE_allocprof"))
-}
-
-/// The C workload under LD_PRELOAD (see tests/workloads/alloc_sites.c).
-struct Workload {
-    child: Child,
-    stdin: ChildStdin,
-}
-
-impl Workload {
-    fn spawn() -> Workload {
-        let mut child = Command::new(workload_exe())
-            .env("LD_PRELOAD", common::preload_library())
-            .env("ALLOCPROF_RATE", RATE.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        Workload { child, stdin }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn label(&self) -> String {
-        format!("alloc_sites ({})", self.pid())
-    }
-
-    fn allocate(&mut self) {
-        writeln!(self.stdin, "go").unwrap();
-        let mut line = String::new();
-        BufReader::new(self.child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready", "the workload failed");
-    }
-
-    fn exit(mut self) {
-        writeln!(self.stdin, "exit").unwrap();
-        assert!(self.child.wait().unwrap().success());
-    }
 }
 
 /// allocprof started with `args`, once it has attached; its stderr lines
@@ -183,7 +142,7 @@ fn scratch(name: &str) -> PathBuf {
 #[test]
 fn pprof_totals_in_go_tool_pprof_equal_the_json_export_of_the_same_profile() {
     common::require_bpf();
-    let mut w = Workload::spawn();
+    let mut w = Workload::c(&[]);
     let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
     w.allocate();
     let profile = session.complete_profile().unwrap();
@@ -239,7 +198,7 @@ fn pprof_totals_in_go_tool_pprof_equal_the_json_export_of_the_same_profile() {
 #[test]
 fn headless_pprof_opens_in_go_tool_pprof_with_the_reports_totals() {
     common::require_bpf();
-    let mut w = Workload::spawn();
+    let mut w = Workload::c(&[]);
     let out = scratch(&format!("heap-{}.pb.gz", w.pid()));
     let pid = w.pid().to_string();
     let args = [
@@ -311,7 +270,7 @@ fn snapshot_after_next(stderr: &mpsc::Receiver<String>, written: &mut Vec<PathBu
 #[test]
 fn record_writes_one_pprof_file_when_the_target_exits() {
     common::require_bpf();
-    let mut w = Workload::spawn();
+    let mut w = Workload::c(&[]);
     let out = scratch(&format!("record-{}.pb.gz", w.pid()));
     let pid = w.pid().to_string();
     let (profiler, _stderr) = start(&["record", "--pid", &pid, "-o", out.to_str().unwrap()]);
@@ -335,8 +294,8 @@ fn record_writes_one_pprof_file_when_the_target_exits() {
 #[test]
 fn record_snapshots_compare_with_pprof_base_and_allocprof_diff() {
     common::require_bpf();
-    let mut first = Workload::spawn();
-    let mut second = Workload::spawn();
+    let mut first = Workload::c(&[]);
+    let mut second = Workload::c(&[]);
     let dir = common::scratch_dir(&format!("export/record-{}", first.pid()));
     let out = dir.join("heap.pb.gz");
     let (p1, p2) = (first.pid().to_string(), second.pid().to_string());
@@ -505,7 +464,7 @@ fn frame_titles(svg: &str) -> Vec<String> {
 #[test]
 fn svg_flamegraph_is_well_formed_with_the_site_frames() {
     common::require_bpf();
-    let mut w = Workload::spawn();
+    let mut w = Workload::c(&[]);
     let out = scratch(&format!("heap-{}.svg", w.pid()));
     let pid = w.pid().to_string();
     let args = [
@@ -633,7 +592,7 @@ const DROP_KEYS: [&str; 9] = [
 #[test]
 fn json_follows_the_documented_schema() {
     common::require_bpf();
-    let mut w = Workload::spawn();
+    let mut w = Workload::c(&[]);
     let out = scratch(&format!("heap-{}.json", w.pid()));
     let pid = w.pid().to_string();
     let args = [

@@ -6,8 +6,6 @@ mod common;
 
 use std::{
     ffi::OsStr,
-    io::{BufRead, BufReader, Write},
-    process::{Child, ChildStdin, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -18,8 +16,7 @@ use profiler_user::{
     stats::{Totals, Z95},
 };
 
-/// Small enough that every site gets samples, large enough to stay cheap.
-const RATE: u64 = 64 * 1024;
+use common::{RATE, Workload};
 
 /// (function, count, size, freed)
 const SITES: [(&str, u64, u64, bool); 4] = [
@@ -28,58 +25,6 @@ const SITES: [(&str, u64, u64, bool); 4] = [
     ("site_large", 8, 1 << 20, false),
     ("site_freed", 100_000, 256, true),
 ];
-
-/// A workload process following the wait/allocate/"ready"/wait protocol.
-struct Workload {
-    child: Child,
-    stdin: ChildStdin,
-}
-
-impl Workload {
-    fn spawn(mut cmd: Command) -> Workload {
-        let mut child = cmd
-            .env("ALLOCPROF_RATE", RATE.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        Workload { child, stdin }
-    }
-
-    fn c(extra_args: &[&OsStr]) -> Workload {
-        let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
-        let mut cmd = Command::new(exe);
-        cmd.args(extra_args)
-            .env("LD_PRELOAD", common::preload_library());
-        let w = Workload::spawn(cmd);
-        common::wait_for_mapping(w.pid(), "liballocprof.so");
-        w
-    }
-
-    fn rust() -> Workload {
-        Workload::spawn(Command::new(common::example("rust_sites")))
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Lets it allocate and waits until it has.
-    fn allocate(&mut self) {
-        writeln!(self.stdin, "go").unwrap();
-        let mut line = String::new();
-        BufReader::new(self.child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready", "the workload failed");
-    }
-
-    fn exit(mut self) {
-        writeln!(self.stdin, "exit").unwrap();
-        assert!(self.child.wait().unwrap().success());
-    }
-}
 
 fn final_profile(session: &mut Session) -> Profile {
     session.complete_profile().unwrap()
@@ -316,7 +261,7 @@ fn exec_keeps_the_old_image_apart_from_the_new_one() {
     session.refresh().unwrap();
     // The last line execs a new image under the same pid; wait until
     // allocprof has noticed, then let the new image allocate.
-    writeln!(w.stdin, "exec").unwrap();
+    w.send("exec");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let profile = session.refresh().unwrap();

@@ -6,10 +6,11 @@
 
 mod common;
 
+use common::Workload;
+
 use std::{
-    io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -98,41 +99,6 @@ impl Drop for Tmux {
     }
 }
 
-/// The C workload under LD_PRELOAD, killed on drop.
-struct Workload(Child);
-
-impl Workload {
-    fn start() -> Workload {
-        let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
-        Workload(
-            Command::new(exe)
-                .env("LD_PRELOAD", common::preload_library())
-                .env("ALLOCPROF_RATE", "64k")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        )
-    }
-
-    /// Lets it allocate; returns once it has.
-    fn go(&mut self) {
-        writeln!(self.0.stdin.as_mut().unwrap(), "go").unwrap();
-        let mut line = String::new();
-        BufReader::new(self.0.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready");
-    }
-}
-
-impl Drop for Workload {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The row of the first line that mentions `text`.
 fn line_of(pane: &str, text: &str) -> usize {
     pane.lines()
@@ -147,14 +113,14 @@ fn shell_quote(p: &Path) -> String {
 #[test]
 fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
     common::require_bpf();
-    let mut workload = Workload::start();
+    let mut workload = Workload::c(&[]);
     let dir: PathBuf = common::scratch_dir(&format!("tui-e2e-{}", std::process::id()));
     let script = format!(
         "cd {dir} && stty -g > stty.before; {exe} --pid {pid}; echo EXIT=$? > exit.status; \
          stty -g > stty.after; echo TUI-TEST-DONE; exec sleep 600",
         dir = shell_quote(&dir),
         exe = shell_quote(Path::new(env!("CARGO_BIN_EXE_allocprof"))),
-        pid = workload.0.id(),
+        pid = workload.pid(),
     );
     let tmux = Tmux::start(120, 40, &script);
 
@@ -163,7 +129,7 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
     tmux.wait_for("the TUI", |p| {
         p.contains("live heap") && p.contains("events/s")
     });
-    workload.go();
+    workload.allocate();
 
     // The workload's sites, named by their most informative frame.
     let sites = [

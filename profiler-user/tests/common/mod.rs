@@ -3,8 +3,11 @@
 #![allow(dead_code)]
 
 use std::{
+    ffi::OsStr,
+    io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
     process::Command,
+    process::{Child, ChildStdin, Stdio},
 };
 
 /// Fails the test (never skips it) when BPF cannot be used here.
@@ -152,5 +155,81 @@ pub fn wait_for_mapping(pid: u32, file_name: &str) {
             "process {pid} never mapped {file_name}"
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// The sampling rate the workloads run with: small enough that every site
+/// gets samples, large enough to stay cheap.
+pub const RATE: u64 = 64 * 1024;
+
+/// A workload process following the wait/allocate/"ready"/wait protocol.
+pub struct Workload {
+    child: Child,
+    stdin: ChildStdin,
+}
+
+impl Workload {
+    fn spawn(mut cmd: Command) -> Workload {
+        let mut child = cmd
+            .env("ALLOCPROF_RATE", RATE.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        Workload { child, stdin }
+    }
+
+    /// tests/workloads/alloc_sites.c under LD_PRELOAD, once it has mapped the
+    /// library (so that attaching finds the probes).
+    pub fn c(extra_args: &[&OsStr]) -> Workload {
+        let exe = compile_c("alloc_sites.c", &["-ldl"]);
+        let mut cmd = Command::new(exe);
+        cmd.args(extra_args).env("LD_PRELOAD", preload_library());
+        let w = Workload::spawn(cmd);
+        wait_for_mapping(w.pid(), "liballocprof.so");
+        w
+    }
+
+    /// demo/examples/rust_sites.rs, with the allocprof global allocator.
+    pub fn rust() -> Workload {
+        Workload::spawn(Command::new(example("rust_sites")))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// How allocprof names the C workload's process.
+    pub fn label(&self) -> String {
+        format!("alloc_sites ({})", self.pid())
+    }
+
+    /// Lets it allocate and waits until it has.
+    pub fn allocate(&mut self) {
+        writeln!(self.stdin, "go").unwrap();
+        let mut line = String::new();
+        BufReader::new(self.child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "the workload failed");
+    }
+
+    /// Sends one line (the protocol's "go", "exec" or "exit").
+    pub fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+    }
+
+    pub fn exit(mut self) {
+        writeln!(self.stdin, "exit").unwrap();
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// A test that fails half-way leaves no workload behind.
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
