@@ -125,7 +125,7 @@ pub struct Kernel {
     stacks: HashMap<MapData, u64, StackTrace>,
     procs: HashMap<MapData, u32, ProcState>,
     drops: PerCpuArray<MapData, u64>,
-    events: Option<RingBuf<MapData>>,
+    events: RingBuf<MapData>,
 }
 
 /// `UsdtSpec` as a hashable key, so equal specs share one cookie.
@@ -186,7 +186,7 @@ impl Kernel {
             stacks,
             procs,
             drops,
-            events: Some(events),
+            events,
         })
     }
 
@@ -309,14 +309,20 @@ impl Kernel {
         freed
     }
 
-    /// The ring buffer of process exit/exec events (taken once, for polling).
-    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
-        self.events.take()
+    /// The process exit/exec events reported since the last call.
+    pub fn proc_events(&mut self) -> Vec<ProcEvent> {
+        let mut events = Vec::new();
+        while let Some(item) = self.events.next() {
+            if let Some(event) = decode_event(&item) {
+                events.push(event);
+            }
+        }
+        events
     }
 }
 
 /// Decodes a ring buffer record.
-pub fn decode_event(bytes: &[u8]) -> Option<ProcEvent> {
+fn decode_event(bytes: &[u8]) -> Option<ProcEvent> {
     if bytes.len() < std::mem::size_of::<ProcEvent>() {
         return None;
     }

@@ -8,13 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{MapData, RingBuf};
 use profiler_common::{DROP_REASONS, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
 use thiserror::Error;
 
 use crate::{
     discover::{self, FileId, ProbeFile, Scanner},
-    kernel::{self, Kernel, KernelError, KernelSnapshot, Limits, Scope},
+    kernel::{Kernel, KernelError, KernelSnapshot, Limits, Scope},
     normalize::AddressSpace,
     profile::{
         ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
@@ -73,7 +72,6 @@ struct Frozen {
 
 pub struct Session {
     kernel: Kernel,
-    events: RingBuf<MapData>,
     target: Target,
     scanner: Scanner,
     /// Files attached for all processes (system-wide).
@@ -102,13 +100,9 @@ impl Session {
                 }
             }
         }
-        let mut kernel = Kernel::load(limits, target == Target::All)?;
-        let events = kernel
-            .take_events()
-            .expect("the event ring buffer is taken once");
+        let kernel = Kernel::load(limits, target == Target::All)?;
         let mut session = Session {
             kernel,
-            events,
             target: target.clone(),
             scanner: Scanner::default(),
             attached_files: HashSet::new(),
@@ -194,13 +188,7 @@ impl Session {
     /// Handles process exits and execs reported by the kernel, and runs due
     /// rescans. Call often (every ~50 ms): rescans after exec are time-critical.
     pub fn poll_events(&mut self) {
-        let mut events = Vec::new();
-        while let Some(item) = self.events.next() {
-            if let Some(event) = kernel::decode_event(&item) {
-                events.push(event);
-            }
-        }
-        for event in events {
+        for event in self.kernel.proc_events() {
             match event.kind {
                 PROC_EVENT_EXIT => self.process_gone(event.pid, None),
                 PROC_EVENT_EXEC => {
