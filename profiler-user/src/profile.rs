@@ -58,6 +58,29 @@ pub struct ProcessProfile {
 }
 
 impl ProcessProfile {
+    /// A process image from its stacks: sorted, totals summed, no event or
+    /// drop counters (the caller sets those where it has them).
+    pub fn from_stacks(
+        key: ProcessKey,
+        name: String,
+        state: ProcessState,
+        rate: u64,
+        mut stacks: Vec<StackProfile>,
+    ) -> ProcessProfile {
+        sort_stacks(&mut stacks);
+        ProcessProfile {
+            key,
+            name,
+            state,
+            rate,
+            totals: stacks.iter().map(|s| s.totals).sum(),
+            alloc_events: 0,
+            free_events: 0,
+            drops: [0; DROP_REASONS],
+            stacks,
+        }
+    }
+
     pub fn label(&self) -> String {
         format!("{} ({})", self.name, self.key.pid)
     }
@@ -127,15 +150,7 @@ mod tests {
     use super::*;
 
     fn frames(names: &[&str]) -> Arc<[Frame]> {
-        names
-            .iter()
-            .map(|n| Frame {
-                function: n.to_string(),
-                location: None,
-                module: None,
-                inlined: false,
-            })
-            .collect()
+        names.iter().map(|n| Frame::named(*n)).collect()
     }
 
     fn process(pid: u32, stacks: Vec<(Arc<[Frame]>, f64)>) -> ProcessProfile {

@@ -8,17 +8,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::{DROP_REASONS, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
+use profiler_common::{PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
 use thiserror::Error;
 
 use crate::{
     discover::{self, FileId, ProbeFile, Scanner},
     kernel::{Kernel, KernelError, KernelSnapshot, Limits, Scope},
     normalize::AddressSpace,
-    profile::{
-        ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
-        sort_stacks,
-    },
+    profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes},
     stats::Totals,
     symbolize::{Frame, Request, SymbolizerThread},
 };
@@ -417,25 +414,18 @@ impl Session {
         proc: &ProcState,
         stacks: &[(u64, Totals)],
     ) -> ProcessProfile {
-        let mut stacks: Vec<StackProfile> = stacks
+        let stacks = stacks
             .iter()
             .map(|(id, totals)| StackProfile {
                 frames: self.frames(key.pid, *id),
                 totals: *totals,
             })
             .collect();
-        sort_stacks(&mut stacks);
-        let drops: [u64; DROP_REASONS] = proc.drops;
         ProcessProfile {
-            key,
-            name: image.name,
-            state: image.state,
-            rate: image.rate,
-            totals: stacks.iter().map(|s| s.totals).sum(),
             alloc_events: proc.alloc_events,
             free_events: proc.free_events,
-            drops,
-            stacks,
+            drops: proc.drops,
+            ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }
 
@@ -496,10 +486,5 @@ struct Image {
 }
 
 fn placeholder(text: &str) -> Arc<[Frame]> {
-    Arc::from(vec![Frame {
-        function: text.into(),
-        location: None,
-        module: None,
-        inlined: false,
-    }])
+    Arc::from(vec![Frame::named(text)])
 }

@@ -24,20 +24,23 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// A frame known only by a name (placeholders, unknown code, tests).
+    pub fn named(function: impl Into<String>) -> Frame {
+        Frame {
+            function: function.into(),
+            location: None,
+            module: None,
+            inlined: false,
+        }
+    }
+
     fn unknown(addr: u64, at: Option<&FileAddr>) -> Frame {
         match at {
             Some(a) => Frame {
-                function: format!("{}+{:#x}", basename(&a.file.path), a.file_offset),
-                location: None,
                 module: Some(a.file.path.display().to_string()),
-                inlined: false,
+                ..Frame::named(format!("{}+{:#x}", basename(&a.file.path), a.file_offset))
             },
-            None => Frame {
-                function: format!("[unknown {addr:#x}]"),
-                location: None,
-                module: None,
-                inlined: false,
-            },
+            None => Frame::named(format!("[unknown {addr:#x}]")),
         }
     }
 }

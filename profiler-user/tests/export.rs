@@ -33,6 +33,29 @@ fn allocprof() -> Command {
     Command::new(env!("CARGO_BIN_EXE_allocprof"))
 }
 
+/// A 3-second headless run on the workload (which allocates meanwhile),
+/// written in `format` to a fresh file; returns the file and allocprof's
+/// output (its report on stdout).
+fn headless_export(w: &mut Workload, format: &str, ext: &str) -> (PathBuf, std::process::Output) {
+    let out = scratch(&format!("heap-{}.{ext}", w.pid()));
+    let pid = w.pid().to_string();
+    let args = [
+        "--pid",
+        &pid,
+        "-d",
+        "3s",
+        "-f",
+        format,
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (profiler, _stderr) = start(&args);
+    w.allocate();
+    let result = profiler.wait_with_output().unwrap();
+    assert!(result.status.success());
+    (out, result)
+}
+
 /// allocprof started with `args`, once it has attached; its stderr lines
 /// keep arriving on the returned channel.
 fn start(args: &[&str]) -> (Child, mpsc::Receiver<String>) {
@@ -199,22 +222,8 @@ fn pprof_totals_in_go_tool_pprof_equal_the_json_export_of_the_same_profile() {
 fn headless_pprof_opens_in_go_tool_pprof_with_the_reports_totals() {
     common::require_bpf();
     let mut w = Workload::c(&[]);
-    let out = scratch(&format!("heap-{}.pb.gz", w.pid()));
     let pid = w.pid().to_string();
-    let args = [
-        "--pid",
-        &pid,
-        "-d",
-        "3s",
-        "-f",
-        "pprof",
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    let (profiler, _stderr) = start(&args);
-    w.allocate();
-    let result = profiler.wait_with_output().unwrap();
-    assert!(result.status.success());
+    let (out, result) = headless_export(&mut w, "pprof", "pb.gz");
     let report = String::from_utf8_lossy(&result.stdout).into_owned();
     w.exit();
 
@@ -465,21 +474,7 @@ fn frame_titles(svg: &str) -> Vec<String> {
 fn svg_flamegraph_is_well_formed_with_the_site_frames() {
     common::require_bpf();
     let mut w = Workload::c(&[]);
-    let out = scratch(&format!("heap-{}.svg", w.pid()));
-    let pid = w.pid().to_string();
-    let args = [
-        "--pid",
-        &pid,
-        "-d",
-        "3s",
-        "-f",
-        "svg",
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    let (profiler, _stderr) = start(&args);
-    w.allocate();
-    assert!(profiler.wait_with_output().unwrap().status.success());
+    let (out, _) = headless_export(&mut w, "svg", "svg");
     let label = w.label();
     w.exit();
 
@@ -593,21 +588,8 @@ const DROP_KEYS: [&str; 9] = [
 fn json_follows_the_documented_schema() {
     common::require_bpf();
     let mut w = Workload::c(&[]);
-    let out = scratch(&format!("heap-{}.json", w.pid()));
     let pid = w.pid().to_string();
-    let args = [
-        "--pid",
-        &pid,
-        "-d",
-        "3s",
-        "-f",
-        "json",
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    let (profiler, _stderr) = start(&args);
-    w.allocate();
-    assert!(profiler.wait_with_output().unwrap().status.success());
+    let (out, _) = headless_export(&mut w, "json", "json");
     let exe = workload_exe();
     w.exit();
 

@@ -59,12 +59,7 @@ mod tests {
     fn root_first_with_the_process_as_root() {
         let frames: Arc<[Frame]> = ["leaf;x", "main"]
             .iter()
-            .map(|n| Frame {
-                function: n.to_string(),
-                location: None,
-                module: None,
-                inlined: false,
-            })
+            .map(|n| Frame::named(*n))
             .collect();
         let totals = Totals {
             live_bytes: 1234.4,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use profiler_common::DROP_REASONS;
 
 use crate::{
-    profile::{ProcessKey, ProcessProfile, Profile, StackProfile, sort_processes, sort_stacks},
+    profile::{ProcessKey, ProcessProfile, Profile, StackProfile, sort_processes},
     stats::Totals,
     symbolize::Frame,
 };
@@ -39,22 +39,11 @@ pub fn growth(a: &Profile, b: &Profile) -> Profile {
     let mut processes: Vec<ProcessProfile> = procs
         .into_iter()
         .map(|(key, (p, stacks))| {
-            let mut stacks: Vec<StackProfile> = stacks
+            let stacks = stacks
                 .into_iter()
                 .map(|(frames, totals)| StackProfile { frames, totals })
                 .collect();
-            sort_stacks(&mut stacks);
-            ProcessProfile {
-                key,
-                name: p.name.clone(),
-                state: p.state,
-                rate: p.rate,
-                totals: stacks.iter().map(|s| s.totals).sum(),
-                alloc_events: 0,
-                free_events: 0,
-                drops: [0; DROP_REASONS],
-                stacks,
-            }
+            ProcessProfile::from_stacks(key, p.name.clone(), p.state, p.rate, stacks)
         })
         .collect();
     sort_processes(&mut processes);

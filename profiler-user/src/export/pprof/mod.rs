@@ -32,10 +32,7 @@ use thiserror::Error;
 use self::proto::{Function, Label, Line, Location, Mapping, Sample, ValueType};
 use super::build_id::build_id;
 use crate::{
-    profile::{
-        ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
-        sort_stacks,
-    },
+    profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes},
     stats::{Totals, human_bytes},
     symbolize::Frame,
 };
@@ -544,23 +541,12 @@ pub fn from_proto(p: &proto::Profile) -> Result<Profile, DecodeError> {
     let mut out: Vec<ProcessProfile> = processes
         .into_iter()
         .map(|(key, proc)| {
-            let mut stacks: Vec<StackProfile> = proc
+            let stacks = proc
                 .stacks
                 .into_iter()
                 .map(|(frames, totals)| StackProfile { frames, totals })
                 .collect();
-            sort_stacks(&mut stacks);
-            ProcessProfile {
-                key,
-                name: proc.name,
-                state: ProcessState::Live,
-                rate,
-                totals: stacks.iter().map(|s| s.totals).sum(),
-                alloc_events: 0,
-                free_events: 0,
-                drops: [0; DROP_REASONS],
-                stacks,
-            }
+            ProcessProfile::from_stacks(key, proc.name, ProcessState::Live, rate, stacks)
         })
         .collect();
     sort_processes(&mut out);
