@@ -1,5 +1,5 @@
 //! Builds the kernel object from `profiler-ebpf` when the eBPF toolchain
-//! (nightly with rust-src, bpf-linker) is present; otherwise uses the object
+//! (the pinned nightly with rust-src, bpf-linker) is present; otherwise uses the object
 //! committed in `profiler-ebpf/prebuilt/`, so stable-only users can build.
 //! `cargo xtask setup` installs the toolchain; a test checks that the committed
 //! object is not stale.
@@ -7,22 +7,27 @@
 use std::{env, fs, path::PathBuf, process::Command};
 
 const PREBUILT: &str = "../profiler-ebpf/prebuilt/profiler.bpf.o";
+/// Names the one nightly the eBPF crate builds with.
+const NIGHTLY_FILE: &str = "../profiler-ebpf/rust-toolchain.toml";
 
 fn main() {
     println!("cargo:rerun-if-changed={PREBUILT}");
+    println!("cargo:rerun-if-changed={NIGHTLY_FILE}");
     println!("cargo:rerun-if-env-changed=ALLOCPROF_PREBUILT_EBPF");
     println!("cargo:rerun-if-env-changed=PATH");
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
     let force_prebuilt = env::var_os("ALLOCPROF_PREBUILT_EBPF").is_some_and(|v| v == "1");
 
-    match ebpf_toolchain_missing() {
+    let nightly = pinned_nightly();
+    match ebpf_toolchain_missing(&nightly) {
         None if !force_prebuilt => {
             let package = aya_build::Package {
                 name: "profiler-ebpf",
                 root_dir: "../profiler-ebpf",
                 ..Default::default()
             };
-            if let Err(e) = aya_build::build_ebpf([package], aya_build::Toolchain::Nightly) {
+            if let Err(e) = aya_build::build_ebpf([package], aya_build::Toolchain::Custom(&nightly))
+            {
                 panic!("building the eBPF object failed: {e:#}");
             }
         }
@@ -38,19 +43,31 @@ fn main() {
     }
 }
 
+/// The `channel` of the eBPF crate's toolchain file (xtask checks its form).
+fn pinned_nightly() -> String {
+    let text = fs::read_to_string(NIGHTLY_FILE).unwrap_or_else(|e| panic!("{NIGHTLY_FILE}: {e}"));
+    let channel = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("channel = \""));
+    let channel = channel.and_then(|c| c.split('"').next());
+    channel
+        .unwrap_or_else(|| panic!("{NIGHTLY_FILE} names no channel"))
+        .to_owned()
+}
+
 /// What of the eBPF toolchain is missing, if anything.
-fn ebpf_toolchain_missing() -> Option<String> {
+fn ebpf_toolchain_missing(nightly: &str) -> Option<String> {
     let sysroot = Command::new("rustup")
-        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .args(["run", nightly, "rustc", "--print", "sysroot"])
         .output()
         .ok()
         .filter(|o| o.status.success());
     let Some(sysroot) = sysroot else {
-        return Some("no nightly toolchain".into());
+        return Some(format!("{nightly} is not installed"));
     };
     let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
     if !sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
-        return Some("nightly has no rust-src".into());
+        return Some(format!("{nightly} has no rust-src"));
     }
     let linker = env::var_os("PATH")
         .and_then(|paths| env::split_paths(&paths).find(|dir| dir.join("bpf-linker").is_file()));

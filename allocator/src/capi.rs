@@ -124,7 +124,7 @@ pub unsafe fn memalign<B: Backend>(align: usize, size: usize) -> *mut c_void {
 /// # Safety
 /// POSIX `posix_memalign`; errno is left untouched.
 pub unsafe fn posix_memalign<B: Backend>(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-    if align < core::mem::size_of::<*mut c_void>() || !align.is_power_of_two() {
+    if align < size_of::<*mut c_void>() || !align.is_power_of_two() {
         return libc::EINVAL;
     }
     // SAFETY: __errno_location returns this thread's errno slot.

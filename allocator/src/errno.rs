@@ -9,7 +9,7 @@
 
 use core::sync::atomic::{AtomicIsize, Ordering};
 
-const _: () = assert!(core::mem::size_of::<AtomicIsize>() == 8);
+const _: () = assert!(size_of::<AtomicIsize>() == 8);
 
 /// `&errno - thread pointer`; 0 = not known yet (errno cannot sit at the
 /// thread pointer itself: that is the TCB header's self pointer).

@@ -432,7 +432,7 @@ fn map_region() -> Option<(usize, *mut SlotMeta, bool)> {
             libc::munmap(end as *mut libc::c_void, raw_end - end);
         }
     }
-    let meta_len = TOTAL_SLOTS * core::mem::size_of::<SlotMeta>();
+    let meta_len = TOTAL_SLOTS * size_of::<SlotMeta>();
     // Zero pages are a valid all-empty side table (atomics of 0).
     let Some(meta) = map_anon(meta_len, rw) else {
         // SAFETY: releases the reservation made above.

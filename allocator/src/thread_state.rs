@@ -28,7 +28,7 @@ pub(crate) struct ThreadState {
     busy: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<ThreadState>() <= TLS_BYTES);
+const _: () = assert!(size_of::<ThreadState>() <= TLS_BYTES);
 const TLS_BYTES: usize = 64;
 
 core::arch::global_asm!(

@@ -25,7 +25,7 @@ fn exercise() {
     struct Big([u8; 8192]);
     let boxes: Vec<Box<Big>> = (0..50).map(|_| Box::new(Big([7; 8192]))).collect();
     for b in &boxes {
-        assert_eq!(b.as_ref() as *const Big as usize % 8192, 0);
+        assert_eq!(std::ptr::from_ref::<Big>(b.as_ref()) as usize % 8192, 0);
         assert!(b.0.iter().all(|&x| x == 7));
     }
     let zeroed = vec![0u64; 1 << 16];

@@ -59,4 +59,4 @@ unsafe impl Backend for Mimalloc {
     }
 }
 
-allocator::export_c_allocator!(crate::Mimalloc);
+allocator::export_c_allocator!(Mimalloc);

@@ -38,7 +38,7 @@ impl UsdtArg {
     #[inline(always)]
     pub fn normalize(&self, raw: u64) -> u64 {
         let size = if self.size >= 1 && self.size <= 8 {
-            self.size as u32
+            u32::from(self.size)
         } else {
             8
         };

@@ -85,7 +85,7 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
         return Err(DropReason::ProcessCap);
     }
     let key = LiveKey { pid, _pad: 0, ptr };
-    if let Err(e) = LIVE.insert(key, sample, BPF_NOEXIST as u64) {
+    if let Err(e) = LIVE.insert(key, sample, u64::from(BPF_NOEXIST)) {
         if e != -EEXIST {
             return Err(DropReason::LiveMapFull);
         }
@@ -98,7 +98,7 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
             retire(pid, Some(proc), &old);
         }
         count_drop(pid, DropReason::ReplacedLive);
-        LIVE.insert(key, sample, BPF_NOEXIST as u64)
+        LIVE.insert(key, sample, u64::from(BPF_NOEXIST))
             .map_err(|_| DropReason::LiveMapFull)?;
     }
     add(&proc.live_samples, 1);
@@ -168,14 +168,14 @@ fn take_stack(ctx: &ProbeContext) -> Result<u64, DropReason> {
         .ok_or(DropReason::StackFailed)?;
     // SAFETY: a per-CPU map value, ours alone while this program runs.
     let trace: &mut StackTrace = unsafe { &mut *scratch };
-    let size = core::mem::size_of_val(&trace.frames) as u32;
+    let size = size_of_val(&trace.frames) as u32;
     // SAFETY: the helper writes at most `size` bytes into `frames`.
     let written = unsafe {
         bpf_get_stack(
             ctx.as_ptr(),
             trace.frames.as_mut_ptr().cast(),
             size,
-            BPF_F_USER_STACK as u64,
+            u64::from(BPF_F_USER_STACK),
         )
     };
     if written <= 0 {
@@ -200,7 +200,7 @@ fn take_stack(ctx: &ProbeContext) -> Result<u64, DropReason> {
     }
     // By reference: a StackTrace copied onto the 512-byte BPF stack won't fit.
     let trace: &StackTrace = trace;
-    match STACKS.insert(hash, trace, BPF_NOEXIST as u64) {
+    match STACKS.insert(hash, trace, u64::from(BPF_NOEXIST)) {
         Ok(()) => Ok(hash),
         Err(e) if e == -EEXIST => Ok(hash),
         Err(_) => Err(DropReason::StackMapFull),
@@ -222,7 +222,7 @@ fn get_or_insert<K, V: Default>(
         return Some(unsafe { &*v });
     }
     // A concurrent insert of the same key wins; the lookup below finds it.
-    let _ = map.insert(key, V::default(), BPF_NOEXIST as u64);
+    let _ = map.insert(key, V::default(), u64::from(BPF_NOEXIST));
     // SAFETY: as above.
     map.get_ptr_mut(key).map(|v| unsafe { &*v })
 }
@@ -255,7 +255,10 @@ pub fn add(field: &u64, v: u64) {
     // SAFETY: map values are 8-byte aligned and shared between CPUs; every
     // writer goes through this atomic add.
     unsafe {
-        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(field as *const u64 as *mut u64, v)
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+            core::ptr::from_ref::<u64>(field) as *mut u64,
+            v,
+        )
     };
 }
 

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use profiler_common::{UsdtArg, UsdtArgKind};
 
-const LAST_REGISTER: u16 = (core::mem::size_of::<pt_regs>() - 8) as u16;
+const LAST_REGISTER: u16 = (size_of::<pt_regs>() - 8) as u16;
 
 /// Reads one argument of a probe hit, or `None` if it is unreadable.
 #[inline(always)]
@@ -27,7 +27,7 @@ pub fn read_arg(ctx: &ProbeContext, arg: &UsdtArg) -> Option<u64> {
     let slot = (ctx.regs as *const u8).wrapping_add(arg.reg_offset as usize);
     // SAFETY: the helper copies from kernel memory and reports a fault
     // instead of taking it; the offset stays inside pt_regs.
-    let mut raw = unsafe { bpf_probe_read_kernel(slot as *const u64) }.ok()?;
+    let mut raw = unsafe { bpf_probe_read_kernel(slot.cast::<u64>()) }.ok()?;
     if kind == UsdtArgKind::RegDeref as u8 {
         let addr = raw.wrapping_add(arg.value as u64);
         // SAFETY: as above, for user memory.

@@ -129,7 +129,7 @@ pub struct Kernel {
 }
 
 /// `UsdtSpec` as a hashable key, so equal specs share one cookie.
-type SpecKey = [u8; std::mem::size_of::<UsdtSpec>()];
+type SpecKey = [u8; size_of::<UsdtSpec>()];
 
 fn spec_key(spec: &UsdtSpec) -> SpecKey {
     // SAFETY: UsdtSpec is #[repr(C)] plain data without padding bytes.
@@ -323,7 +323,7 @@ impl Kernel {
 
 /// Decodes a ring buffer record.
 fn decode_event(bytes: &[u8]) -> Option<ProcEvent> {
-    if bytes.len() < std::mem::size_of::<ProcEvent>() {
+    if bytes.len() < size_of::<ProcEvent>() {
         return None;
     }
     // SAFETY: ProcEvent is plain data; the length was checked above.

@@ -184,7 +184,7 @@ mod tests {
         let b = frames(&["other", "main"]);
         let profile = Profile {
             processes: vec![
-                process(1, vec![(a.clone(), 100.0), (b.clone(), 5.0)]),
+                process(1, vec![(a.clone(), 100.0), (b, 5.0)]),
                 process(2, vec![(a.clone(), 50.0)]),
             ],
             ..Default::default()

@@ -163,7 +163,7 @@ mod tests {
             ..Default::default()
         });
         let s: Totals = [a, b].into_iter().sum();
-        assert_eq!(s.live_bytes, 800.0 + (8 << 20) as f64);
+        assert_eq!(s.live_bytes, 800.0 + f64::from(8 << 20));
         assert_eq!(s.live_objects, 101.0);
         assert_eq!(s.live_var, 5.0);
         assert_eq!(s.live_samples, 2);

@@ -327,10 +327,8 @@ fn record_snapshots_compare_with_pprof_base_and_allocprof_diff() {
     let b = snapshot_after_next(&stderr, &mut written);
     // SIGTERM: a last snapshot, then exit 0.
     // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-    assert_eq!(
-        unsafe { libc::kill(profiler.id() as i32, libc::SIGTERM) },
-        0
-    );
+    let killed = unsafe { libc::kill(profiler.id() as i32, libc::SIGTERM) };
+    assert_eq!(killed, 0);
     assert!(profiler.wait().unwrap().success());
     let last = stderr.recv_timeout(Duration::from_secs(5)).unwrap();
     assert!(last.contains("wrote"), "{last}");

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
-use crate::shell;
+use crate::{shell, toolchain};
 
 pub const OBJECT: &str = "profiler-ebpf/prebuilt/profiler.bpf.o";
 pub const DIGEST: &str = "profiler-ebpf/prebuilt/inputs.sha256";
@@ -25,8 +25,8 @@ const LOCKED_CRATES: &[&str] = &[
     "aya-ebpf-macros",
 ];
 
+/// The kernel build's arguments after `cargo +<nightly>`.
 const EBPF_BUILD: &[&str] = &[
-    "+nightly",
     "build",
     "--package",
     "profiler-ebpf",
@@ -37,11 +37,13 @@ const EBPF_BUILD: &[&str] = &[
     "build-std=core",
 ];
 
-/// Rebuilds the object with the nightly toolchain and records its inputs.
+/// Rebuilds the object with the pinned nightly and records its inputs.
 pub fn refresh(root: &Path) -> Result<()> {
+    let plus = toolchain::plus(&toolchain::nightly(root)?);
     let target_dir = root.join("target/ebpf-object");
     let target_arg = target_dir.to_string_lossy();
-    let mut args = EBPF_BUILD.to_vec();
+    let mut args = vec![plus.as_str()];
+    args.extend(EBPF_BUILD);
     args.extend(["--target-dir", &target_arg]);
     let mut cmd = std::process::Command::new("cargo");
     cmd.args(&args).current_dir(root);
@@ -59,10 +61,11 @@ pub fn refresh(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Clippy on the kernel crate, for its own target.
+/// Clippy on the kernel crate, for its own target, with the pinned nightly.
 pub fn clippy(root: &Path) -> Result<()> {
-    let mut args = EBPF_BUILD.to_vec();
-    args[1] = "clippy";
+    let plus = toolchain::plus(&toolchain::nightly(root)?);
+    let mut args = vec![plus.as_str(), "clippy"];
+    args.extend(&EBPF_BUILD[1..]);
     let target_dir = root.join("target/ebpf-clippy");
     let target_arg = target_dir.to_string_lossy();
     args.extend(["--target-dir", &target_arg, "--", "-D", "warnings"]);
@@ -104,7 +107,7 @@ fn collect_sources(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
             if name != "prebuilt" && name != "target" {
                 collect_sources(&path, out)?;
             }
-        } else if name.ends_with(".rs") || name == "Cargo.toml" || name == "build.rs" {
+        } else if name.ends_with(".rs") || name == "Cargo.toml" || name == "rust-toolchain.toml" {
             out.push(path);
         }
     }
@@ -129,7 +132,10 @@ mod tests {
             recorded.trim(),
             current,
             "the committed eBPF object is stale: its inputs changed since it was built; \
-             run `cargo xtask ebpf-object` and commit {OBJECT} and {DIGEST}"
+             run `cargo xtask ebpf-object` (it rebuilds with {}, pinned in {}) \
+             and commit {OBJECT} and {DIGEST}",
+            toolchain::nightly(&root).unwrap(),
+            toolchain::NIGHTLY_FILE
         );
     }
 
@@ -152,7 +158,7 @@ mod tests {
     }
 
     #[test]
-    fn digest_changes_with_an_ebpf_source() {
+    fn digest_changes_with_an_ebpf_source_or_the_pinned_nightly() {
         // Build a scratch copy of the inputs and edit one source: the digest
         // must move, or the freshness test above could never fail.
         let root = root();
@@ -167,9 +173,15 @@ mod tests {
         let mut text = fs::read_to_string(&main).unwrap();
         text.push_str("\n// an edit\n");
         fs::write(&main, text).unwrap();
-        let after = inputs_digest(&scratch).unwrap();
+        let after_source_edit = inputs_digest(&scratch).unwrap();
+        // Moving the pinned nightly also makes the object stale.
+        let pin = scratch.join(toolchain::NIGHTLY_FILE);
+        let text = fs::read_to_string(&pin).unwrap();
+        fs::write(&pin, text.replace("nightly-", "nightly-1")).unwrap();
+        let after_pin_edit = inputs_digest(&scratch).unwrap();
         fs::remove_dir_all(&scratch).unwrap();
-        assert_ne!(before, after);
+        assert_ne!(before, after_source_edit);
+        assert_ne!(after_source_edit, after_pin_edit);
     }
 
     fn copy_tree(from: &Path, to: &Path) {

@@ -1,12 +1,14 @@
-//! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object>`.
+//! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object|fuzz>`.
 
 mod bench_alloc;
 mod bench_pipeline;
 mod demo;
 mod ebpf_object;
+mod fuzz;
 mod packages;
 mod setup;
 mod shell;
+mod toolchain;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -43,6 +45,12 @@ enum Command {
     },
     /// Rebuild the committed eBPF object and record the digest of its inputs.
     EbpfObject,
+    /// Fuzz the USDT note parser with cargo-fuzz on the pinned nightly.
+    Fuzz {
+        /// How long to fuzz, in seconds.
+        #[arg(long, default_value_t = 60)]
+        seconds: u32,
+    },
 }
 
 fn main() -> ExitCode {
@@ -73,6 +81,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::EbpfObject => ebpf_object::refresh(&root),
+        Command::Fuzz { seconds } => fuzz::run(&root, seconds),
     }
 }
 

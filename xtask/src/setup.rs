@@ -2,18 +2,18 @@
 
 use std::{fs, path::Path, process::Command};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use crate::shell;
+use crate::{shell, toolchain};
 
 pub const BPF_LINKER_VERSION: &str = "0.10.3";
 
-/// Installs the nightly `rust-src` component and `bpf-linker` when missing,
-/// then reports kernel features. `verbose` prints the report even when all
-/// is well (for `cargo xtask setup`).
+/// Installs the pinned nightly (with rust-src and clippy) and `bpf-linker`
+/// when missing, then reports kernel features. `verbose` prints the report
+/// even when all is well (for `cargo xtask setup`).
 pub fn run(root: &Path, verbose: bool) -> Result<()> {
-    ensure_rust_src(root)?;
-    ensure_bpf_linker(root)?;
+    let nightly = toolchain::ensure_nightly(root)?;
+    ensure_bpf_linker(root, &nightly)?;
     let missing: Vec<Check> = kernel_checks().into_iter().filter(|c| !c.ok).collect();
     if verbose || !missing.is_empty() {
         report(&missing);
@@ -21,32 +21,7 @@ pub fn run(root: &Path, verbose: bool) -> Result<()> {
     Ok(())
 }
 
-fn ensure_rust_src(root: &Path) -> Result<()> {
-    let out = Command::new("rustup")
-        .args(["component", "list", "--installed", "--toolchain", "nightly"])
-        .output()
-        .context("cannot run rustup: install it from your distribution or rustup.rs")?;
-    let installed = String::from_utf8_lossy(&out.stdout);
-    if out.status.success() && installed.lines().any(|l| l.starts_with("rust-src")) {
-        return Ok(());
-    }
-    eprintln!("setup: installing the nightly toolchain's rust-src (for -Z build-std=core)");
-    shell::run(
-        root,
-        "rustup",
-        &[
-            "toolchain",
-            "install",
-            "nightly",
-            "--profile",
-            "minimal",
-            "--component",
-            "rust-src",
-        ],
-    )
-}
-
-fn ensure_bpf_linker(root: &Path) -> Result<()> {
+fn ensure_bpf_linker(root: &Path, nightly: &str) -> Result<()> {
     let want = format!("bpf-linker {BPF_LINKER_VERSION}");
     let have = Command::new("bpf-linker").arg("--version").output();
     if let Ok(out) = &have
@@ -54,12 +29,12 @@ fn ensure_bpf_linker(root: &Path) -> Result<()> {
     {
         return Ok(());
     }
-    eprintln!("setup: installing {want} (builds against the nightly's LLVM, about a minute)");
+    eprintln!("setup: installing {want} (builds against {nightly}'s LLVM, about a minute)");
     shell::run(
         root,
         "cargo",
         &[
-            "+nightly",
+            &toolchain::plus(nightly),
             "install",
             "--locked",
             &format!("bpf-linker@{BPF_LINKER_VERSION}"),

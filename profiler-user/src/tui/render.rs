@@ -504,11 +504,11 @@ fn detail(frame: &mut Frame, app: &App, area: Rect) {
 /// Frames innermost first: the naming frame bold, the standard library and
 /// the allocator dimmed, inlined calls marked.
 fn stack_detail(frames: &[StackFrame], full_paths: bool) -> Vec<Line<'static>> {
-    let naming = most_informative(frames).map(|f| f as *const StackFrame);
+    let naming = most_informative(frames).map(std::ptr::from_ref::<StackFrame>);
     frames
         .iter()
         .map(|f| {
-            let style = if Some(f as *const StackFrame) == naming {
+            let style = if Some(std::ptr::from_ref::<StackFrame>(f)) == naming {
                 BOLD.fg(Color::White)
             } else if is_library_frame(f) || is_allocator_frame(f) {
                 DIM
@@ -1019,7 +1019,7 @@ mod tests {
         p.processes[0].stacks = (0..100)
             .map(|i| crate::profile::StackProfile {
                 frames: crate::tui::rows::tests::frames(&[&format!("f{i:03}"), "main"]),
-                totals: crate::tui::rows::tests::totals(1e6 - i as f64, 0.0),
+                totals: crate::tui::rows::tests::totals(1e6 - f64::from(i), 0.0),
             })
             .collect();
         app.update(AppEvent::Profile(p));

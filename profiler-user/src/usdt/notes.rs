@@ -1156,7 +1156,7 @@ mod tests {
         }
         // Non-UTF-8 strings are decoded lossily rather than rejected.
         let d = desc(CODE_VADDR + 0x110, DATA_VADDR, 0, ["p", "n", ""]);
-        let mut d = d.clone();
+        let mut d = d;
         d[24] = 0xff;
         let probes = probes_in_elf(&Image::new(note(4, b"stapsdt", 3, &d)).build()).unwrap();
         assert_eq!(probes[0].provider, "\u{fffd}");
