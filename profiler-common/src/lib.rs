@@ -48,7 +48,8 @@ pub struct AggKey {
 
 /// Unbiased sums per (process, stack). Objects are scaled by [`OBJECT_SCALE`];
 /// `*_var` is the Horvitz-Thompson variance estimate `Σ weight·(weight - size)`,
-/// i.e. `Σ w²(1 - p)` with `p = size / weight`.
+/// i.e. `Σ w²(1 - p)` with `p = size / weight`, in units of
+/// 2^[`VAR_UNIT_SHIFT`] bytes² (see [`SampleDelta::of`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StackAgg {
@@ -64,7 +65,7 @@ pub struct StackAgg {
 
 /// What one sample adds to (and its free subtracts from) the sums: unbiased
 /// bytes (the weight), objects (`weight / size`, fixed point) and the variance
-/// term `w·(w - size)`.
+/// term `w·(w - size)` in units of 2^[`VAR_UNIT_SHIFT`] bytes².
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SampleDelta {
     pub bytes: u64,
@@ -72,11 +73,36 @@ pub struct SampleDelta {
     pub var: u64,
 }
 
+/// Variance sums count units of `2^VAR_UNIT_SHIFT` bytes², so that a u64 sum
+/// holds 2^80 bytes²: about 2^42 samples of one stack at R = 512 KiB (no
+/// wrap in decades at 1 GB/s), where bytes² would wrap after 2^26.
+pub const VAR_UNIT_SHIFT: u32 = 16;
+/// Each factor of `w·(w - size)` is rounded up to a multiple of 2^HALF, so
+/// the variance is never understated (overstated by < 2^HALF / factor:
+/// 0.05% at R = 512 KiB, 6% at the smallest useful R of 4 KiB).
+const HALF_SHIFT: u32 = VAR_UNIT_SHIFT / 2;
 /// Weights are clamped so the products fit in 64 bits without an overflow
-/// check (the BPF backend has no 128-bit multiply): exact for weights up to
-/// 1 TiB, and for `w - size` (which never exceeds about R) up to 16 MiB.
+/// check (the BPF backend has no 128-bit multiply): bytes and objects are
+/// exact for weights up to 1 TiB; each variance factor is exact up to
+/// 512 GiB, so any practical R (the excess `w - size` never exceeds about R).
 const MAX_WEIGHT: u64 = 1 << 40;
-const MAX_EXCESS: u64 = 1 << 24;
+const MAX_VAR_FACTOR: u64 = 1 << 39;
+
+/// `x` clamped and rounded up to units of 2^HALF_SHIFT: at most 2^31.
+#[inline(always)]
+const fn var_factor(x: u64) -> u64 {
+    let x = if x < MAX_VAR_FACTOR {
+        x
+    } else {
+        MAX_VAR_FACTOR
+    };
+    (x + (1 << HALF_SHIFT) - 1) >> HALF_SHIFT
+}
+
+/// A variance sum in bytes².
+pub fn variance_in_bytes2(units: u64) -> f64 {
+    units as f64 * (1u64 << VAR_UNIT_SHIFT) as f64
+}
 
 impl SampleDelta {
     #[inline(always)]
@@ -87,16 +113,11 @@ impl SampleDelta {
             MAX_WEIGHT
         };
         let excess = weight.saturating_sub(size);
-        let excess = if excess < MAX_EXCESS {
-            excess
-        } else {
-            MAX_EXCESS
-        };
         let size = if size == 0 { 1 } else { size };
         SampleDelta {
             bytes: weight,
             objects: weight.wrapping_mul(OBJECT_SCALE) / size,
-            var: weight.wrapping_mul(excess),
+            var: var_factor(weight) * var_factor(excess),
         }
     }
 }
@@ -131,9 +152,16 @@ pub enum DropReason {
     ReplacedLive = 7,
     /// The per-process state table is full.
     ProcMapFull = 8,
+    /// The emitter could not track a sampled allocation (alloc with pointer
+    /// 0; allocprof's allocator: the block could not be placed). Its bytes
+    /// are in the allocated sums but missing from the live ones.
+    Unplaced = 9,
+    /// The per-CPU stack scratch was in use by a preempted program on this
+    /// CPU: the sample is kept, under an unavailable stack.
+    ScratchBusy = 10,
 }
 
-pub const DROP_REASONS: usize = 9;
+pub const DROP_REASONS: usize = 11;
 
 impl DropReason {
     pub const ALL: [DropReason; DROP_REASONS] = [
@@ -146,6 +174,8 @@ impl DropReason {
         DropReason::UnmatchedFree,
         DropReason::ReplacedLive,
         DropReason::ProcMapFull,
+        DropReason::Unplaced,
+        DropReason::ScratchBusy,
     ];
 
     pub const fn describe(self) -> &'static str {
@@ -159,6 +189,8 @@ impl DropReason {
             DropReason::UnmatchedFree => "free of a sample taken before attach",
             DropReason::ReplacedLive => "alloc over a live sample (missed free)",
             DropReason::ProcMapFull => "process table full",
+            DropReason::Unplaced => "sample the allocator could not track",
+            DropReason::ScratchBusy => "stack scratch busy (preempted walk)",
         }
     }
 }
@@ -173,6 +205,10 @@ pub struct ProcState {
     pub live_samples: u64,
     pub alloc_events: u64,
     pub free_events: u64,
+    /// Unbiased bytes of samples missing from the live sums (dropped before
+    /// they were counted live, or untracked by the emitter): the live
+    /// estimate is a lower bound, short by at most this.
+    pub lost_live_bytes: u64,
     pub drops: [u64; DROP_REASONS],
 }
 
@@ -230,7 +266,7 @@ mod tests {
         assert_eq!(size_of::<AggKey>(), 16);
         assert_eq!(size_of::<StackAgg>(), 64);
         assert_eq!(size_of::<StackTrace>(), 8 * (1 + MAX_STACK_DEPTH));
-        assert_eq!(size_of::<ProcState>(), 32 + 8 * DROP_REASONS);
+        assert_eq!(size_of::<ProcState>(), 40 + 8 * DROP_REASONS);
         assert_eq!(size_of::<ProcEvent>(), 8);
         assert_eq!(size_of::<UsdtArg>(), 16);
         assert_eq!(size_of::<UsdtSpec>(), 16 * MAX_USDT_ARGS + 8);
@@ -242,9 +278,51 @@ mod tests {
         let d = SampleDelta::of(100, 400);
         assert_eq!(d.bytes, 400);
         assert_eq!(d.objects, 4 * OBJECT_SCALE);
-        assert_eq!(d.var, 400 * 300);
+        assert_eq!(variance_in_bytes2(d.var), 512.0 * 512.0);
         // A huge allocation is always sampled: no variance.
         assert_eq!(SampleDelta::of(1 << 30, 1 << 30).var, 0);
+    }
+
+    #[test]
+    fn variance_is_exact_on_unit_multiples_and_never_understated() {
+        let d = SampleDelta::of(256, 1024 * 256);
+        assert_eq!(
+            variance_in_bytes2(d.var),
+            (1024.0 * 256.0) * (1023.0 * 256.0)
+        );
+        for (size, weight) in [(1, 4096), (100, 524_288), (8, 9), (4000, 70_000)] {
+            let exact = weight as f64 * (weight - size) as f64;
+            let kept = variance_in_bytes2(SampleDelta::of(size, weight).var);
+            assert!(
+                kept >= exact && kept <= exact * 1.07 + 65536.0,
+                "{size} {weight}"
+            );
+        }
+    }
+
+    #[test]
+    fn variance_of_a_large_rate_is_not_clamped() {
+        // R = 1 GiB: a small block weighs about R; w·(w - size) ≈ 2^60 bytes².
+        let r: u64 = 1 << 30;
+        let kept = variance_in_bytes2(SampleDelta::of(64, r).var);
+        let exact = r as f64 * (r - 64) as f64;
+        assert!((kept - exact).abs() / exact < 1e-6, "{kept} vs {exact}");
+        // The extreme weight still fits one term in u64 (no wrap).
+        let top = SampleDelta::of(1, u64::MAX);
+        assert_eq!(top.var, var_factor(MAX_WEIGHT) * var_factor(MAX_WEIGHT - 1));
+        assert!(top.var <= 1 << 62);
+    }
+
+    #[test]
+    fn a_stack_sum_does_not_wrap_where_bytes_squared_did() {
+        // 2^27 samples of 100 B at R = 512 KiB: about 2^65 bytes², which
+        // wrapped the old u64 sum. In variance units it is far from wrapping.
+        let d = SampleDelta::of(100, 524_288);
+        let samples: u64 = 1 << 27;
+        let sum = d.var.checked_mul(samples).expect("no wrap");
+        let exact = 524_288.0 * (524_288.0 - 100.0) * samples as f64;
+        assert!((variance_in_bytes2(sum) - exact).abs() / exact < 1e-3);
+        assert!(sum < u64::MAX >> 12, "room for 2^12 times more samples");
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub static STACKS: HashMap<u64, StackTrace> = HashMap::with_max_entries(65_536, 
 #[map]
 pub static STACK_SCRATCH: PerCpuArray<StackTrace> = PerCpuArray::with_max_entries(1, 0);
 
+/// Walks claiming `STACK_SCRATCH` on this CPU (see `probes::take_stack`).
+#[map]
+pub static STACK_SCRATCH_CLAIMS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 #[map]
 pub static PROCS: HashMap<u32, ProcState> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
 

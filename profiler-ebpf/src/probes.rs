@@ -18,7 +18,10 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{AGGS, DROPS, LIVE, PROCS, STACK_SCRATCH, STACKS, USDT_SPECS, max_live_per_process},
+    maps::{
+        AGGS, DROPS, LIVE, PROCS, STACK_SCRATCH, STACK_SCRATCH_CLAIMS, STACKS, USDT_SPECS,
+        max_live_per_process,
+    },
     usdt::read_arg,
 };
 
@@ -51,9 +54,6 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     let ptr = read_arg(ctx, &spec.args[0]).ok_or(DropReason::ArgReadFailed)?;
     let size = read_arg(ctx, &spec.args[1]).ok_or(DropReason::ArgReadFailed)?;
     let weight = read_arg(ctx, &spec.args[2]).ok_or(DropReason::ArgReadFailed)?;
-    if ptr == 0 {
-        return Ok(());
-    }
     let proc = proc_state(pid)?;
     add(&proc.alloc_events, 1);
 
@@ -74,20 +74,27 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
         generation,
         stack_id,
     };
-    let agg = get_or_insert(&AGGS, &agg_key).ok_or(DropReason::AggMapFull)?;
     let delta = SampleDelta::of(sample.size, sample.weight);
+    let agg =
+        get_or_insert(&AGGS, &agg_key).ok_or_else(|| lose(proc, &delta, DropReason::AggMapFull))?;
     add(&agg.alloc_bytes, delta.bytes);
     add(&agg.alloc_objects, delta.objects);
     add(&agg.alloc_var, delta.var);
     add(&agg.alloc_samples, 1);
 
+    // Pointer 0: the emitter sampled the allocation but cannot report its
+    // free (allocprof's allocator could not place it). Allocated bytes stay
+    // unbiased; live bytes become a lower bound, by this much.
+    if ptr == 0 {
+        return Err(lose(proc, &delta, DropReason::Unplaced));
+    }
     if proc.live_samples_value() >= max_live_per_process() {
-        return Err(DropReason::ProcessCap);
+        return Err(lose(proc, &delta, DropReason::ProcessCap));
     }
     let key = LiveKey { pid, _pad: 0, ptr };
     if let Err(e) = LIVE.insert(key, sample, u64::from(BPF_NOEXIST)) {
         if e != -EEXIST {
-            return Err(DropReason::LiveMapFull);
+            return Err(lose(proc, &delta, DropReason::LiveMapFull));
         }
         // The free of the block that lived here was missed (e.g. sampled
         // before we attached): retire it so its bytes don't live forever.
@@ -99,7 +106,7 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
         }
         count_drop(pid, DropReason::ReplacedLive);
         LIVE.insert(key, sample, u64::from(BPF_NOEXIST))
-            .map_err(|_| DropReason::LiveMapFull)?;
+            .map_err(|_| lose(proc, &delta, DropReason::LiveMapFull))?;
     }
     add(&proc.live_samples, 1);
     add(&agg.live_bytes, delta.bytes);
@@ -128,6 +135,14 @@ fn try_free(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
         retire(pid, proc, &sample);
     }
     Ok(())
+}
+
+/// A sample whose bytes will be missing from the live sums: the process's
+/// live estimate becomes a lower bound, and says by how much.
+#[inline(always)]
+fn lose(proc: &ProcState, delta: &SampleDelta, reason: DropReason) -> DropReason {
+    add(&proc.lost_live_bytes, delta.bytes);
+    reason
 }
 
 /// Subtracts a removed live sample from its aggregate and its process.
@@ -161,8 +176,31 @@ fn probe_spec(ctx: &ProbeContext) -> Result<&'static UsdtSpec, DropReason> {
         .ok_or(DropReason::ArgReadFailed)
 }
 
-/// Takes the user stack and files it under its content hash.
+/// Takes the user stack and files it under its content hash. The per-CPU
+/// scratch is shared by every program on this CPU, and a uprobe program can
+/// be preempted (migration is disabled, preemption is not): a claim counter
+/// lets one walk at a time use it; the others count a drop.
 fn take_stack(ctx: &ProbeContext) -> Result<u64, DropReason> {
+    let claims = STACK_SCRATCH_CLAIMS
+        .get_ptr_mut(0)
+        .ok_or(DropReason::StackFailed)?;
+    // SAFETY: a per-CPU map value, valid for the whole program run; every
+    // access is an atomic add or an aligned volatile read.
+    let claims = unsafe { &*claims };
+    // Claim, then look: only a walk that sees its own claim alone owns the
+    // scratch. Two racing claimants may both back off; never both proceed.
+    add(claims, 1);
+    // SAFETY: an aligned read of a field others update atomically.
+    if unsafe { core::ptr::read_volatile(claims) } != 1 {
+        sub(claims, 1);
+        return Err(DropReason::ScratchBusy);
+    }
+    let result = take_stack_claimed(ctx);
+    sub(claims, 1);
+    result
+}
+
+fn take_stack_claimed(ctx: &ProbeContext) -> Result<u64, DropReason> {
     let scratch = STACK_SCRATCH
         .get_ptr_mut(0)
         .ok_or(DropReason::StackFailed)?;

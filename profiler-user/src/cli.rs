@@ -49,6 +49,10 @@ pub struct Cli {
     pub top: usize,
 }
 
+/// Above this the preallocated live table (GiBs of kernel memory) fails to
+/// load with an error that reads like a missing kernel feature.
+const MAX_LIVE_SAMPLES: u32 = 1 << 24;
+
 /// Which processes to profile, and the kernel's memory caps.
 #[derive(Args, Debug)]
 pub struct TargetArgs {
@@ -57,12 +61,15 @@ pub struct TargetArgs {
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
 
-    /// Cap on live samples kept in the kernel, over all processes.
-    #[arg(long, default_value_t = Limits::default().max_live_samples)]
+    /// Cap on live samples kept in the kernel, over all processes (the
+    /// table is preallocated: about 100 bytes of kernel memory each).
+    #[arg(long, default_value_t = Limits::default().max_live_samples,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIVE_SAMPLES)))]
     pub max_live_samples: u32,
 
     /// Cap on live samples kept in the kernel per process.
-    #[arg(long, default_value_t = Limits::default().max_live_per_process)]
+    #[arg(long, default_value_t = Limits::default().max_live_per_process,
+          value_parser = clap::value_parser!(u64).range(1..=u64::from(MAX_LIVE_SAMPLES)))]
     pub max_live_per_process: u64,
 }
 
@@ -212,18 +219,28 @@ impl Cli {
     }
 }
 
+/// Durations and intervals are bounded so timers and deadlines cannot
+/// overflow or spin: from 1 ms to 100 years.
+const MIN_DURATION: Duration = Duration::from_millis(1);
+/// 100 years as humantime counts them (365.25 days).
+const MAX_DURATION: Duration = Duration::from_secs(3_155_760_000);
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs > 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
+    let parsed = match s.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 => {
+            Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
         }
-        return Err(format!("{s}: a duration must be positive"));
+        Ok(_) => return Err(format!("{s}: a duration must be positive")),
+        Err(_) => humantime::parse_duration(s)
+            .map_err(|e| format!("{s}: {e} (examples: 30s, 2m, 500ms)"))?,
+    };
+    if parsed < MIN_DURATION {
+        return Err(format!("{s}: too short; the shortest is 1ms"));
     }
-    match humantime::parse_duration(s) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err(format!("{s}: a duration must be positive")),
-        Err(e) => Err(format!("{s}: {e} (examples: 30s, 2m, 500ms)")),
+    if parsed > MAX_DURATION {
+        return Err(format!("{s}: too long; the longest is 100 years"));
     }
+    Ok(parsed)
 }
 
 #[derive(Debug, Error)]
@@ -284,6 +301,31 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("soon").unwrap_err().contains("examples"));
+    }
+
+    #[test]
+    fn durations_out_of_range_are_usage_errors_not_panics() {
+        use clap::error::ErrorKind;
+        for s in [
+            "1e30",
+            "1e-10",
+            "NaN",
+            "inf",
+            "-5",
+            "0ns",
+            "500us",
+            "1000000000y",
+        ] {
+            assert!(parse_duration(s).is_err(), "{s}");
+        }
+        assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
+        for caps in [["--max-live-samples", "0"], ["--max-live-per-process", "0"]] {
+            let err = Cli::try_parse_from(["allocprof", caps[0], caps[1]]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{caps:?}");
+        }
+        let huge = Cli::try_parse_from(["allocprof", "--max-live-samples", "4000000000"]);
+        assert!(huge.is_err());
+        assert_eq!(parse_duration("100y").map(|d| d <= MAX_DURATION), Ok(true));
     }
 
     #[test]

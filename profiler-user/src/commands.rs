@@ -1,15 +1,12 @@
 //! The subcommands: `allocprof record` (pprof files, optionally numbered
 //! snapshots) and `allocprof diff` (the growth between two of them).
 
-use std::{
-    io::Write,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{io::Write, path::Path, time::Duration};
 
 use anyhow::{Context, Result};
 use profiler_user::{
     export::{self, Format, diff, pprof, svg},
+    output::{self, Existing},
     profile::Profile,
     session::Session,
     stats::{Value, human_bytes},
@@ -27,6 +24,8 @@ const REFRESH: Duration = Duration::from_secs(1);
 
 pub async fn record(args: RecordArgs) -> Result<()> {
     cli::check_preconditions()?;
+    // Named before profiling, not after an hour of it.
+    output::check_writable(&args.output)?;
     let mut session = Session::start(args.targets.target(), args.targets.limits())?;
     crate::print_warnings(&mut session);
     eprintln!(
@@ -93,7 +92,7 @@ fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
         .complete_profile()
         .context("reading the kernel's maps")?;
     let bytes = export::render(&profile, Format::Pprof, &export::Options::default())?;
-    write_atomically(path, &bytes)?;
+    output::write(path, &bytes, Existing::Replace)?;
     let total = profile.totals();
     eprintln!(
         "allocprof: wrote {} ({} process{}, live {} ± {})",
@@ -108,16 +107,6 @@ fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
         human_bytes(total.live_ci95()),
     );
     Ok(())
-}
-
-/// Via a temporary file and rename: whoever watches the directory never
-/// reads half a snapshot.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 pub fn diff(args: &DiffArgs) -> Result<()> {
@@ -169,7 +158,7 @@ pub fn diff(args: &DiffArgs) -> Result<()> {
     let bytes = export::render(&growth, format, &opts)?;
     match &args.output {
         Some(path) => {
-            std::fs::write(path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+            output::write(path, &bytes, Existing::Replace)?;
             eprintln!("allocprof: wrote {}", path.display());
         }
         None => std::io::stdout()

@@ -4,8 +4,10 @@
 
 pub mod discover;
 pub mod export;
+pub mod inert;
 pub mod kernel;
 pub mod normalize;
+pub mod output;
 pub mod profile;
 pub mod report;
 pub mod session;

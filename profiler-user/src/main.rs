@@ -14,7 +14,9 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use profiler_user::{
     export,
+    inert::inert,
     kernel::KernelError,
+    output::{self, Existing},
     profile::Profile,
     report::{self, ReportOptions},
     session::{Session, StartError},
@@ -68,7 +70,7 @@ fn finish(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("allocprof: {e:#}");
+            eprintln!("allocprof: {}", inert(&format!("{e:#}")));
             ExitCode::from(exit_code(&e))
         }
     }
@@ -96,6 +98,10 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 
 async fn run(cli: Cli) -> Result<()> {
     cli::check_preconditions()?;
+    if let Some(path) = &cli.output {
+        // Named before profiling, not after an hour of it.
+        output::check_writable(path)?;
+    }
     let headless =
         cli.duration.is_some() || !std::io::stdout().is_terminal() || cli.output.is_some();
     let mut session = Session::start(cli.targets.target(), cli.targets.limits())?;
@@ -109,7 +115,7 @@ async fn run(cli: Cli) -> Result<()> {
         };
         // What the status line said (exports, warnings) outlives the screen.
         for line in tui::run(session, options, exporter).await? {
-            eprintln!("allocprof: {line}");
+            eprintln!("allocprof: {}", inert(&line));
         }
         return Ok(());
     }
@@ -156,7 +162,7 @@ pub(crate) fn refresh_tick(session: &mut Session) -> Result<bool> {
 
 pub(crate) fn print_warnings(session: &mut Session) {
     for w in session.warnings.drain(..) {
-        eprintln!("allocprof: warning: {w}");
+        eprintln!("allocprof: warning: {}", inert(&w));
     }
 }
 
@@ -165,7 +171,7 @@ fn output(profile: &Profile, cli: &Cli) -> Result<()> {
         .with_context(|| format!("rendering the {}", cli.format.describe(cli.value)))?;
     match &cli.output {
         Some(path) => {
-            std::fs::write(path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+            output::write(path, &bytes, Existing::Replace)?;
             eprintln!(
                 "allocprof: wrote {} ({})",
                 path.display(),

@@ -53,6 +53,9 @@ pub struct ProcessProfile {
     pub free_events: u64,
     /// Sampled events not accounted, by `DropReason`.
     pub drops: [u64; DROP_REASONS],
+    /// Unbiased bytes of samples missing from the live sums: when nonzero,
+    /// the live estimate is a lower bound, short by at most this.
+    pub lost_live_bytes: u64,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -77,6 +80,7 @@ impl ProcessProfile {
             alloc_events: 0,
             free_events: 0,
             drops: [0; DROP_REASONS],
+            lost_live_bytes: 0,
             stacks,
         }
     }
@@ -103,6 +107,11 @@ pub struct Profile {
 impl Profile {
     pub fn totals(&self) -> Totals {
         self.processes.iter().map(|p| p.totals).sum()
+    }
+
+    /// Over all processes: see [`ProcessProfile::lost_live_bytes`].
+    pub fn lost_live_bytes(&self) -> u64 {
+        self.processes.iter().map(|p| p.lost_live_bytes).sum()
     }
 
     /// Stacks of all processes merged by their symbolized frames: each
@@ -174,6 +183,7 @@ mod tests {
             alloc_events: 0,
             free_events: 0,
             drops: [0; DROP_REASONS],
+            lost_live_bytes: 0,
             stacks,
         }
     }

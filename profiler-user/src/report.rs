@@ -6,6 +6,7 @@ use std::fmt::Write;
 use profiler_common::DropReason;
 
 use crate::{
+    inert::inert,
     profile::{Profile, StackProfile},
     stats::{Totals, human_bytes, human_count},
     symbolize::{Frame, is_library_frame},
@@ -44,6 +45,14 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
         total.alloc_samples,
         dropped,
     );
+    let lost = profile.lost_live_bytes();
+    if lost > 0 {
+        let _ = writeln!(
+            out,
+            "allocprof: the live heap is a lower bound: samples worth up to {} could not be tracked live (see DROPPED EVENTS)",
+            human_bytes(lost as f64)
+        );
+    }
     if profile.processes.is_empty() {
         out.push_str("\nno sampled allocations yet\n");
         return out;
@@ -58,8 +67,8 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
         let _ = writeln!(
             out,
             "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {}",
-            truncate(&p.label(), 28),
-            with_ci(p.totals.live_bytes, p.totals.live_ci95()),
+            truncate(&inert(&p.label()), 28),
+            live_with_ci(p.totals.live_bytes, p.totals.live_ci95(), p.lost_live_bytes),
             human_count(p.totals.live_objects),
             human_bytes(p.totals.alloc_bytes),
             p.totals.alloc_samples,
@@ -86,7 +95,7 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
         let _ = writeln!(
             out,
             "\nTOP STACKS OF {} [{}]",
-            p.label(),
+            inert(&p.label()),
             p.state.describe()
         );
         stacks(&mut out, &p.stacks, p.totals, opts);
@@ -152,14 +161,21 @@ fn frames(out: &mut String, frames: &[Frame], depth: usize) {
 
 fn frame_line(f: &Frame) -> String {
     let inlined = if f.inlined { " (inlined)" } else { "" };
+    let function = inert(&f.function);
     match &f.location {
-        Some(loc) => format!("{}{inlined}  {loc}", f.function),
-        None => format!("{}{inlined}", f.function),
+        Some(loc) => format!("{function}{inlined}  {}", inert(loc)),
+        None => format!("{function}{inlined}"),
     }
 }
 
 fn with_ci(value: f64, ci: f64) -> String {
     format!("{} ± {}", human_bytes(value), human_bytes(ci))
+}
+
+/// Live bytes, marked `≥` when samples were lost to the live sums.
+fn live_with_ci(value: f64, ci: f64, lost: u64) -> String {
+    let bound = if lost > 0 { "≥ " } else { "" };
+    format!("{bound}{}", with_ci(value, ci))
 }
 
 fn truncate(s: &str, width: usize) -> String {
@@ -168,5 +184,44 @@ fn truncate(s: &str, width: usize) -> String {
     } else {
         let keep: String = s.chars().take(width - 1).collect();
         format!("{keep}…")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::tests::hand_made;
+
+    #[test]
+    fn target_controlled_names_reach_the_terminal_inert() {
+        let mut profile = hand_made();
+        profile.processes[0].name = "\u{1b}[2J\u{1b}]0;x\u{7}esc".into();
+        let mut frames = profile.processes[0].stacks[0].frames.to_vec();
+        frames[0].function = "evil\u{1b}[31m\u{202e}".into();
+        profile.processes[0].stacks[0].frames = frames.into();
+        let text = render(&profile, ReportOptions::default());
+        assert!(
+            !text
+                .chars()
+                .any(|c| c.is_control() && c != '\n' || c == '\u{202e}'),
+            "{text:?}"
+        );
+        assert!(text.contains("\\x1b[2J\\x1b]0;x\\x07esc"), "{text}");
+        assert!(text.contains("evil\\x1b[31m\\u{202e}"), "{text}");
+    }
+
+    #[test]
+    fn lost_live_bytes_mark_the_estimate_a_lower_bound() {
+        let mut profile = hand_made();
+        let plain = render(&profile, ReportOptions::default());
+        assert!(
+            !plain.contains("lower bound") && !plain.contains('≥'),
+            "{plain}"
+        );
+        profile.processes[0].lost_live_bytes = 3 << 30;
+        let text = render(&profile, ReportOptions::default());
+        assert!(text.contains("the live heap is a lower bound"), "{text}");
+        assert!(text.contains("up to 3.0 GiB"), "{text}");
+        assert!(text.contains("≥ "), "{text}");
     }
 }

@@ -425,6 +425,7 @@ impl Session {
             alloc_events: proc.alloc_events,
             free_events: proc.free_events,
             drops: proc.drops,
+            lost_live_bytes: proc.lost_live_bytes,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

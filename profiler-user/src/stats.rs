@@ -5,7 +5,7 @@
 
 use std::ops::AddAssign;
 
-use profiler_common::{OBJECT_SCALE, StackAgg};
+use profiler_common::{OBJECT_SCALE, StackAgg, variance_in_bytes2};
 
 /// z for a two-sided 95% interval.
 pub const Z95: f64 = 1.959_963_984_540_054;
@@ -28,11 +28,11 @@ impl Totals {
         let objects = |fixed: u64| fixed as f64 / OBJECT_SCALE as f64;
         Totals {
             live_bytes: agg.live_bytes as f64,
-            live_var: agg.live_var as f64,
+            live_var: variance_in_bytes2(agg.live_var),
             live_objects: objects(agg.live_objects),
             live_samples: agg.live_samples,
             alloc_bytes: agg.alloc_bytes as f64,
-            alloc_var: agg.alloc_var as f64,
+            alloc_var: variance_in_bytes2(agg.alloc_var),
             alloc_objects: objects(agg.alloc_objects),
             alloc_samples: agg.alloc_samples,
         }
@@ -165,7 +165,11 @@ mod tests {
         let s: Totals = [a, b].into_iter().sum();
         assert_eq!(s.live_bytes, 800.0 + f64::from(8 << 20));
         assert_eq!(s.live_objects, 101.0);
-        assert_eq!(s.live_var, 5.0);
+        assert_eq!(
+            s.live_var,
+            5.0 * 65536.0,
+            "kernel variance units are 2^16 bytes²"
+        );
         assert_eq!(s.live_samples, 2);
     }
 

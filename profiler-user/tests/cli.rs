@@ -44,6 +44,30 @@ fn garbage_arguments_are_usage_errors() {
 }
 
 #[test]
+fn numbers_out_of_range_are_usage_errors_not_panics() {
+    for args in [
+        &["-d", "1e30"][..],
+        &["record", "--interval", "1e-10", "-o", "/tmp/x.pb.gz"],
+        &["--max-live-samples", "0"],
+    ] {
+        let (code, _, err) = run(allocprof().args(args));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn unwritable_outputs_fail_before_profiling() {
+    let dir = std::env::temp_dir();
+    let missing = dir.join("allocprof-no-such-dir/heap.folded");
+    for out in [missing.as_path(), dir.as_path()] {
+        let (code, _, err) = run(allocprof().args(["-d", "30s", "-o"]).arg(out));
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(&out.display().to_string()), "{err}");
+    }
+}
+
+#[test]
 fn nonexistent_pid_is_reported() {
     common::require_bpf();
     // Past pid_max, so it cannot exist.

@@ -9,7 +9,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use profiler_common::OBJECT_SCALE;
+use profiler_common::{DropReason, OBJECT_SCALE, SampleDelta, variance_in_bytes2};
 use profiler_user::{
     discover,
     kernel::{Kernel, Limits, ProbeKind, Scope},
@@ -30,9 +30,9 @@ fn kernel_programs_account_probes_of_a_real_process() {
         1
     );
 
-    let (n, size, weight, freed) = (100u64, 1000u64, 4000u64, 30u64);
+    let (n, size, weight, freed, untracked) = (100u64, 1000u64, 4000u64, 30u64, 5u64);
     let mut child = Command::new(&exe)
-        .args([n, size, weight, freed].map(|v| v.to_string()))
+        .args([n, size, weight, freed, untracked].map(|v| v.to_string()))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -59,15 +59,20 @@ fn kernel_programs_account_probes_of_a_real_process() {
         .collect();
     assert_eq!(ours.len(), 1, "one call site, so one stack: {ours:?}");
     let (key, agg) = ours[0];
-    assert_eq!(agg.alloc_samples, n);
-    assert_eq!(agg.alloc_bytes, n * weight);
+    // Untracked samples (pointer 0) count as allocated, never as live.
+    assert_eq!(agg.alloc_samples, n + untracked);
+    assert_eq!(agg.alloc_bytes, (n + untracked) * weight);
     assert_eq!(agg.live_samples, n - freed);
     assert_eq!(agg.live_bytes, (n - freed) * weight);
     assert_eq!(
         agg.live_objects,
         (n - freed) * (weight / size) * OBJECT_SCALE
     );
-    assert_eq!(agg.live_var, (n - freed) * weight * (weight - size));
+    let term = SampleDelta::of(size, weight).var;
+    assert_eq!(agg.live_var, (n - freed) * term);
+    let exact = ((n - freed) * weight * (weight - size)) as f64;
+    let kept = variance_in_bytes2(agg.live_var);
+    assert!(kept >= exact && kept < exact * 1.2, "{kept} vs {exact}");
     let stack = kernel
         .stack(key.stack_id)
         .expect("the sample's stack is stored");
@@ -77,7 +82,13 @@ fn kernel_programs_account_probes_of_a_real_process() {
     );
     let proc = snap.processes.get(&pid).expect("per-process state");
     assert_eq!(proc.live_samples, n - freed);
-    assert_eq!(proc.drops.iter().sum::<u64>(), 0, "{proc:?}");
+    assert_eq!(
+        proc.drops[DropReason::Unplaced as usize],
+        untracked,
+        "{proc:?}"
+    );
+    assert_eq!(proc.drops.iter().sum::<u64>(), untracked, "{proc:?}");
+    assert_eq!(proc.lost_live_bytes, untracked * weight);
 
     writeln!(stdin, "exit").unwrap();
     assert!(child.wait().unwrap().success());

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt::Write};
 
-use crate::{profile::Profile, stats::Value};
+use crate::{inert::inert, profile::Profile, stats::Value};
 
 pub fn render(profile: &Profile, value: Value) -> String {
     let mut out = String::new();
@@ -37,9 +37,10 @@ pub fn folded(profile: &Profile, value: Value) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// `;` separates frames and the last space separates the value.
+/// `;` separates frames and the last space separates the value; controls
+/// (newlines included) become visible escapes, inert in a terminal.
 fn sanitize(s: &str) -> String {
-    s.replace(';', ":").replace('\n', " ")
+    inert(s).replace(';', ":")
 }
 
 #[cfg(test)]
@@ -79,6 +80,7 @@ mod tests {
                 alloc_events: 0,
                 free_events: 0,
                 drops: [0; DROP_REASONS],
+                lost_live_bytes: 0,
                 stacks: vec![StackProfile { frames, totals }],
             }],
             ..Default::default()

@@ -29,6 +29,8 @@ pub struct Report {
     /// that could not be tied to a process).
     pub dropped: u64,
     pub drops: BTreeMap<String, u64>,
+    /// Over all processes: see `Process::lost_live_bytes`.
+    pub lost_live_bytes: u64,
     /// Largest live bytes first.
     pub processes: Vec<Process>,
 }
@@ -47,6 +49,9 @@ pub struct Process {
     pub free_events: u64,
     pub dropped: u64,
     pub drops: BTreeMap<String, u64>,
+    /// Unbiased bytes of samples missing from the live sums; when nonzero,
+    /// `totals.live_bytes` is a lower bound, short by at most this.
+    pub lost_live_bytes: u64,
     /// Largest live bytes first.
     pub stacks: Vec<Stack>,
 }
@@ -110,6 +115,8 @@ pub fn drop_name(reason: DropReason) -> &'static str {
         DropReason::UnmatchedFree => "unmatched_free",
         DropReason::ReplacedLive => "replaced_live",
         DropReason::ProcMapFull => "proc_map_full",
+        DropReason::Unplaced => "unplaced",
+        DropReason::ScratchBusy => "scratch_busy",
     }
 }
 
@@ -158,6 +165,7 @@ pub fn report(profile: &Profile) -> Report {
             free_events: p.free_events,
             dropped: p.dropped(),
             drops: drops(&p.drops),
+            lost_live_bytes: p.lost_live_bytes,
             stacks: p
                 .stacks
                 .iter()
@@ -177,6 +185,7 @@ pub fn report(profile: &Profile) -> Report {
         totals: (&profile.totals()).into(),
         dropped: profile.drops.iter().sum(),
         drops: drops(&profile.drops),
+        lost_live_bytes: profile.lost_live_bytes(),
         processes,
     }
 }

@@ -191,6 +191,7 @@ pub(crate) mod tests {
             alloc_events: 100,
             free_events: 40,
             drops,
+            lost_live_bytes: 0,
             stacks,
         };
         let other_stacks = vec![
@@ -215,6 +216,7 @@ pub(crate) mod tests {
             alloc_events: 10,
             free_events: 0,
             drops: [0; DROP_REASONS],
+            lost_live_bytes: 0,
             stacks: other_stacks,
         };
         Profile {

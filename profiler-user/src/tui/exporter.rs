@@ -7,10 +7,9 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::Context;
-
 use crate::{
     export::{self, Format},
+    output::{self, Existing},
     profile::{ProcessKey, Profile},
     stats::Value,
 };
@@ -38,7 +37,7 @@ pub fn file_exporter(format: Format, options: export::Options, dir: PathBuf) -> 
     Box::new(move |profile, selection| {
         let path = fresh_path(&dir, selection, format.extension());
         let bytes = export::render(profile, format, &options)?;
-        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        output::write(&path, &bytes, Existing::Keep)?;
         Ok(path)
     })
 }

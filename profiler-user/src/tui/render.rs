@@ -17,6 +17,7 @@ use super::{
     state::{App, Column, Notice, View, format_elapsed},
 };
 use crate::{
+    inert::inert,
     profile::{ProcessProfile, ProcessState, Profile},
     stats::{Totals, human_bytes, human_count},
     symbolize::{Frame as StackFrame, is_allocator_frame, is_library_frame, most_informative},
@@ -515,7 +516,7 @@ fn stack_detail(frames: &[StackFrame], full_paths: bool) -> Vec<Line<'static>> {
             } else {
                 Style::new()
             };
-            let mut spans = vec![Span::styled(f.function.clone(), style)];
+            let mut spans = vec![Span::styled(inert(&f.function).into_owned(), style)];
             if f.inlined {
                 spans.push(Span::styled(" (inlined)", Style::new().fg(Color::Magenta)));
             }
@@ -523,17 +524,18 @@ fn stack_detail(frames: &[StackFrame], full_paths: bool) -> Vec<Line<'static>> {
                 (Some(loc), _) => spans.push(Span::styled(
                     format!(
                         "  {}",
-                        if full_paths {
+                        inert(&if full_paths {
                             loc.clone()
                         } else {
                             short_path(loc)
-                        }
+                        })
                     ),
                     Style::new().fg(Color::Blue),
                 )),
-                (None, Some(module)) => {
-                    spans.push(Span::styled(format!("  [{}]", short_path(module)), DIM))
-                }
+                (None, Some(module)) => spans.push(Span::styled(
+                    format!("  [{}]", inert(&short_path(module))),
+                    DIM,
+                )),
                 (None, None) => {}
             }
             Line::from(spans)

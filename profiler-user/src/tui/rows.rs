@@ -5,6 +5,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use crate::{
+    inert::inert,
     profile::{ProcessKey, ProcessProfile, Profile, StackProfile},
     stats::Totals,
     symbolize::{Frame, is_allocator_frame, is_library_frame, most_informative},
@@ -281,7 +282,7 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
         .iter()
         .map(|p| Row {
             id: RowId::Process(p.key),
-            label: p.name.clone(),
+            label: inert(&p.name).into_owned(),
             totals: p.totals,
             share: share(p.totals.live_bytes, total),
             alloc_rate: dt.map(|dt| rate(&p.totals, rate_then.get(&p.key), dt)),
@@ -294,7 +295,7 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
                 .map(|_| p.totals.live_bytes - baseline.get(&p.key).map_or(0.0, |t| t.live_bytes)),
             frames: Arc::from(Vec::new()),
             process: Some(ProcessInfo {
-                name: p.name.clone(),
+                name: inert(&p.name).into_owned(),
                 state: p.state,
             }),
         })
@@ -325,10 +326,11 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
         .iter()
         .map(|(id, Group { totals, frames, .. })| Row {
             id: id.clone(),
-            label: match grouping {
+            label: inert(&match grouping {
                 Grouping::Stack => stack_label(frames),
                 Grouping::Function => function_of(frames),
-            },
+            })
+            .into_owned(),
             totals: *totals,
             share: share(totals.live_bytes, total),
             alloc_rate: dt.map(|dt| {
@@ -412,6 +414,7 @@ pub(crate) mod tests {
             alloc_events: 10,
             free_events: 5,
             drops: [0; DROP_REASONS],
+            lost_live_bytes: 0,
             stacks,
         }
     }

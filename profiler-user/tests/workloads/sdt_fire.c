@@ -1,7 +1,9 @@
 /* Fires otel_memory probes through <sys/sdt.h> (another emitter of the
  * contract than our allocator), with known values:
  *   argv[1] = number of allocs, argv[2] = size, argv[3] = weight,
- *   argv[4] = how many of them to free.
+ *   argv[4] = how many of them to free,
+ *   argv[5] (optional) = how many more to fire with pointer 0 (samples the
+ *   emitter cannot track: it will never report their free).
  * It waits for a line on stdin before firing (so the profiler can attach),
  * prints "fired", and waits for another line before exiting. */
 #include <stdio.h>
@@ -23,12 +25,14 @@ __attribute__((noinline)) static void fire_free(uintptr_t ptr) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5) return 64;
+    if (argc != 5 && argc != 6) return 64;
     long n = atol(argv[1]), freed = atol(argv[4]);
+    long untracked = argc == 6 ? atol(argv[5]) : 0;
     uint64_t size = strtoull(argv[2], 0, 0), weight = strtoull(argv[3], 0, 0);
     wait_line();
     for (long i = 0; i < n; i++) fire_alloc(0x10000 + 64 * i, size, weight);
     for (long i = 0; i < freed; i++) fire_free(0x10000 + 64 * i);
+    for (long i = 0; i < untracked; i++) fire_alloc(0, size, weight);
     printf("fired\n");
     fflush(stdout);
     wait_line();
