@@ -118,8 +118,13 @@ fn unprivileged_user_is_told_to_use_root() {
 
 /// The C workload under LD_PRELOAD, waiting for "go".
 fn workload() -> Child {
+    workload_with(&[])
+}
+
+fn workload_with(env: &[(&str, &str)]) -> Child {
     let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
     let child = Command::new(exe)
+        .envs(env.iter().copied())
         .env("LD_PRELOAD", common::preload_library())
         .env("ALLOCPROF_RATE", "64k")
         .stdin(Stdio::piped())
@@ -158,6 +163,26 @@ fn go(w: &mut Child) {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line.trim(), "ready");
+}
+
+#[test]
+fn a_hostile_process_name_reaches_the_terminal_inert() {
+    common::require_bpf();
+    // The name clears the screen and retitles the terminal if printed raw.
+    let hostile = "\u{1b}[2J\u{1b}]0;x\u{7}esc";
+    let mut w = workload_with(&[("WORKLOAD_COMM", hostile)]);
+    let profiler = attach(&w, &["-d", "2s"]);
+    go(&mut w);
+    let result = profiler.wait_with_output().unwrap();
+    writeln!(w.stdin.as_mut().unwrap(), "exit").unwrap();
+    w.wait().unwrap();
+    assert!(result.status.success());
+    let report = String::from_utf8(result.stdout).unwrap();
+    assert!(report.contains("\\x1b[2J\\x1b]0;x\\x07esc"), "{report}");
+    assert!(
+        !report.contains(['\u{1b}', '\u{7}']),
+        "raw control characters in the report: {report:?}"
+    );
 }
 
 #[test]

@@ -4,11 +4,13 @@
  * With argv[1] = a shared library path, it also dlopens that library after
  * the first line and calls its `plugin_alloc(n)` (allocations seen through
  * a library loaded after attach). With argv[1] = "--exec", the last line
- * makes it exec itself (a new image under the same pid) instead of exiting. */
+ * makes it exec itself (a new image under the same pid) instead of exiting.
+ * With WORKLOAD_COMM set, it names itself that (prctl PR_SET_NAME) first. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #define N_SMALL 200000
@@ -51,6 +53,8 @@ __attribute__((noinline)) void site_freed(void) {
 }
 
 int main(int argc, char **argv) {
+    const char *comm = getenv("WORKLOAD_COMM");
+    if (comm) prctl(PR_SET_NAME, comm, 0, 0, 0);
     wait_line();
     site_small();
     site_medium();
