@@ -141,9 +141,15 @@ fn header(frame: &mut Frame, app: &App, area: Rect) {
     if gone > 0 {
         first.push(Span::styled(format!(" ({gone} exited)"), DIM));
     }
+    // Samples lost to the live sums make the estimate a lower bound.
+    let lost = profile.lost_live_bytes();
     first.extend([
         sep(),
-        Span::raw("live heap "),
+        Span::raw(if lost > 0 {
+            "live heap ≥ "
+        } else {
+            "live heap "
+        }),
         Span::styled(human_bytes(total.live_bytes), BOLD),
         Span::styled(format!(" ± {}", human_bytes(total.live_ci95())), DIM),
         sep(),
@@ -162,13 +168,21 @@ fn header(frame: &mut Frame, app: &App, area: Rect) {
     } else {
         Style::new()
     };
-    let second = vec![
+    let mut second = vec![
         Span::raw(" sampled "),
         Span::styled(events, BOLD),
         Span::raw(" events/s"),
         sep(),
         Span::raw("drops "),
         Span::styled(human_count(dropped as f64), drop_style),
+    ];
+    if lost > 0 {
+        second.push(Span::styled(
+            format!(" (up to {} untracked live)", human_bytes(lost as f64)),
+            drop_style,
+        ));
+    }
+    second.extend([
         sep(),
         Span::raw(rates(profile)),
         sep(),
@@ -179,7 +193,7 @@ fn header(frame: &mut Frame, app: &App, area: Rect) {
             ),
             DIM,
         ),
-    ];
+    ]);
     frame.render_widget(Line::from(second), line2);
 }
 
@@ -847,6 +861,32 @@ mod tests {
         assert!(buffer[(1, 15)].modifier.contains(Modifier::BOLD));
         // Growth is red.
         assert_eq!(buffer[(71, 15)].fg, GROWING);
+    }
+
+    #[test]
+    fn lost_live_bytes_show_the_live_heap_as_a_lower_bound() {
+        let mut app = App::new(options());
+        let mut profile = sample(0);
+        profile.processes[0].lost_live_bytes = 2 << 20;
+        app.update(AppEvent::Profile(profile));
+        let (text, _) = screen(&mut app, 120, 24);
+        let header: Vec<&str> = text.lines().take(2).collect();
+        assert!(header[0].contains("live heap ≥ "), "{text}");
+        assert!(
+            header[1].contains("(up to 2.0 MiB untracked live)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn hostile_names_are_shown_inert() {
+        let mut app = App::new(options());
+        let mut profile = sample(0);
+        profile.processes[0].name = "\u{1b}]0;x\u{7}".into();
+        app.update(AppEvent::Profile(profile));
+        press(&mut app, KeyCode::Tab);
+        let (text, _) = screen(&mut app, 120, 30);
+        assert!(text.contains("\\x1b]0;x\\x07"), "{text}");
     }
 
     #[test]
