@@ -1,5 +1,5 @@
 //! Every map of the kernel side, with the defaults user space may resize at
-//! load time (`EbpfLoader::set_max_entries`).
+//! load time (`EbpfLoader::map_max_entries`, from `kernel::Limits`).
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
@@ -24,8 +24,8 @@ pub static LIVE: HashMap<LiveKey, LiveSample> = HashMap::with_max_entries(262_14
 #[map]
 pub static AGGS: HashMap<AggKey, StackAgg> = HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
 
-/// User stacks by content hash: distinct stacks never share an id, unlike the
-/// direct-mapped STACK_TRACE map.
+/// User stacks by content hash: unlike the direct-mapped STACK_TRACE map,
+/// distinct stacks share an id only on a 64-bit hash collision.
 #[map]
 pub static STACKS: HashMap<u64, StackTrace> = HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
 

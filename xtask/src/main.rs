@@ -8,6 +8,8 @@ mod fuzz;
 mod packages;
 mod setup;
 mod shell;
+#[cfg(test)]
+mod tidy;
 mod toolchain;
 
 use std::{path::PathBuf, process::ExitCode};
