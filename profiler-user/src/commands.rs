@@ -11,12 +11,11 @@ use profiler_user::{
     session::Session,
     stats::{Value, human_bytes},
 };
-use tokio::{
-    signal::unix::{SignalKind, signal},
-    time::{Instant, MissedTickBehavior, interval, interval_at, sleep_until},
-};
 
-use crate::cli::{self, DiffArgs, RecordArgs};
+use crate::{
+    cli::{self, DiffArgs, RecordArgs},
+    driver::{Beat, Driver},
+};
 
 /// How often the kernel's aggregates are read while recording (exec, exit
 /// and dlopen are followed on these reads).
@@ -41,32 +40,28 @@ pub async fn record(args: RecordArgs) -> Result<()> {
         }
     );
 
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let far = Duration::from_secs(100 * 365 * 86_400);
-    let deadline = Instant::now() + args.duration.unwrap_or(far);
-    let mut refresh = interval(args.interval.map_or(REFRESH, |i| i.min(REFRESH)));
-    let every = args.interval.unwrap_or(far);
-    let mut snapshots = interval_at(Instant::now() + every, every);
-    // A snapshot takes time (symbolization); never catch up with a burst.
-    snapshots.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut events = interval(Duration::from_millis(20));
+    let mut driver = Driver::new(args.interval.map_or(REFRESH, |i| i.min(REFRESH)))
+        .with_deadline(args.duration)
+        .with_snapshots(args.interval)
+        .stopped_by_signals()?;
     let mut written = 0;
     let mut at_deadline = false;
     loop {
-        tokio::select! {
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            _ = sleep_until(deadline) => {
+        match driver.next(&mut session).await {
+            Beat::StopSignal => break,
+            Beat::Deadline => {
                 at_deadline = true;
                 break;
             }
-            _ = events.tick() => session.poll_events(),
-            _ = snapshots.tick() => {
+            Beat::Snapshot => {
                 written += 1;
                 snapshot(&mut session, &cli::numbered(&args.output, written))?;
             }
-            _ = refresh.tick() => if !crate::refresh_tick(&mut session)? { break },
+            Beat::Refresh => {
+                if !crate::refresh_tick(&mut session)? {
+                    break;
+                }
+            }
         }
     }
     match (args.interval, args.duration) {

@@ -13,5 +13,4 @@ pub mod report;
 pub mod session;
 pub mod stats;
 pub mod symbolize;
-pub mod tui;
 pub mod usdt;

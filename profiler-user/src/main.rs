@@ -3,11 +3,12 @@
 
 mod cli;
 mod commands;
+mod driver;
+mod tui;
 
 use std::{
     io::{IsTerminal, Write},
     process::ExitCode,
-    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -20,14 +21,12 @@ use profiler_user::{
     profile::Profile,
     report::{self, ReportOptions},
     session::{Session, StartError},
-    tui,
-};
-use tokio::{
-    signal::unix::{SignalKind, signal},
-    time::{Instant, interval, sleep_until},
 };
 
-use crate::cli::{Cli, Command, Format};
+use crate::{
+    cli::{Cli, Command, Format},
+    driver::{Beat, Driver},
+};
 
 /// Exit codes, distinct per cause so scripts can branch on them.
 mod exit {
@@ -128,19 +127,12 @@ async fn run(cli: Cli) -> Result<()> {
         }
     );
 
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let deadline = cli.duration.map(|d| Instant::now() + d);
-    let far = Instant::now() + Duration::from_secs(100 * 365 * 86_400);
-    let mut refresh = interval(cli.interval);
-    let mut events = interval(Duration::from_millis(20));
-    loop {
-        tokio::select! {
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            _ = sleep_until(deadline.unwrap_or(far)) => break,
-            _ = events.tick() => session.poll_events(),
-            _ = refresh.tick() => if !refresh_tick(&mut session)? { break },
+    let mut driver = Driver::new(cli.interval)
+        .with_deadline(cli.duration)
+        .stopped_by_signals()?;
+    while driver.next(&mut session).await == Beat::Refresh {
+        if !refresh_tick(&mut session)? {
+            break;
         }
     }
     let profile = session

@@ -7,11 +7,10 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use crate::{
+use profiler_user::{
     export::{self, Format},
     output::{self, Existing},
     profile::{ProcessKey, Profile},
-    stats::Value,
 };
 
 /// Which part of the profile the exported view is.
@@ -42,15 +41,6 @@ pub fn file_exporter(format: Format, options: export::Options, dir: PathBuf) -> 
     })
 }
 
-/// Folded stacks weighted by `value`.
-pub fn collapsed_exporter(value: Value, dir: PathBuf) -> Exporter {
-    let options = export::Options {
-        value,
-        ..Default::default()
-    };
-    file_exporter(Format::Collapsed, options, dir)
-}
-
 /// A path in `dir` for a new export, never an existing file (two exports
 /// within a second must not overwrite each other).
 pub fn fresh_path(dir: &Path, selection: &ViewSelection, extension: &str) -> PathBuf {
@@ -72,8 +62,19 @@ pub fn fresh_path(dir: &Path, selection: &ViewSelection, extension: &str) -> Pat
 
 #[cfg(test)]
 mod tests {
+    use profiler_user::stats::Value;
+
     use super::*;
     use crate::tui::rows::tests::{process, profile};
+
+    /// Folded stacks weighted by `value`.
+    fn collapsed_exporter(value: Value, dir: PathBuf) -> Exporter {
+        let options = export::Options {
+            value,
+            ..Default::default()
+        };
+        file_exporter(Format::Collapsed, options, dir)
+    }
 
     #[test]
     fn exports_folded_stacks_to_fresh_files() {

@@ -7,7 +7,7 @@
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use super::rows::{RowId, totals_of};
-use crate::profile::Profile;
+use profiler_user::profile::Profile;
 
 /// Span of the total-live-bytes series.
 pub const TOTALS_SPAN: Duration = Duration::from_secs(600);
@@ -128,6 +128,7 @@ impl History {
             .collect()
     }
 
+    #[cfg(test)]
     pub fn kept_profiles(&self) -> usize {
         self.profiles.len()
     }

@@ -32,17 +32,15 @@ use ratatui::{Terminal, backend::CrosstermBackend};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
-    time::{MissedTickBehavior, interval},
 };
 
 pub use self::{
-    exporter::{Exporter, ViewSelection, collapsed_exporter, file_exporter},
+    exporter::{Exporter, file_exporter},
     state::{App, AppEvent, AppOptions, Command},
 };
-use crate::session::{Session, Target};
+use profiler_user::session::{Session, Target};
 
-/// How often the session handles exec/exit events and due rescans.
-const POLL_EVERY: Duration = Duration::from_millis(20);
+use crate::driver::Driver;
 
 pub struct Options {
     /// Kernel reads and redraws happen this often.
@@ -86,30 +84,24 @@ pub async fn run(session: Session, options: Options, exporter: Exporter) -> Resu
 
 /// The session's side: a profile every interval, warnings as they come.
 async fn drive(mut session: Session, every: Duration, tx: mpsc::Sender<AppEvent>) -> Result<()> {
-    let mut refresh = interval(every);
-    refresh.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut poll = interval(POLL_EVERY);
-    poll.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut driver = Driver::new(every);
     let mut told_gone = false;
     loop {
-        tokio::select! {
-            _ = poll.tick() => session.poll_events(),
-            _ = refresh.tick() => {
-                let profile = session.refresh().context("reading the kernel's maps")?;
-                let mut events: Vec<AppEvent> =
-                    session.warnings.drain(..).map(AppEvent::Warning).collect();
-                if !told_gone && !session.targets_alive() {
-                    told_gone = true;
-                    events.push(AppEvent::Info(
-                        "every target process has exited: its figures are frozen (q quits)".into(),
-                    ));
-                }
-                events.push(AppEvent::Profile(profile));
-                for event in events {
-                    if tx.send(event).await.is_err() {
-                        return Ok(());
-                    }
-                }
+        // No deadline and no stop signals here: `input` reads those, so
+        // every beat is a refresh.
+        driver.next(&mut session).await;
+        let profile = session.refresh().context("reading the kernel's maps")?;
+        let mut events: Vec<AppEvent> = session.warnings.drain(..).map(AppEvent::Warning).collect();
+        if !told_gone && !session.targets_alive() {
+            told_gone = true;
+            events.push(AppEvent::Info(
+                "every target process has exited: its figures are frozen (q quits)".into(),
+            ));
+        }
+        events.push(AppEvent::Profile(profile));
+        for event in events {
+            if tx.send(event).await.is_err() {
+                return Ok(());
             }
         }
     }

@@ -11,7 +11,7 @@ use super::{
     history::{GROWTH_WINDOW, History, RATE_WINDOW},
     rows::{self, Grouping, Inputs, Row, RowId, function_of},
 };
-use crate::{
+use profiler_user::{
     profile::{ProcessKey, ProcessState, Profile},
     symbolize::Frame,
 };
