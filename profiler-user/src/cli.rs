@@ -4,7 +4,9 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum, error::ErrorKind};
 pub use profiler_user::export::Format;
-use profiler_user::{export, kernel::Limits, report::ReportOptions, session::Target, stats::Value};
+use profiler_user::{
+    export, kernel::Limits, report::ReportOptions, session::Target, stats::Quantity,
+};
 use thiserror::Error;
 
 /// allocprof: a heap profiler for processes that carry the `otel_memory`
@@ -41,8 +43,8 @@ pub struct Cli {
     pub output: Option<PathBuf>,
 
     /// The quantity folded stacks and flamegraphs are weighted by.
-    #[arg(long, value_enum, default_value_t = Value::InuseBytes)]
-    pub value: Value,
+    #[arg(long, value_enum, default_value_t = Quantity::InuseBytes)]
+    pub value: Quantity,
 
     /// Stacks shown per process in the report.
     #[arg(long, default_value_t = 10)]
@@ -141,8 +143,8 @@ pub struct DiffArgs {
     pub format: DiffFormat,
 
     /// The quantity whose growth is shown (svg, collapsed).
-    #[arg(long, value_enum, default_value_t = Value::InuseBytes)]
-    pub value: Value,
+    #[arg(long, value_enum, default_value_t = Quantity::InuseBytes)]
+    pub value: Quantity,
 
     /// Write the output to this file instead of stdout.
     #[arg(short, long, value_name = "FILE")]

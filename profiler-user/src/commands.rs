@@ -9,7 +9,7 @@ use profiler_user::{
     output::{self, Existing},
     profile::Profile,
     session::Session,
-    stats::{Value, human_bytes},
+    stats::{Quantity, human_bytes},
 };
 
 use crate::{
@@ -130,8 +130,8 @@ pub fn diff(args: &DiffArgs) -> Result<()> {
         .count();
     let net = growth.totals().value(args.value);
     let unit = match args.value {
-        Value::InuseBytes | Value::AllocBytes => "bytes",
-        Value::InuseObjects | Value::AllocObjects => "objects",
+        Quantity::InuseBytes | Quantity::AllocBytes => "bytes",
+        Quantity::InuseObjects | Quantity::AllocObjects => "objects",
     };
     eprintln!("{title}: {net:+.0} {unit} net; {grew} stacks grew, {shrank} shrank");
     let shrank_note = match shrank {

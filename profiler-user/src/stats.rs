@@ -48,12 +48,12 @@ impl Totals {
     }
 
     /// The quantity named by `value`.
-    pub fn value(&self, value: Value) -> f64 {
+    pub fn value(&self, value: Quantity) -> f64 {
         match value {
-            Value::InuseBytes => self.live_bytes,
-            Value::InuseObjects => self.live_objects,
-            Value::AllocBytes => self.alloc_bytes,
-            Value::AllocObjects => self.alloc_objects,
+            Quantity::InuseBytes => self.live_bytes,
+            Quantity::InuseObjects => self.live_objects,
+            Quantity::AllocBytes => self.alloc_bytes,
+            Quantity::AllocObjects => self.alloc_objects,
         }
     }
 }
@@ -83,7 +83,7 @@ impl std::iter::Sum for Totals {
 
 /// The quantities a profile can be viewed by (pprof's sample types).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Value {
+pub enum Quantity {
     /// Estimated live (in-use) bytes.
     #[default]
     InuseBytes,
@@ -95,13 +95,13 @@ pub enum Value {
     AllocObjects,
 }
 
-impl Value {
+impl Quantity {
     pub fn describe(self) -> &'static str {
         match self {
-            Value::InuseBytes => "live bytes",
-            Value::InuseObjects => "live objects",
-            Value::AllocBytes => "allocated bytes",
-            Value::AllocObjects => "allocated objects",
+            Quantity::InuseBytes => "live bytes",
+            Quantity::InuseObjects => "live objects",
+            Quantity::AllocBytes => "allocated bytes",
+            Quantity::AllocObjects => "allocated objects",
         }
     }
 }

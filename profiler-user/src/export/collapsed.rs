@@ -3,9 +3,9 @@
 
 use std::{collections::BTreeMap, fmt::Write};
 
-use crate::{inert::inert, profile::Profile, stats::Value};
+use crate::{inert::inert, profile::Profile, stats::Quantity};
 
-pub fn render(profile: &Profile, value: Value) -> String {
+pub fn render(profile: &Profile, value: Quantity) -> String {
     let mut out = String::new();
     for (line, v) in folded(profile, value) {
         let _ = writeln!(out, "{line} {v}");
@@ -15,7 +15,7 @@ pub fn render(profile: &Profile, value: Value) -> String {
 
 /// The folded stacks and their rounded values, sorted (as inferno expects),
 /// values below one half (nothing to draw, or negative growth) left out.
-pub fn folded(profile: &Profile, value: Value) -> BTreeMap<String, u64> {
+pub fn folded(profile: &Profile, value: Quantity) -> BTreeMap<String, u64> {
     // Identical lines (e.g. stacks that differ only in addresses that
     // symbolize the same) are summed, as the format expects.
     let mut lines: BTreeMap<String, f64> = BTreeMap::new();
@@ -86,13 +86,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            render(&profile, Value::InuseBytes),
+            render(&profile, Quantity::InuseBytes),
             "demo (7);main;leaf:x 1234\n"
         );
         assert_eq!(
-            render(&profile, Value::AllocObjects),
+            render(&profile, Quantity::AllocObjects),
             "demo (7);main;leaf:x 8\n"
         );
-        assert_eq!(render(&profile, Value::AllocBytes), "");
+        assert_eq!(render(&profile, Quantity::AllocBytes), "");
     }
 }

@@ -72,7 +72,7 @@ mod tests {
     use super::*;
     use crate::{
         export::{collapsed, tests::hand_made},
-        stats::Value,
+        stats::Quantity,
     };
 
     #[test]
@@ -87,13 +87,13 @@ mod tests {
         assert_eq!(g.elapsed, Duration::from_secs(10));
         assert_eq!(g.totals().live_bytes, 1048576.0);
         assert_eq!(
-            collapsed::render(&g, Value::InuseBytes),
+            collapsed::render(&g, Quantity::InuseBytes),
             "demo (7);__libc_start_call_main;main;site_large;inlined_helper 1048576\n"
         );
         // Shrinking shows as negative growth, which the folded view omits.
         let back = growth(&b, &a);
         assert_eq!(back.totals().live_bytes, -1048576.0);
-        assert_eq!(collapsed::render(&back, Value::InuseBytes), "");
+        assert_eq!(collapsed::render(&back, Quantity::InuseBytes), "");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use thiserror::Error;
 use crate::{
     profile::Profile,
     report::{self, ReportOptions},
-    stats::Value,
+    stats::Quantity,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -65,7 +65,7 @@ impl Format {
         matches!(self, Format::Collapsed | Format::Svg)
     }
 
-    pub fn describe(self, value: Value) -> String {
+    pub fn describe(self, value: Quantity) -> String {
         match self {
             Format::Report => "report".into(),
             Format::Collapsed => format!("collapsed stacks of {}", value.describe()),
@@ -80,7 +80,7 @@ impl Format {
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     /// The quantity folded stacks and flamegraphs are weighted by.
-    pub value: Value,
+    pub value: Quantity,
     pub report: ReportOptions,
     /// Flamegraph title; by default generated from the processes and value.
     pub title: Option<String>,

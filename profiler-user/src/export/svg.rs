@@ -10,7 +10,7 @@ use inferno::flamegraph::{
 use super::{Options, collapsed};
 use crate::{
     profile::Profile,
-    stats::{Value, human_bytes, human_count},
+    stats::{Quantity, human_bytes, human_count},
 };
 
 /// Weighted by `opts.value`; `opts.title` and `opts.subtitle`, when given,
@@ -40,8 +40,8 @@ pub fn render(profile: &Profile, opts: &Options) -> std::io::Result<Vec<u8>> {
     fg.subtitle = Some(subtitle);
     fg.colors = Palette::Basic(BasicPalette::Mem);
     fg.count_name = match value {
-        Value::InuseBytes | Value::AllocBytes => "bytes",
-        Value::InuseObjects | Value::AllocObjects => "objects",
+        Quantity::InuseBytes | Quantity::AllocBytes => "bytes",
+        Quantity::InuseObjects | Quantity::AllocObjects => "objects",
     }
     .into();
     fg.name_type = "Function:".into();
@@ -53,7 +53,7 @@ pub fn render(profile: &Profile, opts: &Options) -> std::io::Result<Vec<u8>> {
 }
 
 /// "allocprof: live bytes of demo (12), worker (13)".
-fn default_title(profile: &Profile, value: Value) -> String {
+fn default_title(profile: &Profile, value: Quantity) -> String {
     const SHOWN: usize = 4;
     let mut names: Vec<String> = profile
         .processes
@@ -68,16 +68,16 @@ fn default_title(profile: &Profile, value: Value) -> String {
 }
 
 /// "1.5 MiB" or "12.3k objects".
-pub fn quantity(v: f64, value: Value) -> String {
+pub fn quantity(v: f64, value: Quantity) -> String {
     match value {
-        Value::InuseBytes | Value::AllocBytes => human_bytes(v),
-        Value::InuseObjects | Value::AllocObjects => format!("{} objects", human_count(v)),
+        Quantity::InuseBytes | Quantity::AllocBytes => human_bytes(v),
+        Quantity::InuseObjects | Quantity::AllocObjects => format!("{} objects", human_count(v)),
     }
 }
 
 /// A well-formed SVG saying there is nothing to draw (inferno refuses empty
 /// input, but an export of an idle process is not an error).
-fn empty(title: &str, value: Value) -> Vec<u8> {
+fn empty(title: &str, value: Quantity) -> Vec<u8> {
     let escape = |s: &str| {
         s.replace('&', "&amp;")
             .replace('<', "&lt;")
@@ -101,7 +101,7 @@ mod tests {
     use super::*;
     use crate::export::tests::hand_made;
 
-    fn by(value: Value) -> Options {
+    fn by(value: Quantity) -> Options {
         Options {
             value,
             ..Default::default()
@@ -142,7 +142,7 @@ mod tests {
         assert!(svg.contains("allocprof: live bytes of demo (7), other (8)"));
         assert!(svg.contains("estimated total 12.1 MiB"));
         // A name with XML metacharacters survives escaping.
-        let svg = render(&profile, &by(Value::AllocBytes)).unwrap();
+        let svg = render(&profile, &by(Quantity::AllocBytes)).unwrap();
         let titles = frame_titles(&String::from_utf8(svg).unwrap());
         assert!(
             titles
@@ -154,7 +154,7 @@ mod tests {
 
     #[test]
     fn objects_are_counted_as_objects() {
-        let svg = render(&hand_made(), &by(Value::AllocObjects)).unwrap();
+        let svg = render(&hand_made(), &by(Quantity::AllocObjects)).unwrap();
         let svg = String::from_utf8(svg).unwrap();
         assert!(svg.contains(" objects, "), "{svg}");
     }

@@ -62,13 +62,13 @@ pub fn fresh_path(dir: &Path, selection: &ViewSelection, extension: &str) -> Pat
 
 #[cfg(test)]
 mod tests {
-    use profiler_user::stats::Value;
+    use profiler_user::stats::Quantity;
 
     use super::*;
     use crate::tui::rows::tests::{process, profile};
 
     /// Folded stacks weighted by `value`.
-    fn collapsed_exporter(value: Value, dir: PathBuf) -> Exporter {
+    fn collapsed_exporter(value: Quantity, dir: PathBuf) -> Exporter {
         let options = export::Options {
             value,
             ..Default::default()
@@ -80,7 +80,7 @@ mod tests {
     fn exports_folded_stacks_to_fresh_files() {
         let dir = std::env::temp_dir().join(format!("allocprof-tui-export-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let export = collapsed_exporter(Value::InuseBytes, dir.clone());
+        let export = collapsed_exporter(Quantity::InuseBytes, dir.clone());
         let p = profile(
             1,
             vec![process(7, "w", &[(&["leaf", "main"], 100.0, 100.0)])],

@@ -36,7 +36,7 @@ use tokio::{
 
 pub use self::{
     exporter::{Exporter, file_exporter},
-    state::{App, AppEvent, AppOptions, Command},
+    state::{App, AppEvent, AppOptions, Effect},
 };
 use profiler_user::session::{Session, Target};
 
@@ -147,9 +147,9 @@ async fn ui(
         let mut next = Some(first);
         while let Some(event) = next {
             match app.update(event) {
-                Command::None => {}
-                Command::Quit => return Ok(()),
-                Command::Export { profile, selection } => {
+                Effect::None => {}
+                Effect::Quit => return Ok(()),
+                Effect::Export { profile, selection } => {
                     let what = app.describe_selection(&selection);
                     app.exported(exporter(&profile, &selection), &what);
                 }

@@ -32,9 +32,9 @@ pub enum AppEvent {
     Quit,
 }
 
-/// What the run loop must do after an event.
+/// What the run loop must do after an event (the state machine's only output).
 #[derive(Debug)]
-pub enum Command {
+pub enum Effect {
     None,
     Quit,
     /// Write this profile (the current view, already restricted to it).
@@ -296,7 +296,7 @@ impl App {
 
     // ---- transitions ----
 
-    pub fn update(&mut self, event: AppEvent) -> Command {
+    pub fn update(&mut self, event: AppEvent) -> Effect {
         match event {
             AppEvent::Profile(profile) => {
                 let profile = Arc::new(profile);
@@ -306,21 +306,21 @@ impl App {
                     self.shown = self.latest.clone();
                     self.recompute();
                 }
-                Command::None
+                Effect::None
             }
             AppEvent::Key(key) => self.key(key),
-            AppEvent::Resize => Command::None,
+            AppEvent::Resize => Effect::None,
             AppEvent::Warning(text) => {
                 self.log.push(format!("warning: {text}"));
                 self.notice = Some(Notice::Warning(text));
-                Command::None
+                Effect::None
             }
             AppEvent::Info(text) => {
                 self.log.push(text.clone());
                 self.notice = Some(Notice::Info(text));
-                Command::None
+                Effect::None
             }
-            AppEvent::Quit => Command::Quit,
+            AppEvent::Quit => Effect::Quit,
         }
     }
 
@@ -341,24 +341,24 @@ impl App {
         });
     }
 
-    fn key(&mut self, key: KeyEvent) -> Command {
+    fn key(&mut self, key: KeyEvent) -> Effect {
         if key.kind == KeyEventKind::Release {
-            return Command::None;
+            return Effect::None;
         }
         let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
         if ctrl && matches!(key.code, KeyCode::Char('c' | 'C')) {
-            return Command::Quit;
+            return Effect::Quit;
         }
         if self.help {
             // Any key closes the help; it does nothing else.
             self.help = false;
-            return Command::None;
+            return Effect::None;
         }
         if self.search.editing && self.search_key(key) {
-            return Command::None;
+            return Effect::None;
         }
         match key.code {
-            KeyCode::Char('q') => return Command::Quit,
+            KeyCode::Char('q') => return Effect::Quit,
             KeyCode::Char('?') => self.help = true,
             KeyCode::Tab | KeyCode::BackTab => {
                 let view = match self.view {
@@ -416,7 +416,7 @@ impl App {
             KeyCode::Char('e') => return self.export(),
             _ => {}
         }
-        Command::None
+        Effect::None
     }
 
     /// A key while the search query is edited; false if it is not for the
@@ -532,10 +532,10 @@ impl App {
         }
     }
 
-    fn export(&mut self) -> Command {
+    fn export(&mut self) -> Effect {
         let Some(shown) = self.shown.as_deref() else {
             self.notice = Some(Notice::Warning("nothing to export yet".into()));
-            return Command::None;
+            return Effect::None;
         };
         let mut profile = shown.clone();
         let query = self.query();
@@ -561,7 +561,7 @@ impl App {
                 }
             }
         }
-        Command::Export {
+        Effect::Export {
             profile,
             selection: ViewSelection {
                 process: scope,
@@ -722,7 +722,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::tui::rows::tests::{process, profile};
 
-    pub fn press(app: &mut App, code: KeyCode) -> Command {
+    pub fn press(app: &mut App, code: KeyCode) -> Effect {
         app.update(AppEvent::Key(KeyEvent::new(code, KeyModifiers::NONE)))
     }
 
@@ -861,13 +861,13 @@ pub(crate) mod tests {
     fn q_in_a_search_is_text_and_ctrl_c_always_quits() {
         let mut app = app_at(1);
         press(&mut app, KeyCode::Char('/'));
-        assert!(matches!(press(&mut app, KeyCode::Char('q')), Command::None));
+        assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::None));
         assert_eq!(app.search().query, "q");
         let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
-        assert!(matches!(app.update(AppEvent::Key(ctrl_c)), Command::Quit));
+        assert!(matches!(app.update(AppEvent::Key(ctrl_c)), Effect::Quit));
         press(&mut app, KeyCode::Esc);
-        assert!(matches!(press(&mut app, KeyCode::Char('q')), Command::Quit));
-        assert!(matches!(app.update(AppEvent::Quit), Command::Quit));
+        assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::Quit));
+        assert!(matches!(app.update(AppEvent::Quit), Effect::Quit));
     }
 
     #[test]
@@ -943,7 +943,7 @@ pub(crate) mod tests {
     #[test]
     fn export_restricts_the_profile_to_the_view() {
         let mut app = app_at(1);
-        let Command::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
+        let Effect::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
             panic!("e exports");
         };
         assert_eq!(profile.processes.len(), 2);
@@ -954,7 +954,7 @@ pub(crate) mod tests {
         press(&mut app, KeyCode::Char('/'));
         type_str(&mut app, "leak");
         press(&mut app, KeyCode::Enter);
-        let Command::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
+        let Effect::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
             panic!("e exports");
         };
         assert_eq!(profile.processes.len(), 1);
@@ -978,7 +978,7 @@ pub(crate) mod tests {
         let mut app = app_at(1);
         press(&mut app, KeyCode::Char('?'));
         assert!(app.help());
-        assert!(matches!(press(&mut app, KeyCode::Char('q')), Command::None));
+        assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::None));
         assert!(!app.help());
     }
 
