@@ -2,7 +2,11 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum, error::ErrorKind};
+use clap::{
+    Args, CommandFactory, Parser, Subcommand, ValueEnum,
+    builder::{PossibleValue, PossibleValuesParser, TypedValueParser},
+    error::ErrorKind,
+};
 pub use profiler_user::export::Format;
 use profiler_user::{
     export, kernel::Limits, report::ReportOptions, session::Target, stats::Quantity,
@@ -35,7 +39,7 @@ pub struct Cli {
     pub interval: Duration,
 
     /// Output format.
-    #[arg(short, long, value_enum, default_value_t = Format::Report)]
+    #[arg(short, long, default_value = "report", value_parser = choice(&Format::ALL, Format::name, Format::summary))]
     pub format: Format,
 
     /// Write the output to this file instead of stdout.
@@ -43,7 +47,7 @@ pub struct Cli {
     pub output: Option<PathBuf>,
 
     /// The quantity folded stacks and flamegraphs are weighted by.
-    #[arg(long, value_enum, default_value_t = Quantity::InuseBytes)]
+    #[arg(long, default_value = "inuse-bytes", value_parser = choice(&Quantity::ALL, Quantity::name, Quantity::summary))]
     pub value: Quantity,
 
     /// Stacks shown per process in the report.
@@ -143,7 +147,7 @@ pub struct DiffArgs {
     pub format: DiffFormat,
 
     /// The quantity whose growth is shown (svg, collapsed).
-    #[arg(long, value_enum, default_value_t = Quantity::InuseBytes)]
+    #[arg(long, default_value = "inuse-bytes", value_parser = choice(&Quantity::ALL, Quantity::name, Quantity::summary))]
     pub value: Quantity,
 
     /// Write the output to this file instead of stdout.
@@ -226,6 +230,24 @@ impl Cli {
 const MIN_DURATION: Duration = Duration::from_millis(1);
 /// 100 years as humantime counts them (365.25 days).
 const MAX_DURATION: Duration = Duration::from_secs(3_155_760_000);
+
+/// A parser over the names of a library enum's values, each with its help:
+/// clap stays in the binary.
+fn choice<T: Copy + Send + Sync + 'static>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+    help: fn(T) -> &'static str,
+) -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(
+        all.iter()
+            .map(|&v| PossibleValue::new(name(v)).help(help(v))),
+    )
+    .map(move |s| {
+        *all.iter()
+            .find(|&&v| name(v) == s)
+            .expect("clap passes only listed names")
+    })
+}
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let parsed = match s.parse::<f64>() {

@@ -82,7 +82,7 @@ impl std::iter::Sum for Totals {
 }
 
 /// The quantities a profile can be viewed by (pprof's sample types).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Quantity {
     /// Estimated live (in-use) bytes.
     #[default]
@@ -96,6 +96,33 @@ pub enum Quantity {
 }
 
 impl Quantity {
+    pub const ALL: [Quantity; 4] = [
+        Quantity::InuseBytes,
+        Quantity::InuseObjects,
+        Quantity::AllocBytes,
+        Quantity::AllocObjects,
+    ];
+
+    /// The name users give it (`--value NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Quantity::InuseBytes => "inuse-bytes",
+            Quantity::InuseObjects => "inuse-objects",
+            Quantity::AllocBytes => "alloc-bytes",
+            Quantity::AllocObjects => "alloc-objects",
+        }
+    }
+
+    /// One line saying what it is, for help texts.
+    pub fn summary(self) -> &'static str {
+        match self {
+            Quantity::InuseBytes => "Estimated live (in-use) bytes",
+            Quantity::InuseObjects => "Estimated live objects",
+            Quantity::AllocBytes => "Estimated bytes allocated since attach",
+            Quantity::AllocObjects => "Estimated objects allocated since attach",
+        }
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             Quantity::InuseBytes => "live bytes",

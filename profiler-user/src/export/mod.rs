@@ -21,7 +21,7 @@ use crate::{
     stats::Quantity,
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// Human-readable top-N report.
     Report,
@@ -43,6 +43,30 @@ impl Format {
         Format::Svg,
         Format::Json,
     ];
+
+    /// The name users give it (`--format NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Report => "report",
+            Format::Collapsed => "collapsed",
+            Format::Pprof => "pprof",
+            Format::Svg => "svg",
+            Format::Json => "json",
+        }
+    }
+
+    /// One line saying what it is, for help texts.
+    pub fn summary(self) -> &'static str {
+        match self {
+            Format::Report => "Human-readable top-N report",
+            Format::Collapsed => {
+                "Folded stacks (`frame;frame;leaf VALUE`) for flamegraph.pl / inferno"
+            }
+            Format::Pprof => "gzip'd pprof profile.proto, a Go heap profile (`go tool pprof`)",
+            Format::Svg => "Flamegraph SVG",
+            Format::Json => "The report as JSON (schema in docs/json-schema.md)",
+        }
+    }
 
     /// File name extension, without the dot (e.g. for export file names).
     pub fn extension(self) -> &'static str {
