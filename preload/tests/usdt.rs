@@ -163,15 +163,28 @@ fn bpftrace_sees_events(backend: Backend) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn bpftrace");
-    let mut stdout = BufReader::new(bt.stdout.take().unwrap());
-    let mut first = String::new();
+    // Lines arrive through a channel, so no read can block the test forever.
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    let stdout = BufReader::new(bt.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !first.contains("Attaching") {
-        first.clear();
-        if stdout.read_line(&mut first).unwrap() == 0 || Instant::now() > deadline {
-            let mut err = String::new();
-            bt.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-            panic!("bpftrace did not attach: {err}");
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains("Attaching") => break,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = bt.kill();
+                let mut err = String::new();
+                bt.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                panic!("bpftrace did not attach within 60 s: {err}");
+            }
         }
     }
     std::thread::sleep(Duration::from_millis(500));
@@ -181,11 +194,29 @@ fn bpftrace_sees_events(backend: Backend) {
     apply(&mut cmd, preloaded(backend, Some("1")));
     run_ok(&mut cmd, "probes program");
     std::thread::sleep(Duration::from_millis(1000));
-    // SAFETY: signals our own child process by pid.
-    unsafe { libc::kill(bt.id() as i32, libc::SIGINT) };
-    let mut rest = String::new();
-    stdout.read_to_string(&mut rest).unwrap();
-    bt.wait().unwrap();
+    // bpftrace prints its buffered events when SIGINT stops it. Under load
+    // it has been seen to miss one: ask again rather than wait forever.
+    let mut stopped = false;
+    for _ in 0..12 {
+        // SAFETY: signals our own child process by pid.
+        unsafe { libc::kill(bt.id() as i32, libc::SIGINT) };
+        let asked = Instant::now();
+        while asked.elapsed() < Duration::from_secs(5) {
+            if bt.try_wait().unwrap().is_some() {
+                stopped = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if stopped {
+            break;
+        }
+    }
+    if !stopped {
+        let _ = bt.kill();
+        panic!("bpftrace did not stop on SIGINT within a minute");
+    }
+    let rest: String = lines.iter().map(|l| l + "\n").collect();
 
     let mut allocs = Vec::new();
     let mut frees = Vec::new();
