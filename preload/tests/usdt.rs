@@ -181,6 +181,7 @@ fn bpftrace_sees_events(backend: Backend) {
             Ok(_) => {}
             Err(_) => {
                 let _ = bt.kill();
+                let _ = bt.wait();
                 let mut err = String::new();
                 bt.stderr.take().unwrap().read_to_string(&mut err).unwrap();
                 panic!("bpftrace did not attach within 60 s: {err}");
@@ -214,6 +215,7 @@ fn bpftrace_sees_events(backend: Backend) {
     }
     if !stopped {
         let _ = bt.kill();
+        let _ = bt.wait();
         panic!("bpftrace did not stop on SIGINT within a minute");
     }
     let rest: String = lines.iter().map(|l| l + "\n").collect();
