@@ -3,6 +3,9 @@
 //! committed in `profiler-ebpf/prebuilt/`, so stable-only users can build.
 //! `cargo xtask setup` installs the toolchain; a test checks that the committed
 //! object is not stale.
+//!
+//! Also generates the pprof message types from `proto/profile.proto` with
+//! protox (a protobuf compiler in Rust: no protoc) and prost-build.
 
 use std::{env, fs, path::PathBuf, process::Command};
 
@@ -10,7 +13,10 @@ const PREBUILT: &str = "../profiler-ebpf/prebuilt/profiler.bpf.o";
 /// Names the one nightly the eBPF crate builds with.
 const NIGHTLY_FILE: &str = "../profiler-ebpf/rust-toolchain.toml";
 
+const PROFILE_PROTO: &str = "proto/profile.proto";
+
 fn main() {
+    generate_pprof_types();
     println!("cargo:rerun-if-changed={PREBUILT}");
     println!("cargo:rerun-if-changed={NIGHTLY_FILE}");
     println!("cargo:rerun-if-env-changed=ALLOCPROF_PREBUILT_EBPF");
@@ -41,6 +47,15 @@ fn main() {
                 .unwrap_or_else(|e| panic!("copying {PREBUILT}: {e}"));
         }
     }
+}
+
+fn generate_pprof_types() {
+    println!("cargo:rerun-if-changed={PROFILE_PROTO}");
+    let descriptors = protox::compile([PROFILE_PROTO], ["proto"])
+        .unwrap_or_else(|e| panic!("compiling {PROFILE_PROTO}: {e}"));
+    prost_build::Config::new()
+        .compile_fds(descriptors)
+        .unwrap_or_else(|e| panic!("generating the pprof types: {e}"));
 }
 
 /// The `channel` of the eBPF crate's toolchain file (xtask checks its form).

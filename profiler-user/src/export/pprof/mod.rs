@@ -27,6 +27,7 @@ use std::{
 
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 use profiler_common::{DROP_REASONS, DropReason};
+use prost::Message;
 use thiserror::Error;
 
 use self::proto::{Function, Label, Line, Location, Mapping, Sample, ValueType};
@@ -53,8 +54,8 @@ const LABEL_GENERATION: &str = "generation";
 pub enum DecodeError {
     #[error("cannot decompress: {0}")]
     Gzip(#[source] std::io::Error),
-    #[error("not a pprof profile: {0}")]
-    Wire(#[from] proto::WireError),
+    #[error("not a pprof profile")]
+    Wire(#[from] prost::DecodeError),
     #[error("not a heap profile: no sample type {0}")]
     NotHeap(&'static str),
     #[error("malformed pprof profile: {0}")]
@@ -63,7 +64,7 @@ pub enum DecodeError {
 
 /// The profile as a gzip'd `profile.proto`.
 pub fn render(profile: &Profile, time_nanos: i64) -> Vec<u8> {
-    let bytes = to_proto(profile, time_nanos).encode();
+    let bytes = to_proto(profile, time_nanos).encode_to_vec();
     let mut gz = GzEncoder::new(Vec::new(), Compression::default());
     gz.write_all(&bytes).expect("writing to memory");
     gz.finish().expect("writing to memory")
@@ -658,7 +659,7 @@ mod tests {
             string_table: ["", "samples", "count"].map(String::from).to_vec(),
             ..Default::default()
         };
-        let err = decode(&cpu.encode()).unwrap_err();
+        let err = decode(&cpu.encode_to_vec()).unwrap_err();
         assert_eq!(
             err.to_string(),
             "not a heap profile: no sample type alloc_objects"
