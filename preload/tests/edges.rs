@@ -141,6 +141,33 @@ fn region_fits_under_rlimit_as() {
     }
 }
 
+/// With too little address space for even the smallest region, the library
+/// says so once on stderr and every sample is still counted (unplaced, and
+/// announced with a null pointer) while the program runs on normally.
+#[test]
+fn no_room_for_any_region_is_reported() {
+    require_tool("bash", "bash");
+    for backend in BACKENDS {
+        let exe = c_program("edges", "edges");
+        let mut cmd = Command::new("bash");
+        cmd.args(["-c", "ulimit -v 400000 && exec \"$0\" region"])
+            .arg(&exe);
+        apply(&mut cmd, preloaded(backend, Some("1")));
+        let out = run_ok(&mut cmd, "region under ulimit -v 400000");
+        let text = stdout(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr
+                .matches("allocprof: cannot reserve address space for the sample region")
+                .count(),
+            1,
+            "{backend:?}: stderr {stderr:?}"
+        );
+        assert!(field(&text, "unplaced") >= 2, "{backend:?}: {text}");
+        assert_eq!(field(&text, "live_pages"), 0, "{text}");
+    }
+}
+
 /// Samples of any size, however many are live: 4 x 256 MiB, 1 GiB and
 /// 1,500 x 3 MiB (more than the 4 MiB class's 1,024 slots) are all placed.
 #[test]
