@@ -356,9 +356,9 @@ fn commit(base: usize, l: &Layout, k: usize, idx: usize) -> bool {
     let chunk = (COMMIT_CHUNK / slot_bytes(k)).max(1);
     let want = (idx + 1).next_multiple_of(chunk).min(l.slots[k]);
     let start = base + l.offset[k] + done * slot_bytes(k);
-    // SAFETY: slots [done, want) of class k lie inside our reservation and
-    // hold no live block we do not own (they are past the committed
-    // prefix, so nobody has written them); this only adds access.
+    // SAFETY: slots [done, want) of class k lie inside our reservation;
+    // making them readable and writable only adds access (pages a racing
+    // commit already opened keep their contents).
     let rc = unsafe {
         libc::mprotect(
             start as *mut libc::c_void,
