@@ -171,8 +171,10 @@ pub unsafe fn malloc_usable_size<B: Backend>(p: *mut c_void) -> usize {
     }
 }
 
-/// Countdown expired on an allocation: sample it (if the sampler says so
-/// and it fits in the region) or fall back to the backend.
+/// Countdown expired on an allocation: sample it (if the sampler says so)
+/// or fall back to the backend. A sample the region cannot take is served
+/// by the backend and announced with a null pointer, so its weight is
+/// counted as dropped rather than lost.
 #[cold]
 #[inline(never)]
 unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut c_void {
@@ -185,7 +187,7 @@ unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut 
         }
     }
     // SAFETY: forwarded with the caller's contract; align is a power of two.
-    unsafe {
+    let p = unsafe {
         if align > MIN_ALIGN {
             B::memalign(align, size)
         } else if zero {
@@ -193,7 +195,11 @@ unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut 
         } else {
             B::malloc(size)
         }
+    };
+    if weight != 0 && !p.is_null() {
+        sampled::unplaced(size, weight);
     }
+    p
 }
 
 /// realloc where the old block is sampled or the new size's countdown
@@ -221,11 +227,18 @@ unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -
         if q.is_null() {
             return ptr::null_mut();
         }
+        if weight != 0 {
+            sampled::unplaced(size, weight);
+        }
         q
     } else {
         // Unsampled to unsampled: the backend may resize in place.
         // SAFETY: p came from the backend.
-        return unsafe { B::realloc(p, size) };
+        let q = unsafe { B::realloc(p, size) };
+        if weight != 0 && !q.is_null() {
+            sampled::unplaced(size, weight);
+        }
+        return q;
     };
     // SAFETY: p and q are distinct live blocks; p has at least `old` usable
     // bytes and q at least `size`.
@@ -260,6 +273,31 @@ macro_rules! export_c_allocator {
         /// C semantics.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn free(p: *mut __AllocprofVoid) {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::free::<$backend>(p) }
+        }
+
+        /// C23 `free_sized`: the size hint is not needed (sampled blocks
+        /// are recognised by address), so it is `free`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn free_sized(p: *mut __AllocprofVoid, _size: usize) {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::free::<$backend>(p) }
+        }
+
+        /// C23 `free_aligned_sized`: `free`, as above.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn free_aligned_sized(
+            p: *mut __AllocprofVoid,
+            _align: usize,
+            _size: usize,
+        ) {
             // SAFETY: C contract of the export.
             unsafe { $crate::capi::free::<$backend>(p) }
         }

@@ -69,6 +69,21 @@ pub fn preserving<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Run an allocation `f`; if it succeeds (non-null), put errno back to its
+/// value before `f`. A failure keeps the errno `f` set (ENOMEM).
+#[inline(always)]
+pub fn preserving_on_success<T>(f: impl FnOnce() -> *mut T) -> *mut T {
+    // SAFETY: this thread's errno slot, valid for the thread's life.
+    let saved = unsafe { *location() };
+    let p = f();
+    if !p.is_null() {
+        let e = thread_pointer().wrapping_add(load_relaxed_direct!(TP_OFFSET => isize));
+        // SAFETY: as above (same thread; the offset is known now).
+        unsafe { *(e as *mut i32) = saved };
+    }
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,13 +34,19 @@ impl<A: GlobalAlloc> SamplingAllocator<A> {
             }
         }
         // SAFETY: caller's GlobalAlloc contract (non-zero size layout).
-        unsafe {
+        let p = unsafe {
             if zeroed {
                 self.inner.alloc_zeroed(layout)
             } else {
                 self.inner.alloc(layout)
             }
+        };
+        // An unplaced sample is announced with a null pointer (counted as
+        // dropped, not lost).
+        if weight != 0 && !p.is_null() {
+            sampled::unplaced(layout.size(), weight);
         }
+        p
     }
 
     #[cold]
@@ -66,13 +72,17 @@ impl<A: GlobalAlloc> SamplingAllocator<A> {
             ptr::null_mut()
         };
         if q.is_null() {
-            if !old_sampled {
+            q = if old_sampled {
+                // SAFETY: valid non-zero layout.
+                unsafe { self.inner.alloc(new_layout) }
+            } else {
                 // SAFETY: p came from inner with `layout`.
-                return unsafe { self.inner.realloc(p, layout, new_size) };
+                unsafe { self.inner.realloc(p, layout, new_size) }
+            };
+            if weight != 0 && !q.is_null() {
+                sampled::unplaced(new_size, weight);
             }
-            // SAFETY: valid non-zero layout.
-            q = unsafe { self.inner.alloc(new_layout) };
-            if q.is_null() {
+            if q.is_null() || !old_sampled {
                 return q;
             }
         }

@@ -4,7 +4,8 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::{sample_region, usdt};
+use crate::sample_region::{self, BadFree};
+use crate::{errno, usdt};
 
 static SAMPLED: AtomicU64 = AtomicU64::new(0);
 static UNPLACED: AtomicU64 = AtomicU64::new(0);
@@ -18,8 +19,9 @@ pub struct Stats {
     /// Allocations the sampler selected (placed or not).
     pub sampled: u64,
     /// Selected allocations that could not be placed in the sample region
-    /// (region full or unavailable, too large, too aligned, kernel refused):
-    /// served unsampled, no probe fired.
+    /// (region exhausted or unavailable, alignment above 128 MiB, kernel
+    /// refused): served by the backend and announced with a null pointer
+    /// (see [`unplaced`]).
     pub unplaced_samples: u64,
     /// Sampled blocks released (free probe fired).
     pub freed: u64,
@@ -38,12 +40,14 @@ pub fn stats() -> Stats {
 }
 
 /// Place a sampled allocation and announce it; null if it cannot be placed
-/// (counted in `unplaced_samples`; the caller allocates it normally). With
-/// `zero` the block's `size` bytes read as zero.
+/// (counted in `unplaced_samples`; the caller allocates it from the backend
+/// and, if that succeeds, calls [`unplaced`]). With `zero` the block's
+/// `size` bytes read as zero. errno is preserved (the region's first use
+/// and lazy mode make syscalls that may fail).
 #[inline(never)]
 pub fn place(size: usize, align: usize, weight: u64, zero: bool) -> *mut u8 {
     SAMPLED.fetch_add(1, Ordering::Relaxed);
-    match sample_region::alloc(size, align, weight, zero) {
+    match errno::preserving(|| sample_region::alloc(size, align, weight, zero)) {
         Some(p) => {
             LIVE_PAGES.fetch_add(sample_region::pages_for(size) as u64, Ordering::Relaxed);
             usdt::alloc(p as usize, size, weight);
@@ -56,13 +60,64 @@ pub fn place(size: usize, align: usize, weight: u64, zero: bool) -> *mut u8 {
     }
 }
 
+/// A sample [`place`] could not place was served by the backend: announce
+/// it with pointer 0, so the profiler counts its weight as dropped instead
+/// of losing it silently. (No free probe will follow: the block is not in
+/// the region.)
+#[cold]
+#[inline(never)]
+pub fn unplaced(size: usize, weight: u64) {
+    usdt::alloc(0, size, weight);
+}
+
 /// Release a block for which `sample_region::contains` holds. errno is
-/// preserved (free must not change it; the region may call madvise).
+/// preserved (free must not change it; the region may call madvise). A
+/// block freed twice (or a pointer into the middle of a slot) aborts the
+/// process, as glibc does, before the slot's free stack could be corrupted.
 #[cold]
 #[inline(never)]
 pub fn release(p: *mut u8) {
+    let size = match sample_region::claim(p) {
+        Ok(size) => size,
+        Err(BadFree::DoubleFree) => fatal(b"double free of sampled block", p),
+        Err(BadFree::InvalidPointer) => fatal(b"invalid pointer in the sample region", p),
+    };
+    // Before the slot is given back: another thread may reuse it at once,
+    // and its alloc must not be announced before this free.
     usdt::free(p as usize);
-    let size = crate::errno::preserving(|| sample_region::free(p));
+    errno::preserving(|| sample_region::release(p));
     LIVE_PAGES.fetch_sub(sample_region::pages_for(size) as u64, Ordering::Relaxed);
     FREED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// `allocprof: free(): <what> 0x<p>` on stderr, then abort. No allocation
+/// (the heap may be corrupt): the line is built on the stack and written
+/// with write(2).
+#[cold]
+fn fatal(what: &[u8], p: *mut u8) -> ! {
+    let mut buf = [0u8; 128];
+    let mut n = 0;
+    let mut put = |bytes: &[u8]| {
+        for &b in bytes {
+            if n < buf.len() {
+                buf[n] = b;
+                n += 1;
+            }
+        }
+    };
+    put(b"allocprof: free(): ");
+    put(what);
+    put(b" 0x");
+    let v = p as usize;
+    let digits = (usize::BITS - v.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        put(&[b"0123456789abcdef"[(v >> (4 * i)) & 0xf]]);
+    }
+    put(b"\n");
+    // SAFETY: writes our stack buffer to stderr, then aborts the process
+    // (abort is async-signal-safe and never returns).
+    unsafe {
+        libc::write(2, buf.as_ptr().cast(), n);
+        libc::abort()
+    }
 }

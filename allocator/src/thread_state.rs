@@ -79,9 +79,14 @@ pub(crate) fn countdown(size: usize) -> bool {
 
 /// Slow path after [`countdown`] returned `true`. Returns the sample weight
 /// in bytes, or 0 if the allocation is not sampled.
+/// errno is preserved: seeding may make syscalls (mmap, madvise) that fail.
 #[cold]
 #[inline(never)]
 pub(crate) fn resolve(size: usize) -> u64 {
+    crate::errno::preserving(|| resolve_inner(size))
+}
+
+fn resolve_inner(size: usize) -> u64 {
     let st = state();
     // SAFETY: `st` is this thread's TLS block (see `countdown`); the busy
     // flag makes this section non-reentrant on the thread, and no other

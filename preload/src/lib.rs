@@ -14,8 +14,14 @@ unsafe extern "C" {
 /// mimalloc (statically linked; its symbols stay private to this library).
 pub struct Mimalloc;
 
+/// Run a mimalloc allocation with C semantics for errno: unchanged on
+/// success, ENOMEM on failure. mimalloc's slow paths make syscalls that
+/// fail harmlessly and leave errno set even when the allocation succeeds
+/// (naming a fresh arena with prctl gives EINVAL on kernels without
+/// CONFIG_ANON_VMA_NAME).
 #[inline(always)]
-fn enomem_if_null(p: *mut c_void) -> *mut c_void {
+fn c_errno(f: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    let p = allocator::errno::preserving_on_success(f);
     if p.is_null() {
         // SAFETY: __errno_location returns this thread's errno slot.
         unsafe { *libc::__errno_location() = libc::ENOMEM };
@@ -24,22 +30,23 @@ fn enomem_if_null(p: *mut c_void) -> *mut c_void {
 }
 
 // SAFETY: mimalloc has C allocator semantics; errno is set on failure here
-// in case a mimalloc build does not, and preserved across free.
+// in case a mimalloc build does not, and preserved across successful calls
+// and free.
 unsafe impl Backend for Mimalloc {
     #[inline(always)]
     unsafe fn malloc(size: usize) -> *mut c_void {
         // SAFETY: forwarded verbatim.
-        enomem_if_null(unsafe { libmimalloc_sys::mi_malloc(size) })
+        c_errno(|| unsafe { libmimalloc_sys::mi_malloc(size) })
     }
     #[inline(always)]
     unsafe fn calloc(size: usize) -> *mut c_void {
         // SAFETY: forwarded verbatim.
-        enomem_if_null(unsafe { mi_calloc(1, size) })
+        c_errno(|| unsafe { mi_calloc(1, size) })
     }
     #[inline(always)]
     unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: p came from mimalloc.
-        enomem_if_null(unsafe { libmimalloc_sys::mi_realloc(p, size) })
+        c_errno(|| unsafe { libmimalloc_sys::mi_realloc(p, size) })
     }
     #[inline(always)]
     unsafe fn free(p: *mut c_void) {
@@ -51,7 +58,7 @@ unsafe impl Backend for Mimalloc {
     #[inline(always)]
     unsafe fn memalign(align: usize, size: usize) -> *mut c_void {
         // SAFETY: align is a power of two.
-        enomem_if_null(unsafe { libmimalloc_sys::mi_malloc_aligned(size, align) })
+        c_errno(|| unsafe { libmimalloc_sys::mi_malloc_aligned(size, align) })
     }
     unsafe fn usable_size(p: *mut c_void) -> usize {
         // SAFETY: p came from mimalloc.
