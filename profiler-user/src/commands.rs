@@ -1,7 +1,11 @@
 //! The subcommands: `allocprof record` (pprof files, optionally numbered
 //! snapshots) and `allocprof diff` (the growth between two of them).
 
-use std::{io::Write, path::Path, time::Duration};
+use std::{
+    io::{Read, Write},
+    path::Path,
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use profiler_user::{
@@ -164,7 +168,11 @@ pub fn diff(args: &DiffArgs) -> Result<()> {
     Ok(())
 }
 
+/// Reads at most one byte over the decoder's limit, whatever the file's size.
 fn read_pprof(path: &Path) -> Result<Profile> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(pprof::MAX_PROFILE_BYTES + 1).read_to_end(&mut bytes))
+        .with_context(|| format!("reading {}", path.display()))?;
     pprof::decode(&bytes).with_context(|| format!("reading {}", path.display()))
 }

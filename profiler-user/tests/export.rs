@@ -8,7 +8,7 @@ mod common;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc,
@@ -435,10 +435,19 @@ fn diff_of_bad_files_is_a_clear_error() {
     let text = dir.join("text.pb.gz");
     std::fs::write(&text, b"hello world").unwrap();
     let missing = dir.join("missing.pb.gz");
+    // 2 GiB of empty length-delimited fields in a small gzip file.
+    let bomb = dir.join("bomb.pb.gz");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let chunk = [0x0a_u8, 0x00].repeat(1 << 20);
+    for _ in 0..1024 {
+        gz.write_all(&chunk).unwrap();
+    }
+    std::fs::write(&bomb, gz.finish().unwrap()).unwrap();
     for (a, b, needle) in [
         (&garbage, &text, "cannot decompress"),
         (&text, &text, "not a pprof profile"),
         (&missing, &text, "reading"),
+        (&bomb, &text, "larger than 64 MiB"),
     ] {
         let out = allocprof()
             .args(["diff", a.to_str().unwrap(), b.to_str().unwrap()])

@@ -50,8 +50,15 @@ const LABEL_PROCESS: &str = "process";
 const LABEL_PID: &str = "pid";
 const LABEL_GENERATION: &str = "generation";
 
+/// Most bytes a profile may take, compressed or not: far above any real heap
+/// profile (allocprof's are a few MiB), far below what a crafted file could
+/// make a decoder allocate (a decoded message costs several times its bytes).
+pub const MAX_PROFILE_BYTES: u64 = 64 << 20;
+
 #[derive(Debug, Error)]
 pub enum DecodeError {
+    #[error("larger than {} MiB uncompressed; not a heap profile allocprof reads", MAX_PROFILE_BYTES >> 20)]
+    TooLarge,
     #[error("cannot decompress: {0}")]
     Gzip(#[source] std::io::Error),
     #[error("not a pprof profile")]
@@ -400,7 +407,9 @@ pub fn decode(bytes: &[u8]) -> Result<Profile, DecodeError> {
     let raw;
     let data = if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
+        // One byte over the limit tells a file at the limit from a bomb.
         GzDecoder::new(bytes)
+            .take(MAX_PROFILE_BYTES + 1)
             .read_to_end(&mut out)
             .map_err(DecodeError::Gzip)?;
         raw = out;
@@ -408,6 +417,9 @@ pub fn decode(bytes: &[u8]) -> Result<Profile, DecodeError> {
     } else {
         bytes
     };
+    if data.len() as u64 > MAX_PROFILE_BYTES {
+        return Err(DecodeError::TooLarge);
+    }
     from_proto(&proto::Profile::decode(data)?)
 }
 
@@ -645,6 +657,23 @@ mod tests {
             build_id(Path::new(exe)).unwrap()
         );
         assert!(m.has_filenames && m.has_line_numbers);
+    }
+
+    #[test]
+    fn decompression_bombs_are_refused_before_decoding() {
+        // 80 MiB of empty sample_type fields, gzip'd to well under 1 MiB:
+        // decoded, each pair would become a ValueType.
+        let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+        let chunk = [0x0a_u8, 0x00].repeat(1 << 20);
+        for _ in 0..40 {
+            gz.write_all(&chunk).unwrap();
+        }
+        let bomb = gz.finish().unwrap();
+        assert!(bomb.len() < 1 << 20, "{}", bomb.len());
+        assert!(matches!(decode(&bomb), Err(DecodeError::TooLarge)));
+        // Uncompressed, the same limit holds.
+        let raw = vec![0u8; (MAX_PROFILE_BYTES + 1) as usize];
+        assert!(matches!(decode(&raw), Err(DecodeError::TooLarge)));
     }
 
     #[test]
