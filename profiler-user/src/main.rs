@@ -20,7 +20,7 @@ use profiler_user::{
     output::{self, Existing},
     profile::Profile,
     report::{self, ReportOptions},
-    session::{Session, StartError},
+    session::{Session, StartError, Target},
 };
 
 use crate::{
@@ -107,6 +107,12 @@ async fn run(cli: Cli) -> Result<()> {
     print_warnings(&mut session);
     if !headless {
         let dir = std::env::current_dir().context("finding the current directory")?;
+        // The live view is still useful where exports cannot go: say so in it.
+        if let Err(e) = output::check_writable(&dir.join("allocprof-export")) {
+            session
+                .warnings
+                .push(format!("the export key cannot write here: {e:#}"));
+        }
         let exporter = tui::file_exporter(cli.format, cli.export_options(), dir);
         let options = tui::Options {
             interval: cli.interval,
@@ -118,14 +124,17 @@ async fn run(cli: Cli) -> Result<()> {
         }
         return Ok(());
     }
-    eprintln!(
-        "allocprof: attached {} probe sites; {}",
-        session.attachments(),
-        match cli.duration {
-            Some(d) => format!("profiling for {}", humantime::format_duration(d)),
-            None => "profiling until Ctrl-C".into(),
-        }
-    );
+    let how_long = match cli.duration {
+        Some(d) => format!("profiling for {}", humantime::format_duration(d)),
+        None => "profiling until Ctrl-C".into(),
+    };
+    match (session.attachments(), cli.targets.target()) {
+        (0, Target::All) => eprintln!(
+            "allocprof: attached; no running process carries the otel_memory probes yet, \
+             waiting for one to start; {how_long}"
+        ),
+        (n, _) => eprintln!("allocprof: attached {n} probe sites; {how_long}"),
+    }
 
     let mut driver = Driver::new(cli.interval)
         .with_deadline(cli.duration)

@@ -59,7 +59,12 @@ pub fn check_writable(path: &Path) -> Result<()> {
             dir.display()
         );
     }
-    Ok(())
+    // Permissions, read-only mounts, quotas: try what writing will do.
+    tempfile::Builder::new()
+        .prefix(".allocprof-check.")
+        .tempfile_in(&dir)
+        .map(drop)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn parent_dir(path: &Path) -> PathBuf {
