@@ -1,0 +1,179 @@
+//! Reserving the region and its side table: the address-space budget under
+//! `RLIMIT_AS`, the largest layout the kernel grants, and the advice that
+//! keeps it out of core dumps and off huge pages. Raw syscalls only: this
+//! runs inside `malloc`.
+
+use core::ptr;
+
+use super::{
+    layout::{LAYOUTS, MAX_ALIGN, PAGE},
+    slots::SlotMeta,
+};
+
+pub(super) fn warn(msg: &[u8]) {
+    // SAFETY: writes our own buffer to stderr; the result does not matter.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
+const PR_SET_VMA: libc::c_int = 0x5356_4d41;
+const PR_SET_VMA_ANON_NAME: libc::c_ulong = 0;
+
+/// Fresh anonymous `MAP_NORESERVE` mapping of `len` bytes, or `None`.
+fn map_anon(len: usize, prot: libc::c_int) -> Option<usize> {
+    // SAFETY: fresh anonymous mapping at a kernel-chosen address; no
+    // existing mapping is touched.
+    let p = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p as usize)
+}
+
+/// Bytes of address space the region (plus side table) may take: no limit
+/// without `RLIMIT_AS`, else a quarter of the limit and at most half of
+/// what the process has not used yet (the rest of the program needs room).
+fn address_space_budget() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: writes the limit into `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0
+        || lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return usize::MAX;
+    }
+    let limit = lim.rlim_cur as usize;
+    let free = limit.saturating_sub(vm_size());
+    (limit / 4).min(free / 2)
+}
+
+/// This process's address space size in bytes (`/proc/self/statm`'s first
+/// field), 0 if unknown. No allocation: a stack buffer and raw syscalls.
+fn vm_size() -> usize {
+    // SAFETY: opens a proc file read-only with a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/statm".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return 0;
+    }
+    let mut buf = [0u8; 64];
+    // SAFETY: reads at most buf.len() bytes into buf; closes our own fd.
+    let n = unsafe {
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    let n = usize::try_from(n).unwrap_or(0);
+    buf[..n]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .fold(0usize, |acc, b| {
+            acc.saturating_mul(10).saturating_add(usize::from(b - b'0'))
+        })
+        .saturating_mul(PAGE)
+}
+
+pub(super) struct Mapped {
+    pub(super) base: usize,
+    pub(super) meta: *mut SlotMeta,
+    pub(super) layout: usize,
+    pub(super) lazy: bool,
+}
+
+/// Test builds only: `ALLOCPROF_TEST_FORCE_LAZY=1` makes the region lazy
+/// as under strict overcommit. Not compiled into any library.
+#[cfg(test)]
+fn force_lazy() -> bool {
+    std::env::var_os("ALLOCPROF_TEST_FORCE_LAZY").is_some()
+}
+#[cfg(not(test))]
+fn force_lazy() -> bool {
+    false
+}
+
+/// Reserve the largest layout that fits the address-space budget and that
+/// the kernel grants (writable; `PROT_NONE` + lazy mode if the kernel
+/// refuses a writable reservation of that size but not an inaccessible
+/// one), plus its side table.
+pub(super) fn map_region() -> Option<Mapped> {
+    let budget = address_space_budget();
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    for (i, l) in LAYOUTS.iter().enumerate() {
+        let meta_len = (l.total_slots * size_of::<SlotMeta>()).next_multiple_of(PAGE);
+        let reserve = l.len + MAX_ALIGN;
+        if reserve + meta_len > budget {
+            continue;
+        }
+        let writable = if force_lazy() {
+            None
+        } else {
+            map_anon(reserve, rw)
+        };
+        let (raw, lazy) = match writable {
+            Some(raw) => (raw, false),
+            None => match map_anon(reserve, libc::PROT_NONE) {
+                Some(raw) => (raw, true),
+                None => continue, // not enough address space: smaller
+            },
+        };
+        let base = raw.next_multiple_of(MAX_ALIGN);
+        // SAFETY: trims the unaligned head and tail of our own reservation.
+        unsafe {
+            if base > raw {
+                libc::munmap(raw as *mut libc::c_void, base - raw);
+            }
+            let end = base + l.len;
+            let raw_end = raw + reserve;
+            if raw_end > end {
+                libc::munmap(end as *mut libc::c_void, raw_end - end);
+            }
+        }
+        // Zero pages are a valid all-empty side table (atomics of 0).
+        let Some(meta) = map_anon(meta_len, rw) else {
+            // SAFETY: releases the reservation made above.
+            unsafe { libc::munmap(base as *mut libc::c_void, l.len) };
+            continue;
+        };
+        // SAFETY: advice and names on our own anonymous mappings. Failures
+        // are harmless and ignored: DONTDUMP/NOHUGEPAGE only keep dumps
+        // small and slots from pinning huge pages; naming needs
+        // CONFIG_ANON_VMA_NAME.
+        unsafe {
+            libc::madvise(base as *mut libc::c_void, l.len, libc::MADV_DONTDUMP);
+            libc::madvise(base as *mut libc::c_void, l.len, libc::MADV_NOHUGEPAGE);
+            libc::madvise(meta as *mut libc::c_void, meta_len, libc::MADV_DONTDUMP);
+            libc::prctl(
+                PR_SET_VMA,
+                PR_SET_VMA_ANON_NAME,
+                base as libc::c_ulong,
+                l.len as libc::c_ulong,
+                c"allocprof-samples".as_ptr() as libc::c_ulong,
+            );
+            libc::prctl(
+                PR_SET_VMA,
+                PR_SET_VMA_ANON_NAME,
+                meta as libc::c_ulong,
+                meta_len as libc::c_ulong,
+                c"allocprof-meta".as_ptr() as libc::c_ulong,
+            );
+        }
+        return Some(Mapped {
+            base,
+            meta: meta as *mut SlotMeta,
+            layout: i,
+            lazy,
+        });
+    }
+    None
+}

@@ -1,0 +1,365 @@
+//! The sample region: one reserved address range that holds every sampled
+//! block, so `free` recognises a sampled pointer with one range compare and
+//! never reads memory around unsampled ones.
+//!
+//! Layout ([`Layout`], chosen once at first use): classes of slots of
+//! `PAGE << k` bytes, from 4 KiB up to 4 GiB. The full layout gives every
+//! class up to 128 MiB slots 4 GiB of address space and the huge classes
+//! (256 MiB .. 4 GiB) at least four slots: 100 GiB in all. A block lives at
+//! the start of its slot, so it is page aligned and aligned to
+//! `min(slot, MAX_ALIGN)` (class bases are aligned that way). Per-slot
+//! size/weight/link/state and a "possibly dirty pages" count live in a
+//! separate side table.
+//!
+//! Size: under `RLIMIT_AS` (or when the kernel refuses the full range) the
+//! layout is scaled down by powers of two: smaller classes get less space
+//! and the largest classes are dropped, rather than having no region at
+//! all (a 64 GiB reservation under `ulimit -v 8000000` used to fail and the
+//! process was never sampled).
+//!
+//! Placement: a block goes to the smallest class that fits its size and
+//! alignment; a class with no free slot spills into the next larger class,
+//! so however many samples of one size are live they are placed while any
+//! larger class has room. A sample that still cannot be placed (region
+//! exhausted or unavailable, block larger than the largest slot, alignment
+//! above `MAX_ALIGN`) is reported as `None`; the caller announces it with a
+//! null pointer so its weight is not lost.
+//!
+//! Memory: the whole region is mapped `PROT_READ | PROT_WRITE` up front
+//! with `MAP_NORESERVE`. Untouched pages cost nothing (no RSS, no commit
+//! charge under the default overcommit policy), so placing a block needs no
+//! syscall: its pages are committed by the first touch, like any fresh
+//! anonymous memory, and it is one VMA however many slots are live (no
+//! `vm.max_map_count` exposure). The region is `MADV_DONTDUMP` (sampled
+//! blocks are a sliver of the heap; a core dump of 100 GiB of mostly zero
+//! pages helps nobody) and `MADV_NOHUGEPAGE` (under THP `always` a 4 KiB
+//! slot could otherwise pin a 2 MiB page).
+//!
+//! Reuse: each class has three sources of slots, tried in this order:
+//! * a *warm* Treiber stack of freed slots whose pages were kept resident
+//!   (no fault on reuse; the contents are stale, so `zero` requests
+//!   memset the block). At most [`warm_limit`]`(k)` slots per class:
+//!   [`WARM_MAX_SLOTS`] and at most [`WARM_MAX_BYTES`] of slot capacity, so
+//!   the cache holds at most ~5 MiB process-wide and nothing for slots of
+//!   2 MiB and more;
+//! * a *cold* Treiber stack of freed slots whose pages were released with
+//!   `madvise(MADV_DONTNEED)` when the warm stack was full (read as zero);
+//! * a bump index of never-used slots (zero).
+//!
+//! So a sample costs syscalls only when its class's warm cache overflows,
+//! and then exactly one `madvise`. Both stacks are ABA-tagged and share the
+//! per-slot link (a slot is on at most one stack); the warm count is taken
+//! before a push and dropped after a pop, so warm stack size <= count <=
+//! limit holds at every instant.
+//!
+//! Double free: each slot has a live/free state that `free` flips with a
+//! CAS, so freeing a block twice is caught before its slot could be pushed
+//! twice (which would link the stack to itself and hand the same pointer to
+//! two callers); the caller aborts, as glibc does.
+//!
+//! Strict overcommit (`vm.overcommit_memory = 2` ignores `MAP_NORESERVE`,
+//! so a large writable reservation fails): the region is then reserved
+//! `PROT_NONE` and runs in *lazy* mode, where each class has a committed
+//! (`PROT_READ | PROT_WRITE`) prefix of slots that placement grows by
+//! `mprotect` in chunks of [`COMMIT_CHUNK`] bytes (at least one slot). The
+//! prefix never shrinks (cold release only drops pages), so the region is
+//! at most two VMAs per class however many samples are live: no
+//! `vm.max_map_count` exposure in this mode either. Its commit charge is
+//! the classes' high-water marks.
+//!
+//! Lock-free throughout: a signal handler or fork child can never find a
+//! lock held.
+//!
+//! Not a debugging allocator: a stale pointer into a freed sampled block,
+//! or an overflow past a block into the rest of its slot, reads/writes
+//! ordinary memory (as with any malloc) instead of faulting.
+
+mod layout;
+mod mapping;
+mod slots;
+#[cfg(test)]
+mod tests;
+
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+
+pub use self::layout::{
+    CLASS_COUNT, COMMIT_CHUNK, LAYOUT_COUNT, Layout, MAX_ALIGN, MAX_SLOT, PAGE, WARM_MAX_BYTES,
+    WARM_MAX_SLOTS, class_for, layout, pages_for, slot_bytes, warm_limit,
+};
+use self::{
+    layout::{LAYOUTS, PAGE_SHIFT},
+    mapping::{map_region, warn},
+    slots::{CLASSES, FREE, LIVE, SlotMeta, bump, pop, push, slot_meta},
+};
+
+/// The largest region ever used: before the region exists, `BASE` sits
+/// this far below the top of the address space (kernel half), so
+/// `p - BASE < LEN` is false for every user pointer and NULL whichever of
+/// BASE and LEN a racing reader sees first.
+const MAX_REGION_LEN: usize = LAYOUTS[0].len;
+const UNMAPPED_BASE: usize = 0usize.wrapping_sub(MAX_REGION_LEN);
+
+static BASE: AtomicUsize = AtomicUsize::new(UNMAPPED_BASE);
+/// Region length; 0 until the region exists.
+static LEN: AtomicUsize = AtomicUsize::new(0);
+static META: AtomicPtr<SlotMeta> = AtomicPtr::new(ptr::null_mut());
+/// Index into `LAYOUTS` of the layout in use (valid once READY).
+static LAYOUT: AtomicUsize = AtomicUsize::new(0);
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// Region reserved PROT_NONE (strict overcommit): commit by mprotect.
+static LAZY: AtomicBool = AtomicBool::new(false);
+const UNINIT: u8 = 0;
+const INITIALISING: u8 = 1;
+const READY: u8 = 2;
+const FAILED: u8 = 3;
+
+/// Whether `p` is (inside) the sample region. The only check on the
+/// unsampled free path: two loads of read-mostly globals on one cache line
+/// and a compare.
+#[inline(always)]
+pub fn contains(p: *const u8) -> bool {
+    (p as usize).wrapping_sub(load_relaxed_direct!(BASE => usize))
+        < load_relaxed_direct!(LEN => usize)
+}
+
+/// The region's address range and whether it runs in lazy mode, once it
+/// exists.
+pub fn bounds() -> Option<(usize, usize, bool)> {
+    (STATE.load(Ordering::Acquire) == READY).then(|| {
+        (
+            BASE.load(Ordering::Relaxed),
+            LEN.load(Ordering::Relaxed),
+            LAZY.load(Ordering::Relaxed),
+        )
+    })
+}
+
+/// Where a placed slot came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Warm,
+    Cold,
+    Bump,
+}
+
+/// Place a block of `size` bytes aligned to `align` (a power of two),
+/// recording `weight`; with `zero`, its `size` bytes read as zero. A full
+/// class spills into larger ones. `None` if the region is unavailable or
+/// has no fitting free slot, or (lazy mode only) the kernel refuses to
+/// commit it. May change errno.
+pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut u8> {
+    let pages = pages_for(size);
+    let first = class_for(pages, align)?;
+    let (base, meta, l) = ensure_mapped()?;
+    for k in first..l.classes {
+        let c = &CLASSES[k];
+        let (idx, source) = if let Some(i) = pop(&c.warm, meta, l, k) {
+            c.warm_count.fetch_sub(1, Ordering::Relaxed);
+            (i, Source::Warm)
+        } else if let Some(i) = pop(&c.cold, meta, l, k) {
+            (i, Source::Cold)
+        } else if let Some(i) = bump(l, k) {
+            (i, Source::Bump)
+        } else {
+            continue; // spill into the next class
+        };
+        let addr = base + l.offset[k] + idx * slot_bytes(k);
+        if LAZY.load(Ordering::Relaxed) && !commit(base, l, k, idx) {
+            // Typically the commit limit. Give the slot back where it came
+            // from and let the caller report the sample unplaced.
+            match source {
+                Source::Warm => {
+                    c.warm_count.fetch_add(1, Ordering::Relaxed);
+                    push(&c.warm, meta, l, k, idx);
+                }
+                Source::Cold | Source::Bump => push(&c.cold, meta, l, k, idx),
+            }
+            return None;
+        }
+        let m = slot_meta(meta, l, k, idx);
+        m.size.store(size, Ordering::Relaxed);
+        m.weight.store(weight, Ordering::Relaxed);
+        m.state.store(LIVE, Ordering::Relaxed);
+        let dirty = m.dirty_pages.load(Ordering::Relaxed);
+        if (pages as u32) > dirty {
+            m.dirty_pages.store(pages as u32, Ordering::Relaxed);
+        }
+        if zero && source == Source::Warm {
+            // SAFETY: the block's `size` bytes lie in its slot, which we
+            // own and which is readable and writable (committed above in
+            // lazy mode, always otherwise).
+            unsafe { ptr::write_bytes(addr as *mut u8, 0, size) };
+        }
+        return Some(addr as *mut u8);
+    }
+    None
+}
+
+/// Lazy mode: make sure slot `idx` of class `k` is in the class's committed
+/// prefix, growing it by whole chunks from its current end (so it stays
+/// one contiguous range: one VMA). Racing threads may mprotect the same
+/// pages twice, which is harmless.
+fn commit(base: usize, l: &Layout, k: usize, idx: usize) -> bool {
+    let committed = &CLASSES[k].committed;
+    let done = committed.load(Ordering::Acquire);
+    if idx < done {
+        return true;
+    }
+    let chunk = (COMMIT_CHUNK / slot_bytes(k)).max(1);
+    let want = (idx + 1).next_multiple_of(chunk).min(l.slots[k]);
+    let start = base + l.offset[k] + done * slot_bytes(k);
+    // SAFETY: slots [done, want) of class k lie inside our reservation;
+    // making them readable and writable only adds access (pages a racing
+    // commit already opened keep their contents).
+    let rc = unsafe {
+        libc::mprotect(
+            start as *mut libc::c_void,
+            (want - done) * slot_bytes(k),
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    if rc != 0 {
+        return false;
+    }
+    committed.fetch_max(want, Ordering::Release);
+    true
+}
+
+/// Layout in use; only called once the region is READY.
+fn current_layout() -> &'static Layout {
+    &LAYOUTS[LAYOUT.load(Ordering::Relaxed)]
+}
+
+/// Size and weight recorded for the block at `p` (which must be a live
+/// block returned by [`alloc`]).
+pub fn block_info(p: *const u8) -> (usize, u64) {
+    match locate(p) {
+        Some((meta, l, k, idx, _)) => {
+            let m = slot_meta(meta, l, k, idx);
+            (
+                m.size.load(Ordering::Relaxed),
+                m.weight.load(Ordering::Relaxed),
+            )
+        }
+        None => (0, 0),
+    }
+}
+
+/// Bytes usable at `p`: its whole pages.
+pub fn usable_size(p: *const u8) -> usize {
+    pages_for(block_info(p).0) * PAGE
+}
+
+/// Why [`claim`] refused a pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadFree {
+    /// The block at `p` is not live: freed already (or never placed).
+    DoubleFree,
+    /// `p` is in the region but not the start of a slot.
+    InvalidPointer,
+}
+
+/// First half of freeing `p` (in the region): mark its slot free, so a
+/// second free of the same block is caught here. Returns the block's size.
+pub fn claim(p: *const u8) -> Result<usize, BadFree> {
+    let Some((meta, l, k, idx, at_start)) = locate(p) else {
+        return Err(BadFree::InvalidPointer);
+    };
+    if !at_start {
+        return Err(BadFree::InvalidPointer);
+    }
+    let m = slot_meta(meta, l, k, idx);
+    m.state
+        .compare_exchange(LIVE, FREE, Ordering::AcqRel, Ordering::Relaxed)
+        .map_err(|_| BadFree::DoubleFree)?;
+    Ok(m.size.load(Ordering::Relaxed))
+}
+
+/// Second half: give the slot of `p` (successfully [`claim`]ed) back. Keep
+/// it warm if the class's cache has room, else drop its pages
+/// (`MADV_DONTNEED`) and put it on the cold stack. May change errno.
+pub fn release(p: *mut u8) {
+    let Some((meta, l, k, idx, _)) = locate(p) else {
+        return;
+    };
+    let m = slot_meta(meta, l, k, idx);
+    let c = &CLASSES[k];
+    if c.warm_count.fetch_add(1, Ordering::Relaxed) < warm_limit(k) {
+        push(&c.warm, meta, l, k, idx);
+        return;
+    }
+    c.warm_count.fetch_sub(1, Ordering::Relaxed);
+    let len = m.dirty_pages.load(Ordering::Relaxed) as usize * PAGE;
+    // SAFETY: `p` starts slot `idx`, which the caller gives up, and `len`
+    // is at most the slot's size; this only drops that range's pages.
+    unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTNEED) };
+    m.dirty_pages.store(0, Ordering::Relaxed);
+    push(&c.cold, meta, l, k, idx);
+}
+
+/// Free `p` (a live block returned by [`alloc`]): [`claim`] + [`release`].
+/// Returns the block's size.
+pub fn free(p: *mut u8) -> Result<usize, BadFree> {
+    let size = claim(p)?;
+    release(p);
+    Ok(size)
+}
+
+/// (side table, layout, class, slot index, `p` is the slot's start) for a
+/// pointer in the region; `None` if it is in no slot (alignment padding)
+/// or the region does not exist.
+fn locate(p: *const u8) -> Option<(*mut SlotMeta, &'static Layout, usize, usize, bool)> {
+    if STATE.load(Ordering::Acquire) != READY {
+        return None;
+    }
+    let l = current_layout();
+    let off = (p as usize).wrapping_sub(BASE.load(Ordering::Relaxed));
+    let meta = META.load(Ordering::Relaxed);
+    (0..l.classes).rev().find_map(|k| {
+        let rel = off.checked_sub(l.offset[k])?;
+        let idx = rel >> (PAGE_SHIFT as usize + k);
+        (idx < l.slots[k]).then(|| (meta, l, k, idx, rel & (slot_bytes(k) - 1) == 0))
+    })
+}
+
+/// Map the region and side table on first use. Never waits: a thread that
+/// finds another one mid-initialisation gets `None` (an unplaced sample)
+/// rather than spinning, which could deadlock a signal handler.
+fn ensure_mapped() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
+    match STATE.load(Ordering::Acquire) {
+        READY => return Some(ready()),
+        UNINIT => {}
+        _ => return None,
+    }
+    if STATE
+        .compare_exchange(UNINIT, INITIALISING, Ordering::Acquire, Ordering::Acquire)
+        .is_err()
+    {
+        return (STATE.load(Ordering::Acquire) == READY).then(ready);
+    }
+    match map_region() {
+        Some(r) => {
+            LAYOUT.store(r.layout, Ordering::Relaxed);
+            LAZY.store(r.lazy, Ordering::Relaxed);
+            META.store(r.meta, Ordering::Release);
+            LEN.store(LAYOUTS[r.layout].len, Ordering::Release);
+            BASE.store(r.base, Ordering::Release);
+            STATE.store(READY, Ordering::Release);
+            Some(ready())
+        }
+        None => {
+            warn(b"allocprof: cannot reserve address space for the sample region (RLIMIT_AS or address space exhausted); sampled allocations are reported as unplaced\n");
+            STATE.store(FAILED, Ordering::Release);
+            None
+        }
+    }
+}
+
+fn ready() -> (usize, *mut SlotMeta, &'static Layout) {
+    (
+        BASE.load(Ordering::Relaxed),
+        META.load(Ordering::Relaxed),
+        current_layout(),
+    )
+}

@@ -1,0 +1,97 @@
+//! The side table's per-slot records and each class's lock-free sources of
+//! free slots (ABA-tagged Treiber stacks and a bump index).
+
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use super::layout::{CLASS_COUNT, Layout};
+
+/// Slot states (`SlotMeta::state`).
+pub(super) const FREE: u32 = 0;
+pub(super) const LIVE: u32 = 1;
+
+#[repr(C)]
+pub(super) struct SlotMeta {
+    pub(super) size: AtomicUsize,
+    pub(super) weight: AtomicU64,
+    /// Free-stack link: slot index + 1, 0 = end.
+    pub(super) next: AtomicU32,
+    /// Pages of the slot that may be resident (high-water mark of the
+    /// blocks placed since the slot was last released cold).
+    pub(super) dirty_pages: AtomicU32,
+    /// `LIVE` from placement until `free` claims it back.
+    pub(super) state: AtomicU32,
+}
+
+#[repr(C, align(64))] // one cache line per class: no false sharing
+pub(super) struct Class {
+    /// Treiber heads: (ABA tag << 32) | (slot index + 1); 0 low = empty.
+    pub(super) warm: AtomicU64,
+    pub(super) cold: AtomicU64,
+    /// Slots on (or being pushed to) the warm stack; see module docs.
+    pub(super) warm_count: AtomicU32,
+    /// Slots `[0, bump)` have been handed out at least once.
+    pub(super) bump: AtomicUsize,
+    /// Lazy mode: slots `[0, committed)` are readable and writable.
+    pub(super) committed: AtomicUsize,
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // only used to build CLASSES
+const CLASS_INIT: Class = Class {
+    warm: AtomicU64::new(0),
+    cold: AtomicU64::new(0),
+    warm_count: AtomicU32::new(0),
+    bump: AtomicUsize::new(0),
+    committed: AtomicUsize::new(0),
+};
+pub(super) static CLASSES: [Class; CLASS_COUNT] = [CLASS_INIT; CLASS_COUNT];
+
+pub(super) fn slot_meta<'a>(meta: *mut SlotMeta, l: &Layout, k: usize, idx: usize) -> &'a SlotMeta {
+    debug_assert!(k < l.classes && idx < l.slots[k]);
+    // SAFETY: the side table has `l.total_slots` entries, mapped for the
+    // life of the process; every field is atomic, so shared references are
+    // fine.
+    unsafe { &*meta.add(l.id_base[k] + idx) }
+}
+
+pub(super) fn pop(head: &AtomicU64, meta: *mut SlotMeta, l: &Layout, k: usize) -> Option<usize> {
+    let mut h = head.load(Ordering::Acquire);
+    loop {
+        let top = (h & 0xffff_ffff) as usize;
+        if top == 0 {
+            return None;
+        }
+        // May read a link another thread is rewriting; the tag makes the
+        // CAS fail in that case (any push or pop on this stack bumps it, and
+        // a slot's link is only rewritten by pushing it, which needs it
+        // popped first).
+        let next = slot_meta(meta, l, k, top - 1).next.load(Ordering::Relaxed);
+        let new = (((h >> 32).wrapping_add(1)) << 32) | u64::from(next);
+        match head.compare_exchange_weak(h, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(top - 1),
+            Err(cur) => h = cur,
+        }
+    }
+}
+
+pub(super) fn push(head: &AtomicU64, meta: *mut SlotMeta, l: &Layout, k: usize, idx: usize) {
+    let link = &slot_meta(meta, l, k, idx).next;
+    let mut h = head.load(Ordering::Relaxed);
+    loop {
+        link.store((h & 0xffff_ffff) as u32, Ordering::Relaxed);
+        let new = (((h >> 32).wrapping_add(1)) << 32) | (idx as u64 + 1);
+        match head.compare_exchange_weak(h, new, Ordering::Release, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(cur) => h = cur,
+        }
+    }
+}
+
+pub(super) fn bump(l: &Layout, k: usize) -> Option<usize> {
+    let b = &CLASSES[k].bump;
+    // Load first so a full class is not bumped forever.
+    if b.load(Ordering::Relaxed) >= l.slots[k] {
+        return None;
+    }
+    let idx = b.fetch_add(1, Ordering::Relaxed);
+    (idx < l.slots[k]).then_some(idx)
+}
