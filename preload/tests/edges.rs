@@ -4,12 +4,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
-use common::{BACKENDS, Backend, apply, c_program, library, preloaded, require_tool, run_ok};
+use common::{
+    BACKENDS, Backend, Bpftrace, apply, c_program, library, preloaded, require_tool, run_ok,
+};
 
 fn edges(mode: &str, backend: Backend, rate: Option<&'static str>) -> Command {
     let mut cmd = Command::new(c_program("edges", "edges"));
@@ -186,12 +186,6 @@ fn huge_and_numerous_samples_are_placed() {
 /// hearing of it.
 #[test]
 fn unplaced_sample_fires_alloc_probe_with_null_pointer() {
-    require_tool("bpftrace", "bpftrace");
-    if !std::path::Path::new("/sys/kernel/tracing/events").exists() {
-        let _ = Command::new("mount")
-            .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
-            .status();
-    }
     // Sequential: both attach to probes filtered by the same comm.
     for backend in BACKENDS {
         let lib = library(backend);
@@ -200,31 +194,9 @@ fn unplaced_sample_fires_alloc_probe_with_null_pointer() {
             "usdt:{lib}:otel_memory:alloc /comm == \"{exe_name}\" && arg1 == 4096/ {{ printf(\"A %lu %lu %lu\\n\", arg0, arg1, arg2); }}\n",
             lib = lib.display()
         );
-        let mut bt = Command::new("bpftrace")
-            .args(["-e", &script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn bpftrace");
-        let mut out = BufReader::new(bt.stdout.take().unwrap());
-        let mut line = String::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !line.contains("Attaching") {
-            line.clear();
-            if out.read_line(&mut line).unwrap() == 0 || Instant::now() > deadline {
-                let mut err = String::new();
-                bt.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-                panic!("bpftrace did not attach: {err}");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(500));
+        let bt = Bpftrace::attach(&script);
         let run = run_ok(&mut edges("unplaced", backend, Some("1")), "unplaced");
-        std::thread::sleep(Duration::from_millis(1000));
-        // SAFETY: signals our own child process by pid.
-        unsafe { libc::kill(bt.id() as i32, libc::SIGINT) };
-        let mut rest = String::new();
-        out.read_to_string(&mut rest).unwrap();
-        bt.wait().unwrap();
+        let rest = bt.stop();
         assert!(field(&stdout(&run), "unplaced") >= 1, "{}", stdout(&run));
         assert!(
             rest.lines().any(|l| l.trim() == "A 0 4096 4096"),

@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use common::{BACKENDS, Backend, apply, c_program, library, preloaded, require_tool, run_ok};
+use common::{
+    BACKENDS, Backend, Bpftrace, apply, c_program, library, preloaded, require_tool, run_ok,
+};
 
 struct Probe {
     name: String,
@@ -133,19 +133,7 @@ fn library_uses_static_tls() {
     }
 }
 
-fn ensure_tracefs() {
-    // bpftrace's uprobes need no tracefs on this kernel, but older bpftrace
-    // paths look there; mount it if absent (we are root).
-    if !std::path::Path::new("/sys/kernel/tracing/events").exists() {
-        let _ = Command::new("mount")
-            .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
-            .status();
-    }
-}
-
 fn bpftrace_sees_events(backend: Backend) {
-    require_tool("bpftrace", "bpftrace");
-    ensure_tracefs();
     let lib = library(backend);
     // `comm` is the executable name truncated to 15 characters.
     let exe_name = "usdt_probes";
@@ -157,68 +145,13 @@ fn bpftrace_sees_events(backend: Backend) {
     );
     // Not `bpftrace -c`: it resolves USDT locations in the child before exec,
     // when the preloaded library is not mapped yet.
-    let mut bt = Command::new("bpftrace")
-        .args(["-e", &script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn bpftrace");
-    // Lines arrive through a channel, so no read can block the test forever.
-    let (lines_tx, lines) = std::sync::mpsc::channel();
-    let stdout = BufReader::new(bt.stdout.take().unwrap());
-    std::thread::spawn(move || {
-        for line in stdout.lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match lines.recv_timeout(left) {
-            Ok(line) if line.contains("Attaching") => break,
-            Ok(_) => {}
-            Err(_) => {
-                let _ = bt.kill();
-                let _ = bt.wait();
-                let mut err = String::new();
-                bt.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-                panic!("bpftrace did not attach within 60 s: {err}");
-            }
-        }
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    let bt = Bpftrace::attach(&script);
     const N: u64 = 40;
     let mut cmd = Command::new(&exe);
     cmd.arg(N.to_string());
     apply(&mut cmd, preloaded(backend, Some("1")));
     run_ok(&mut cmd, "probes program");
-    std::thread::sleep(Duration::from_millis(1000));
-    // bpftrace prints its buffered events when SIGINT stops it. Under load
-    // it has been seen to miss one: ask again rather than wait forever.
-    let mut stopped = false;
-    for _ in 0..12 {
-        // SAFETY: signals our own child process by pid.
-        unsafe { libc::kill(bt.id() as i32, libc::SIGINT) };
-        let asked = Instant::now();
-        while asked.elapsed() < Duration::from_secs(5) {
-            if bt.try_wait().unwrap().is_some() {
-                stopped = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if stopped {
-            break;
-        }
-    }
-    if !stopped {
-        let _ = bt.kill();
-        let _ = bt.wait();
-        panic!("bpftrace did not stop on SIGINT within a minute");
-    }
-    let rest: String = lines.iter().map(|l| l + "\n").collect();
+    let rest = bt.stop();
 
     let mut allocs = Vec::new();
     let mut frees = Vec::new();

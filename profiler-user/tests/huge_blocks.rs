@@ -9,9 +9,7 @@ use std::process::{Command, Stdio};
 
 use profiler_user::{
     kernel::Limits,
-    profile::ProcessProfile,
     session::{Session, Target},
-    stats::Totals,
 };
 
 /// (function, count, size): tests/workloads/huge_blocks.c.
@@ -20,14 +18,6 @@ const SITES: [(&str, u64, u64); 3] = [
     ("site_1g", 1, 1 << 30),
     ("site_3m", 1100, 3 << 20),
 ];
-
-fn site(p: &ProcessProfile, function: &str) -> Totals {
-    p.stacks
-        .iter()
-        .filter(|s| s.frames.iter().any(|f| f.function == function))
-        .map(|s| s.totals)
-        .sum()
-}
 
 #[test]
 fn huge_and_numerous_live_blocks_within_statistical_bounds() {
@@ -60,7 +50,7 @@ fn huge_and_numerous_live_blocks_within_statistical_bounds() {
         .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"));
     let (mut all_truth, mut all_var, mut all_live) = (0.0, 0.0, 0.0);
     for (function, n, size) in SITES {
-        let t = site(p, function);
+        let t = common::site(p, function);
         let (truth, sigma) = common::truth_and_sigma(n, size, common::RATE);
         // Blocks this large are sampled almost surely (sigma ~ 0); allow
         // for rounding each sample's weight to whole bytes.

@@ -16,6 +16,7 @@ use profiler_user::{
     stats::{Totals, Z95},
 };
 
+use common::site;
 use common::{RATE, Workload};
 
 /// (function, count, size, freed)
@@ -36,15 +37,6 @@ fn process(profile: &Profile, pid: u32) -> &ProcessProfile {
         .iter()
         .find(|p| p.key.pid == pid)
         .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"))
-}
-
-/// Totals of the stacks that pass through `function`.
-fn site(p: &ProcessProfile, function: &str) -> Totals {
-    p.stacks
-        .iter()
-        .filter(|s| s.frames.iter().any(|f| f.function == function))
-        .map(|s| s.totals)
-        .sum()
 }
 
 /// Every site within 5 sigma of the truth; freed sites leave no live bytes.

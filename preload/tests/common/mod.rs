@@ -167,3 +167,84 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// bpftrace running a script, for tests that check what the probes fire.
+/// Never blocks a test forever: its output arrives through a channel, and
+/// stopping it repeats SIGINT (under load bpftrace has missed one).
+pub struct Bpftrace {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Bpftrace {
+    /// Starts `script` and returns once bpftrace has attached its probes.
+    pub fn attach(script: &str) -> Bpftrace {
+        use std::io::{BufRead, BufReader, Read};
+        use std::process::Stdio;
+        use std::time::{Duration, Instant};
+
+        require_tool("bpftrace", "bpftrace");
+        // bpftrace's uprobes need no tracefs on this kernel, but older
+        // bpftrace paths look there; mount it if absent (we are root).
+        if !Path::new("/sys/kernel/tracing/events").exists() {
+            let _ = Command::new("mount")
+                .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
+                .status();
+        }
+        let mut child = Command::new("bpftrace")
+            .args(["-e", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn bpftrace");
+        let (tx, lines) = std::sync::mpsc::channel();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains("Attaching") => break,
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    let mut err = String::new();
+                    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+                    panic!("bpftrace did not attach within 60 s: {err}");
+                }
+            }
+        }
+        // Attached is not yet enabled everywhere: give it a moment.
+        std::thread::sleep(Duration::from_millis(500));
+        Bpftrace { child, lines }
+    }
+
+    /// Stops bpftrace and returns what it printed after attaching.
+    pub fn stop(mut self) -> String {
+        use std::time::{Duration, Instant};
+
+        // Let the last events reach the output buffer first.
+        std::thread::sleep(Duration::from_millis(1000));
+        for _ in 0..12 {
+            // SAFETY: signals our own child process by pid.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+            let asked = Instant::now();
+            while asked.elapsed() < Duration::from_secs(5) {
+                if self.child.try_wait().unwrap().is_some() {
+                    return self.lines.iter().map(|l| l + "\n").collect();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        panic!("bpftrace did not stop on SIGINT within a minute");
+    }
+}

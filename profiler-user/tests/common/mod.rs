@@ -233,3 +233,15 @@ impl Drop for Workload {
         let _ = self.child.wait();
     }
 }
+
+/// Totals of the stacks that pass through `function`.
+pub fn site(
+    p: &profiler_user::profile::ProcessProfile,
+    function: &str,
+) -> profiler_user::stats::Totals {
+    p.stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.function == function))
+        .map(|s| s.totals)
+        .sum()
+}
