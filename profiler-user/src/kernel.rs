@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
     num::NonZeroU32,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
@@ -19,6 +20,8 @@ use profiler_common::{
     AggKey, DROP_REASONS, LiveKey, LiveSample, ProcEvent, ProcState, StackAgg, StackTrace, UsdtSpec,
 };
 use thiserror::Error;
+
+use crate::discover::{FileId, OpenFile};
 
 /// The kernel object, built by build.rs (from source, or the committed one).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -119,7 +122,7 @@ pub struct Kernel {
     specs: Array<MapData, UsdtSpec>,
     next_cookie: u32,
     spec_cookies: StdHashMap<SpecKey, u32>,
-    links: StdHashMap<(PathBuf, ProbeKind, u64, Scope), UProbeLinkId>,
+    links: StdHashMap<LinkKey, UProbeLinkId>,
     live: HashMap<MapData, LiveKey, LiveSample>,
     aggs: HashMap<MapData, AggKey, StackAgg>,
     stacks: HashMap<MapData, u64, StackTrace>,
@@ -127,6 +130,9 @@ pub struct Kernel {
     drops: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
 }
+
+/// An attachment: which file (by identity), which probe, where, for whom.
+type LinkKey = (FileId, ProbeKind, u64, Scope);
 
 /// `UsdtSpec` as a hashable key, so equal specs share one cookie.
 type SpecKey = [u8; size_of::<UsdtSpec>()];
@@ -197,13 +203,45 @@ impl Kernel {
         site: &ProbeSite,
         scope: Scope,
     ) -> Result<(), KernelError> {
-        let key = (path.to_path_buf(), site.kind, site.file_offset, scope);
+        let id = std::fs::metadata(path)
+            .map(|m| FileId {
+                dev: m.dev(),
+                ino: m.ino(),
+            })
+            .map_err(|e| KernelError::Attach {
+                path: path.to_path_buf(),
+                offset: site.file_offset,
+                source: Box::new(e),
+            })?;
+        self.attach_as(path, id, path, site, scope)
+    }
+
+    /// Attaches to `site` in an open file, through its descriptor (so the
+    /// kernel resolves the very file we parsed, whatever its path names).
+    pub fn attach_file(
+        &mut self,
+        file: &OpenFile,
+        site: &ProbeSite,
+        scope: Scope,
+    ) -> Result<(), KernelError> {
+        self.attach_as(&file.fd_path(), file.id, &file.display, site, scope)
+    }
+
+    fn attach_as(
+        &mut self,
+        path: &Path,
+        id: FileId,
+        shown: &Path,
+        site: &ProbeSite,
+        scope: Scope,
+    ) -> Result<(), KernelError> {
+        let key = (id, site.kind, site.file_offset, scope);
         if self.links.contains_key(&key) {
             return Ok(());
         }
-        let cookie = self.cookie_for(&site.spec, path, site.file_offset)?;
+        let cookie = self.cookie_for(&site.spec, shown, site.file_offset)?;
         let attach_err = |e: Box<dyn std::error::Error + Send + Sync>| KernelError::Attach {
-            path: path.to_path_buf(),
+            path: shown.to_path_buf(),
             offset: site.file_offset,
             source: e,
         };
@@ -212,7 +250,7 @@ impl Kernel {
             location: UProbeAttachLocation::AbsoluteOffset(site.file_offset),
             cookie: Some(u64::from(cookie)),
         };
-        let scope = match scope {
+        let aya_scope = match scope {
             Scope::AllProcesses => UProbeScope::AllProcesses,
             Scope::Process(pid) => match NonZeroU32::new(pid) {
                 Some(pid) => UProbeScope::OneProcess(pid),
@@ -220,10 +258,27 @@ impl Kernel {
             },
         };
         let link = prog
-            .attach(point, path, scope)
+            .attach(point, path, aya_scope)
             .map_err(|e| attach_err(Box::new(e)))?;
         self.links.insert(key, link);
         Ok(())
+    }
+
+    /// Detaches every probe attached for `pid` alone (it exited).
+    pub fn detach_process(&mut self, pid: u32) {
+        let keys: Vec<LinkKey> = self
+            .links
+            .keys()
+            .filter(|k| k.3 == Scope::Process(pid))
+            .copied()
+            .collect();
+        for key in keys {
+            if let Some(link) = self.links.remove(&key)
+                && let Ok(prog) = program::<UProbe>(&mut self.ebpf, key.1.program())
+            {
+                let _ = prog.detach(link);
+            }
+        }
     }
 
     fn cookie_for(

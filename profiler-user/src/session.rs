@@ -73,8 +73,9 @@ pub struct Session {
     scanner: Scanner,
     /// Files attached for all processes (system-wide).
     attached_files: HashSet<FileId>,
-    /// Files attached per process (`--pid`).
-    attached_pid_files: HashSet<(u32, FileId)>,
+    /// Files attached per process (`--pid`), with the live thread the
+    /// attachment follows.
+    attached_pid_files: HashMap<(u32, FileId), u32>,
     spaces: HashMap<u32, AddressSpace>,
     names: HashMap<u32, (String, u64)>,
     symbols: HashMap<(u32, u64), Arc<[Frame]>>,
@@ -103,7 +104,7 @@ impl Session {
             target: target.clone(),
             scanner: Scanner::default(),
             attached_files: HashSet::new(),
-            attached_pid_files: HashSet::new(),
+            attached_pid_files: HashMap::new(),
             spaces: HashMap::new(),
             names: HashMap::new(),
             symbols: HashMap::new(),
@@ -137,36 +138,47 @@ impl Session {
 
     /// Attaches to the probe files `pid` maps; returns how many it carries.
     fn scan(&mut self, pid: u32) -> Result<usize, KernelError> {
-        let Ok(files) = self.scanner.probe_files(pid) else {
+        let Ok(scan) = self.scanner.scan(pid) else {
             return Ok(0); // gone already
         };
-        if let Ok(space) = AddressSpace::read(pid) {
-            self.spaces.insert(pid, space);
+        // Only processes that carry probes can have stacks: only theirs
+        // hold their mapped files open.
+        if !scan.probes.is_empty() {
+            self.spaces.insert(pid, scan.space);
         }
-        for file in &files {
-            self.attach(pid, file)?;
+        for file in &scan.probes {
+            self.attach(pid, scan.tid, file)?;
         }
-        Ok(files.iter().filter(|f| !f.sites.is_empty()).count())
+        Ok(scan.probes.iter().filter(|f| !f.sites.is_empty()).count())
     }
 
-    fn attach(&mut self, pid: u32, file: &ProbeFile) -> Result<(), KernelError> {
-        let fresh = match self.target {
-            Target::All => self.attached_files.insert(file.id),
-            Target::Pids(_) => self.attached_pid_files.insert((pid, file.id)),
+    /// Attaches to a probe file `pid` maps; per process, through its live
+    /// thread `tid` (attached again through another when that one ends: a
+    /// per-process uprobe follows its thread's memory, which an exiting
+    /// main thread leaves behind).
+    fn attach(&mut self, pid: u32, tid: u32, file: &ProbeFile) -> Result<(), KernelError> {
+        let scope = match self.target {
+            Target::All => {
+                if !self.attached_files.insert(file.id()) {
+                    return Ok(());
+                }
+                Scope::AllProcesses
+            }
+            Target::Pids(_) => {
+                match self.attached_pid_files.insert((pid, file.id()), tid) {
+                    Some(old) if old == tid => return Ok(()),
+                    Some(old) => self.kernel.detach_process(old),
+                    None => {}
+                }
+                Scope::Process(tid)
+            }
         };
-        if !fresh {
-            return Ok(());
-        }
         for problem in &file.problems {
             self.warnings
-                .push(format!("{}: {problem}", file.display.display()));
+                .push(format!("{}: {problem}", file.file.display.display()));
         }
-        let scope = match self.target {
-            Target::All => Scope::AllProcesses,
-            Target::Pids(_) => Scope::Process(pid),
-        };
         for site in &file.sites {
-            self.kernel.attach(&file.path, site, scope)?;
+            self.kernel.attach_file(&file.file, site, scope)?;
         }
         Ok(())
     }
@@ -187,7 +199,12 @@ impl Session {
     pub fn poll_events(&mut self) {
         for event in self.kernel.proc_events() {
             match event.kind {
-                PROC_EVENT_EXIT => self.process_gone(event.pid, None),
+                // The kernel reports the main thread's exit; with
+                // pthread_exit the other threads run on (then `track`
+                // notices the real exit).
+                PROC_EVENT_EXIT if !discover::process_alive(event.pid) => {
+                    self.process_gone(event.pid, None)
+                }
                 PROC_EVENT_EXEC => {
                     let new_generation = self
                         .kernel
@@ -442,7 +459,7 @@ impl Session {
         let Ok(files) = self.scanner.probe_files(pid) else {
             return false;
         };
-        !files.is_empty() && files.iter().all(|f| self.is_attached(pid, f.id))
+        !files.is_empty() && files.iter().all(|f| self.is_attached(pid, f.id()))
     }
 
     /// Whether the probes of the file at `path` are attached for `pid`.
@@ -462,7 +479,7 @@ impl Session {
     fn is_attached(&self, pid: u32, id: FileId) -> bool {
         match self.target {
             Target::All => self.attached_files.contains(&id),
-            Target::Pids(_) => self.attached_pid_files.contains(&(pid, id)),
+            Target::Pids(_) => self.attached_pid_files.contains_key(&(pid, id)),
         }
     }
 

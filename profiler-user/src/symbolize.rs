@@ -130,22 +130,19 @@ pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>
     for (file, entries) in by_file {
         let offsets: Vec<u64> = entries.iter().map(|(_, o)| *o).collect();
         let module = file.path.display().to_string();
-        // The /proc/PID/root path dies with the process (possibly while we
-        // read it); the plain path still names the file afterwards.
-        for path in [file.open_path.as_path(), file.path.as_path()] {
-            let source = Source::Elf(Elf::new(path));
-            let Ok(results) = symbolizer.symbolize(&source, Input::FileOffset(&offsets)) else {
-                continue;
-            };
-            if !results.iter().any(|r| matches!(r, Symbolized::Sym(_))) {
-                continue;
+        // Only the file the process mapped, through the descriptor opened
+        // for it: a path may name another file by now (or in our namespace).
+        let Some(open) = &file.open else {
+            continue;
+        };
+        let source = Source::Elf(Elf::new(open.fd_path()));
+        let Ok(results) = symbolizer.symbolize(&source, Input::FileOffset(&offsets)) else {
+            continue;
+        };
+        for ((i, _), result) in entries.iter().zip(results) {
+            if let Symbolized::Sym(sym) = result {
+                symbolized[*i] = Some(expand(&sym, Some(module.clone())));
             }
-            for ((i, _), result) in entries.iter().zip(results) {
-                if let Symbolized::Sym(sym) = result {
-                    symbolized[*i] = Some(expand(&sym, Some(module.clone())));
-                }
-            }
-            break;
         }
     }
     let mut out = Vec::with_capacity(frames.len());
