@@ -6,6 +6,7 @@ pub mod discover;
 pub mod export;
 pub mod kernel;
 pub mod normalize;
+pub mod pidns;
 pub mod profile;
 pub mod report;
 pub mod session;

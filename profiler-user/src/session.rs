@@ -15,6 +15,7 @@ use crate::{
     discover::{self, FileId, ProbeFile, Scanner},
     kernel::{Kernel, KernelError, KernelSnapshot, Limits, Scope},
     normalize::AddressSpace,
+    pidns::{Correlation, PidMap, correlate},
     profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes},
     stats::Totals,
     symbolize::{Frame, Request, SymbolizerThread},
@@ -77,6 +78,12 @@ pub struct Session {
     /// attachment follows.
     attached_pid_files: HashMap<(u32, FileId), u32>,
     spaces: HashMap<u32, AddressSpace>,
+    /// Host pids (the kernel's) ↔ ours; all pids outside `kernel` are ours.
+    pids: PidMap,
+    /// The files whose probes are attached (to recognise host pids).
+    probe_ids: HashSet<FileId>,
+    /// Host pids whose process could not be told apart (warned once).
+    ambiguous: HashSet<u32>,
     names: HashMap<u32, (String, u64)>,
     symbols: HashMap<(u32, u64), Arc<[Frame]>>,
     pending: HashSet<(u32, u64)>,
@@ -106,6 +113,9 @@ impl Session {
             attached_files: HashSet::new(),
             attached_pid_files: HashMap::new(),
             spaces: HashMap::new(),
+            pids: PidMap::detect(),
+            probe_ids: HashSet::new(),
+            ambiguous: HashSet::new(),
             names: HashMap::new(),
             symbols: HashMap::new(),
             pending: HashSet::new(),
@@ -173,6 +183,7 @@ impl Session {
                 Scope::Process(tid)
             }
         };
+        self.probe_ids.insert(file.id());
         for problem in &file.problems {
             self.warnings
                 .push(format!("{}: {problem}", file.file.display.display()));
@@ -198,25 +209,26 @@ impl Session {
     /// rescans. Call often (every ~50 ms): rescans after exec are time-critical.
     pub fn poll_events(&mut self) {
         for event in self.kernel.proc_events() {
+            // Processes outside our pid namespace, or not recognised yet.
+            let Some(pid) = self.pids.local(event.pid) else {
+                continue;
+            };
             match event.kind {
                 // The kernel reports the main thread's exit; with
                 // pthread_exit the other threads run on (then `track`
                 // notices the real exit).
-                PROC_EVENT_EXIT if !discover::process_alive(event.pid) => {
-                    self.process_gone(event.pid, None)
-                }
+                PROC_EVENT_EXIT if !discover::process_alive(pid) => self.process_gone(pid, None),
                 PROC_EVENT_EXEC => {
                     let new_generation = self
-                        .kernel
                         .snapshot()
                         .ok()
-                        .and_then(|s| s.processes.get(&event.pid).map(|p| p.generation));
+                        .and_then(|s| s.processes.get(&pid).map(|p| p.generation));
                     if let Some(generation) = new_generation {
-                        self.process_gone(event.pid, Some(generation));
+                        self.process_gone(pid, Some(generation));
                     }
                     let now = Instant::now();
                     self.rescans
-                        .extend(RESCAN_AFTER_EXEC.iter().map(|d| (now + *d, event.pid)));
+                        .extend(RESCAN_AFTER_EXEC.iter().map(|d| (now + *d, pid)));
                 }
                 _ => {}
             }
@@ -240,7 +252,7 @@ impl Session {
     /// Freezes a process image that exited (or was replaced by exec) and
     /// frees its kernel state.
     fn process_gone(&mut self, pid: u32, new_generation: Option<u32>) {
-        let Ok(snapshot) = self.kernel.snapshot() else {
+        let Ok(snapshot) = self.snapshot() else {
             return;
         };
         let gone = |generation: u32| new_generation.is_none_or(|g| generation < g);
@@ -275,8 +287,78 @@ impl Session {
             };
             self.frozen.push((ProcessKey { pid, generation }, frozen));
         }
-        self.kernel.forget_process(pid, new_generation);
+        if let Some(host) = self.pids.host(pid) {
+            self.kernel.forget_process(host, new_generation);
+        }
+        if new_generation.is_none() {
+            self.pids.remove_local(pid);
+        }
         self.names.remove(&pid);
+    }
+
+    /// The kernel's maps, with host pids turned into ours; processes we
+    /// cannot see (outside our pid namespace) or not recognised yet are left
+    /// out.
+    fn snapshot(&mut self) -> Result<KernelSnapshot, KernelError> {
+        let mut snapshot = self.kernel.snapshot()?;
+        if self.pids.is_identity() {
+            return Ok(snapshot);
+        }
+        self.recognise(&snapshot);
+        let pids = &self.pids;
+        snapshot
+            .aggregates
+            .retain_mut(|(key, _)| match pids.local(key.pid) {
+                Some(local) => {
+                    key.pid = local;
+                    true
+                }
+                None => false,
+            });
+        snapshot.processes = std::mem::take(&mut snapshot.processes)
+            .into_iter()
+            .filter_map(|(host, state)| Some((pids.local(host)?, state)))
+            .collect();
+        Ok(snapshot)
+    }
+
+    /// Learns the host pids of the snapshot that are not mapped yet, by the
+    /// probe sites their stacks start at (see `pidns`).
+    fn recognise(&mut self, snapshot: &KernelSnapshot) {
+        let mut first_frames: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for (key, _) in &snapshot.aggregates {
+            if key.stack_id == NO_STACK || self.pids.local(key.pid).is_some() {
+                continue;
+            }
+            let frames = first_frames.entry(key.pid).or_default();
+            if frames.len() < 8
+                && let Some(first) = self
+                    .kernel
+                    .stack(key.stack_id)
+                    .and_then(|s| s.first().copied())
+            {
+                frames.push(first);
+            }
+        }
+        for (host, addresses) in first_frames {
+            let candidates = self
+                .spaces
+                .iter()
+                .filter(|(local, _)| !self.pids.is_mapped(**local))
+                .map(|(local, space)| (*local, space));
+            match correlate(&addresses, candidates, |id| self.probe_ids.contains(&id)) {
+                Correlation::Unique(local) => self.pids.insert(host, local),
+                Correlation::Ambiguous(locals) => {
+                    if self.ambiguous.insert(host) {
+                        self.warnings.push(format!(
+                            "cannot tell which of processes {locals:?} the kernel's pid {host} \
+                             is (same address-space layout); its samples are left out"
+                        ));
+                    }
+                }
+                Correlation::None => {}
+            }
+        }
     }
 
     /// A process's name and sampling rate, read once while it is alive.
@@ -293,7 +375,7 @@ impl Session {
     /// Reads the kernel's maps and builds the current profile.
     pub fn refresh(&mut self) -> Result<Profile, KernelError> {
         self.poll_events();
-        let snapshot = self.kernel.snapshot()?;
+        let snapshot = self.snapshot()?;
         self.track(&snapshot);
         self.request_symbols(&snapshot);
         self.collect_symbols();
@@ -485,9 +567,12 @@ impl Session {
 
     /// Whether the kernel holds state for `pid`.
     pub fn kernel_tracks(&self, pid: u32) -> bool {
+        let Some(host) = self.pids.host(pid) else {
+            return false;
+        };
         self.kernel
             .snapshot()
-            .is_ok_and(|s| s.processes.contains_key(&pid))
+            .is_ok_and(|s| s.processes.contains_key(&host))
     }
 
     pub fn attachments(&self) -> usize {

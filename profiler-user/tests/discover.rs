@@ -178,3 +178,118 @@ fn a_process_in_its_own_mount_namespace_is_symbolized_from_its_own_file() {
         Path::new(&path).display()
     );
 }
+
+/// Waits for the first child of `pid` and returns its pid.
+fn first_child(pid: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            return child.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "process {pid} never forked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A process's pid in its innermost pid namespace (the last NSpid entry).
+fn innermost_pid(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+    line.split_whitespace().last().unwrap().parse().unwrap()
+}
+
+/// Kills a process on drop.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pid namespace with its own /proc, kept alive by its init (`sleep`);
+/// killing the init on drop ends everything in it.
+struct PidNamespace {
+    unshare: KillOnDrop,
+    init: u32,
+}
+
+impl PidNamespace {
+    fn new() -> PidNamespace {
+        let unshare = KillOnDrop(
+            Command::new("unshare")
+                .args(["-p", "-f", "--mount-proc", "sleep", "600"])
+                .spawn()
+                .expect("unshare comes from util-linux"),
+        );
+        let init = first_child(unshare.0.id());
+        PidNamespace { unshare, init }
+    }
+
+    /// Runs `program` inside (through nsenter, which forks it).
+    fn command(&self, program: &Path) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg("-t")
+            .arg(self.init.to_string())
+            .args(["-p", "-m", "--"])
+            .arg(program);
+        cmd
+    }
+}
+
+impl Drop for PidNamespace {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(self.init as i32, libc::SIGKILL) };
+        let _ = self.unshare.0.wait();
+    }
+}
+
+#[test]
+fn allocprof_in_a_pid_namespace_reports_that_namespace_s_pids() {
+    common::require_bpf();
+    let ns = PidNamespace::new();
+    let nsenter = |program: &Path| ns.command(program);
+    // The target, inside it.
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let mut w = Proc::spawn(nsenter(&exe));
+    let host_pid = first_child(w.pid());
+    let ns_pid = innermost_pid(host_pid);
+    assert_ne!(ns_pid, host_pid, "the target is not in the namespace");
+    common::wait_for_mapping(host_pid, "liballocprof.so");
+    // allocprof, inside it too, told the namespace's pid.
+    let mut allocprof = nsenter(Path::new(env!("CARGO_BIN_EXE_allocprof")));
+    allocprof
+        .args(["--pid", &ns_pid.to_string(), "--duration", "60s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut allocprof = KillOnDrop(allocprof.spawn().unwrap());
+    let allocprof_pid = first_child(allocprof.0.id());
+    let mut stderr = BufReader::new(allocprof.0.stderr.take().unwrap()).lines();
+    let attached = stderr.next().expect("allocprof said nothing").unwrap();
+    assert!(attached.contains("attached"), "{attached}");
+    w.send("go");
+    w.expect("ready");
+    // SIGTERM ends the run with a report.
+    // SAFETY: kill has no memory-safety preconditions.
+    let sent = unsafe { libc::kill(allocprof_pid as i32, libc::SIGTERM) };
+    assert_eq!(sent, 0, "signalling allocprof");
+    let mut report = String::new();
+    std::io::Read::read_to_string(allocprof.0.stdout.as_mut().unwrap(), &mut report).unwrap();
+    let status = allocprof.0.wait().unwrap();
+    let rest: Vec<String> = stderr.map_while(Result::ok).collect();
+    assert!(status.success(), "allocprof failed: {rest:?}");
+    let label = format!("alloc_sites ({ns_pid})");
+    assert!(report.contains(&label), "no {label} in:\n{report}");
+    assert!(
+        !report.contains(&format!("({host_pid})")),
+        "the host pid leaked into:\n{report}"
+    );
+    assert!(!report.contains("exited"), "the target runs:\n{report}");
+    for site in ["site_small", "site_medium", "site_large"] {
+        assert!(report.contains(site), "{site} missing in:\n{report}");
+    }
+}
