@@ -337,12 +337,26 @@ impl Kernel {
     /// caller has copied. Whoever deletes a live sample owns it, so this races
     /// safely with a concurrent free in the kernel. Returns the samples freed.
     pub fn forget_process(&mut self, pid: u32, below_generation: Option<u32>) -> usize {
-        let gone = |generation: u32| below_generation.is_none_or(|g| generation < g);
+        self.forget_processes(&[(pid, below_generation)])
+    }
+
+    /// [`Kernel::forget_process`] for many processes in one pass over the
+    /// maps (an exec or exit storm costs one pass per batch, not per event).
+    pub fn forget_processes(&mut self, gone: &[(u32, Option<u32>)]) -> usize {
+        if gone.is_empty() {
+            return 0;
+        }
+        let below: StdHashMap<u32, Option<u32>> = gone.iter().copied().collect();
+        let is_gone = |pid: u32, generation: u32| {
+            below
+                .get(&pid)
+                .is_some_and(|b| b.is_none_or(|g| generation < g))
+        };
         let samples: Vec<LiveKey> = self
             .live
             .iter()
             .filter_map(Result::ok)
-            .filter(|(k, s)| k.pid == pid && gone(s.generation))
+            .filter(|(k, s)| is_gone(k.pid, s.generation))
             .map(|(k, _)| k)
             .collect();
         let freed = samples
@@ -353,13 +367,15 @@ impl Kernel {
             .aggs
             .keys()
             .filter_map(Result::ok)
-            .filter(|k| k.pid == pid && gone(k.generation))
+            .filter(|k| is_gone(k.pid, k.generation))
             .collect();
         for key in aggs {
             let _ = self.aggs.remove(&key);
         }
-        if below_generation.is_none() {
-            let _ = self.procs.remove(&pid);
+        for (pid, b) in gone {
+            if b.is_none() {
+                let _ = self.procs.remove(pid);
+            }
         }
         freed
     }

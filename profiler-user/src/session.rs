@@ -208,6 +208,8 @@ impl Session {
     /// Handles process exits and execs reported by the kernel, and runs due
     /// rescans. Call often (every ~50 ms): rescans after exec are time-critical.
     pub fn poll_events(&mut self) {
+        let mut exited = Vec::new();
+        let mut execed = Vec::new();
         for event in self.kernel.proc_events() {
             // Processes outside our pid namespace, or not recognised yet.
             let Some(pid) = self.pids.local(event.pid) else {
@@ -217,29 +219,29 @@ impl Session {
                 // The kernel reports the main thread's exit; with
                 // pthread_exit the other threads run on (then `track`
                 // notices the real exit).
-                PROC_EVENT_EXIT if !discover::process_alive(pid) => self.process_gone(pid, None),
-                PROC_EVENT_EXEC => {
-                    let new_generation = self
-                        .snapshot()
-                        .ok()
-                        .and_then(|s| s.processes.get(&pid).map(|p| p.generation));
-                    if let Some(generation) = new_generation {
-                        self.process_gone(pid, Some(generation));
-                    }
-                    let now = Instant::now();
-                    self.rescans
-                        .extend(RESCAN_AFTER_EXEC.iter().map(|d| (now + *d, pid)));
-                }
+                PROC_EVENT_EXIT if !discover::process_alive(pid) => exited.push(pid),
+                PROC_EVENT_EXEC => execed.push(pid),
                 _ => {}
             }
         }
+        self.retire(&exited, &execed);
         let now = Instant::now();
-        let due: Vec<u32> = self
+        execed.sort_unstable();
+        execed.dedup();
+        for pid in execed {
+            // However often it execs, a process has one series of rescans.
+            self.rescans.retain(|(_, p)| *p != pid);
+            self.rescans
+                .extend(RESCAN_AFTER_EXEC.iter().map(|d| (now + *d, pid)));
+        }
+        let mut due: Vec<u32> = self
             .rescans
             .iter()
             .filter(|(at, _)| *at <= now)
             .map(|(_, pid)| *pid)
             .collect();
+        due.sort_unstable();
+        due.dedup();
         self.rescans.retain(|(at, _)| *at > now);
         for pid in due {
             self.names.remove(&pid);
@@ -249,51 +251,109 @@ impl Session {
         }
     }
 
-    /// Freezes a process image that exited (or was replaced by exec) and
-    /// frees its kernel state.
-    fn process_gone(&mut self, pid: u32, new_generation: Option<u32>) {
+    /// Freezes the process images that exited (`exited`) or were replaced by
+    /// exec (`execed`), frees their kernel state, and prunes what only they
+    /// needed: one snapshot and one pass over the kernel's maps per batch.
+    fn retire(&mut self, exited: &[u32], execed: &[u32]) {
+        if exited.is_empty() && execed.is_empty() {
+            return;
+        }
         let Ok(snapshot) = self.snapshot() else {
             return;
         };
-        let gone = |generation: u32| new_generation.is_none_or(|g| generation < g);
-        let mut images: BTreeMap<u32, Vec<(u64, Totals)>> = BTreeMap::new();
+        // pid → the generations that go: those below this one, or all.
+        let mut gone: HashMap<u32, Option<u32>> = HashMap::new();
+        for pid in execed {
+            if let Some(p) = snapshot.processes.get(pid) {
+                gone.insert(*pid, Some(p.generation));
+            }
+        }
+        for pid in exited {
+            gone.insert(*pid, None);
+        }
+        let is_gone = |pid: u32, generation: u32| {
+            gone.get(&pid)
+                .is_some_and(|below| below.is_none_or(|g| generation < g))
+        };
+        let mut images: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
         for (key, agg) in &snapshot.aggregates {
-            if key.pid == pid && gone(key.generation) {
+            if is_gone(key.pid, key.generation) {
                 images
-                    .entry(key.generation)
+                    .entry(ProcessKey {
+                        pid: key.pid,
+                        generation: key.generation,
+                    })
                     .or_default()
                     .push((key.stack_id, Totals::from_agg(agg)));
             }
         }
-        self.request_symbols(&snapshot);
-        // Counters are per pid, not per image: an exec'ed image keeps none.
-        let proc = match new_generation {
-            None => snapshot.processes.get(&pid).copied().unwrap_or_default(),
-            Some(_) => ProcState::default(),
-        };
-        let (name, rate) = self.identity(pid);
-        for (generation, stacks) in images {
-            let state = if new_generation.is_some() {
-                ProcessState::Replaced
+        // Their stacks are normalized now, with the files they mapped; the
+        // requests keep those files open until symbolized.
+        self.request_symbols_where(&snapshot, is_gone);
+        for (key, stacks) in images {
+            let exited = gone.get(&key.pid).is_some_and(Option::is_none);
+            // Counters are per pid, not per image: an exec'ed image keeps none.
+            let proc = if exited {
+                snapshot
+                    .processes
+                    .get(&key.pid)
+                    .copied()
+                    .unwrap_or_default()
             } else {
-                ProcessState::Exited
+                ProcState::default()
             };
+            let (name, rate) = self.identity(key.pid);
             let frozen = Frozen {
-                name: name.clone(),
+                name,
                 rate,
-                state,
+                state: if exited {
+                    ProcessState::Exited
+                } else {
+                    ProcessState::Replaced
+                },
                 proc,
                 stacks,
             };
-            self.frozen.push((ProcessKey { pid, generation }, frozen));
+            self.frozen.push((key, frozen));
         }
-        if let Some(host) = self.pids.host(pid) {
-            self.kernel.forget_process(host, new_generation);
+        let hosts: Vec<(u32, Option<u32>)> = gone
+            .iter()
+            .filter_map(|(pid, below)| Some((self.pids.host(*pid)?, *below)))
+            .collect();
+        self.kernel.forget_processes(&hosts);
+        for (pid, below) in gone {
+            self.prune(pid, below.is_none());
         }
-        if new_generation.is_none() {
-            self.pids.remove_local(pid);
-        }
+    }
+
+    /// Drops what only a retired image needed: its address space (the new
+    /// image of an exec gets its own at the rescan) and name; for an exit,
+    /// also its pid mapping, rescans and per-process attachments.
+    fn prune(&mut self, pid: u32, exited: bool) {
+        self.spaces.remove(&pid);
         self.names.remove(&pid);
+        if !exited {
+            return;
+        }
+        self.pids.remove_local(pid);
+        self.rescans.retain(|(_, p)| *p != pid);
+        let mut tids = Vec::new();
+        self.attached_pid_files.retain(|(p, _), tid| {
+            if *p == pid {
+                tids.push(*tid);
+            }
+            *p != pid
+        });
+        tids.sort_unstable();
+        tids.dedup();
+        for tid in tids {
+            self.kernel.detach_process(tid);
+        }
+    }
+
+    /// How many process address spaces (and so their open files) are held.
+    pub fn held_address_spaces(&self) -> usize {
+        self.spaces.len()
     }
 
     /// The kernel's maps, with host pids turned into ours; processes we
@@ -391,6 +451,7 @@ impl Session {
         }
         pids.sort_unstable();
         pids.dedup();
+        let mut dead = Vec::new();
         for pid in pids {
             if discover::process_alive(pid) {
                 if let Err(e) = self.scan(pid) {
@@ -399,17 +460,30 @@ impl Session {
             } else if snapshot.processes.contains_key(&pid) {
                 // Its exit event was lost (full ring buffer) or it died
                 // before we attached its exit: clean up all the same.
-                self.process_gone(pid, None);
+                dead.push(pid);
             }
         }
+        self.retire(&dead, &[]);
         if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {
             self.scan_all();
         }
     }
 
     fn request_symbols(&mut self, snapshot: &KernelSnapshot) {
+        self.request_symbols_where(snapshot, |_, _| true);
+    }
+
+    /// Requests the stacks of the images `wanted(pid, generation)` selects.
+    fn request_symbols_where(
+        &mut self,
+        snapshot: &KernelSnapshot,
+        wanted: impl Fn(u32, u32) -> bool,
+    ) {
         let mut batch = Vec::new();
         for (key, _) in &snapshot.aggregates {
+            if !wanted(key.pid, key.generation) {
+                continue;
+            }
             let id = (key.pid, key.stack_id);
             if key.stack_id == NO_STACK
                 || self.symbols.contains_key(&id)

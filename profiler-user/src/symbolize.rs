@@ -2,14 +2,23 @@
 //! normalized stacks go in, frames with demangled names, inlined functions
 //! and file:line come out. Allocator-internal frames are dropped here.
 
-use std::{collections::HashMap, path::Path, sync::mpsc, thread};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Weak, mpsc},
+    thread,
+};
 
 use blazesym::symbolize::{
     CodeInfo, Input, Symbolized, Symbolizer,
+    evict::Evict,
     source::{Elf, Source},
 };
 
-use crate::normalize::{FileAddr, MappedFile};
+use crate::{
+    discover::OpenFile,
+    normalize::{FileAddr, MappedFile},
+};
 
 /// One frame of a symbolized stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,18 +80,24 @@ impl<K: Send + 'static> SymbolizerThread<K> {
         thread::Builder::new()
             .name("symbolize".into())
             .spawn(move || {
-                let symbolizer = Symbolizer::new();
+                let mut symbolizer = Symbolizer::new();
+                let mut used = UsedFiles::default();
                 for batch in req_rx {
-                    for request in batch {
-                        let frames = symbolize_stack(&symbolizer, &request.frames);
+                    for Request { key, frames } in batch {
+                        used.note(&frames);
+                        let symbolized = symbolize_stack(&symbolizer, &frames);
+                        // The request held the files open: release them
+                        // before answering (nothing else may need them).
+                        drop(frames);
                         let response = Response {
-                            key: request.key,
-                            frames,
+                            key,
+                            frames: symbolized,
                         };
                         if resp_tx.send(response).is_err() {
                             return;
                         }
                     }
+                    used.evict_released(&mut symbolizer);
                 }
             })
             .expect("spawning the symbolization thread");
@@ -107,6 +122,46 @@ impl<K: Send + 'static> SymbolizerThread<K> {
     /// Waits for `n` responses (used before a final report).
     pub fn wait(&self, n: usize) -> Vec<Response<K>> {
         self.responses.iter().take(n).collect()
+    }
+}
+
+/// The files blazesym opened (by our descriptors' `/proc/self/fd/N`
+/// paths): its cache holds a descriptor of its own for each, so once nobody
+/// else needs a file (its process was pruned and its stacks symbolized) the
+/// cache entry goes too.
+#[derive(Default)]
+struct UsedFiles {
+    files: HashMap<PathBuf, Weak<OpenFile>>,
+}
+
+impl UsedFiles {
+    fn note(&mut self, frames: &[(u64, Option<FileAddr>)]) {
+        for open in frames
+            .iter()
+            .filter_map(|(_, at)| at.as_ref()?.file.open.as_ref())
+        {
+            // A released file's number may be reused: the path then names
+            // the new file (evicting the path evicts both).
+            let known = self.files.entry(open.fd_path()).or_default();
+            if known.strong_count() == 0 {
+                *known = Arc::downgrade(open);
+            }
+        }
+    }
+
+    fn evict_released(&mut self, symbolizer: &mut Symbolizer) {
+        self.files.retain(|path, file| {
+            if file.strong_count() > 0 {
+                return true;
+            }
+            let _ = symbolizer.evict(&Evict::Elf(blazesym::symbolize::evict::Elf::new(path)));
+            false
+        });
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.files.len()
     }
 }
 
@@ -293,5 +348,48 @@ mod tests {
                 .is_some_and(|l| l.contains("symbolize.rs")),
             "{f:?}"
         );
+    }
+
+    #[test]
+    fn files_are_released_once_their_stacks_are_symbolized() {
+        let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
+        let addr = files_are_released_once_their_stacks_are_symbolized as *const () as u64;
+        let at = space.normalize(addr).expect("our code is file-backed");
+        let file = Arc::downgrade(at.file.open.as_ref().expect("opened"));
+        // The process is gone and its image pruned; its stack is pending.
+        drop(space);
+        assert!(file.upgrade().is_some(), "a pending stack keeps its file");
+        let thread = SymbolizerThread::spawn();
+        thread.submit(vec![Request {
+            key: 1u32,
+            frames: vec![(addr, Some(at))],
+        }]);
+        let responses = thread.wait(1);
+        assert!(
+            responses[0]
+                .frames
+                .iter()
+                .any(|f| f.function.contains("files_are_released")),
+            "{:?}",
+            responses[0].frames
+        );
+        assert!(file.upgrade().is_none(), "symbolized: the file is released");
+    }
+
+    #[test]
+    fn blazesym_forgets_released_files() {
+        let mut symbolizer = Symbolizer::new();
+        let mut used = UsedFiles::default();
+        let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
+        let addr = blazesym_forgets_released_files as *const () as u64;
+        let frames = vec![(addr, space.normalize(addr))];
+        used.note(&frames);
+        let symbolized = symbolize_stack(&symbolizer, &frames);
+        assert!(symbolized[0].function.contains("blazesym_forgets"));
+        used.evict_released(&mut symbolizer);
+        assert_eq!(used.len(), 1, "still held by the address space");
+        drop((space, frames));
+        used.evict_released(&mut symbolizer);
+        assert_eq!(used.len(), 0, "released files leave blazesym's cache");
     }
 }

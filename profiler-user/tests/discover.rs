@@ -293,3 +293,41 @@ fn allocprof_in_a_pid_namespace_reports_that_namespace_s_pids() {
         assert!(report.contains(site), "{site} missing in:\n{report}");
     }
 }
+
+#[test]
+fn an_exec_storm_leaves_nothing_behind() {
+    common::require_bpf();
+    let exe = common::compile_c("exec_storm.c", &[]);
+    let mut cmd = Command::new(exe);
+    cmd.arg("50");
+    let mut w = Proc::spawn(cmd);
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    w.send("go");
+    w.expect("ready");
+    session.refresh().unwrap();
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let profile = loop {
+        let profile = session.complete_profile().unwrap();
+        if profile
+            .processes
+            .iter()
+            .any(|p| p.key.pid == pid && p.state == ProcessState::Exited)
+        {
+            break profile;
+        }
+        assert!(Instant::now() < deadline, "the exit was never noticed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let images = profile.processes.iter().filter(|p| p.key.pid == pid);
+    assert!(images.count() > 1, "the execs made images: {profile:#?}");
+    assert_eq!(
+        session.held_address_spaces(),
+        0,
+        "the address spaces (and open files) of a process that is gone are pruned"
+    );
+    assert!(!session.kernel_tracks(pid));
+}
