@@ -3,7 +3,9 @@
 //! and file:line come out. Allocator-internal frames are dropped here.
 
 use std::{
+    cell::Cell,
     collections::HashMap,
+    panic::AssertUnwindSafe,
     path::{Path, PathBuf},
     sync::{Arc, Weak, mpsc},
     thread,
@@ -83,6 +85,7 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                 let mut symbolizer = Symbolizer::new();
                 let mut used = UsedFiles::default();
                 for batch in req_rx {
+                    let _quiet = QuietContainedPanics::install();
                     for Request { key, frames } in batch {
                         used.note(&frames);
                         let symbolized = symbolize_stack(&symbolizer, &frames);
@@ -122,6 +125,54 @@ impl<K: Send + 'static> SymbolizerThread<K> {
     /// Waits for `n` responses (used before a final report).
     pub fn wait(&self, n: usize) -> Vec<Response<K>> {
         self.responses.iter().take(n).collect()
+    }
+}
+
+thread_local! {
+    /// Set while this thread symbolizes one file under `catch_unwind`.
+    static CONTAINED: Cell<bool> = const { Cell::new(false) };
+}
+
+type PanicHook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync>;
+
+/// While alive, a panic hook that stays silent for the panics
+/// `symbolize_stack` contains (they become unknown frames): the hook in
+/// place (the TUI's leaves the alternate screen, the default one prints
+/// over the screen) must not run for them. Other panics, and other threads',
+/// reach that hook as before. Dropping it puts that hook back.
+struct QuietContainedPanics {
+    previous: Option<Arc<PanicHook>>,
+}
+
+impl QuietContainedPanics {
+    fn install() -> QuietContainedPanics {
+        let previous: Arc<PanicHook> = Arc::new(std::panic::take_hook());
+        let outer = previous.clone();
+        std::panic::set_hook(Box::new(move |info| {
+            if !CONTAINED.get() {
+                outer(info);
+            }
+        }));
+        QuietContainedPanics {
+            previous: Some(previous),
+        }
+    }
+}
+
+impl Drop for QuietContainedPanics {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            return; // set_hook would panic; the process is going down anyway
+        }
+        // Dropping our hook drops its clone, so the original comes back as
+        // it was (no chain of wrappers grows batch after batch).
+        drop(std::panic::take_hook());
+        if let Some(previous) = self.previous.take() {
+            match Arc::try_unwrap(previous) {
+                Ok(hook) => std::panic::set_hook(hook),
+                Err(shared) => std::panic::set_hook(Box::new(move |info| shared(info))),
+            }
+        }
     }
 }
 
@@ -182,6 +233,7 @@ pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>
         }
     }
     let mut symbolized: Vec<Option<Vec<Frame>>> = vec![None; frames.len()];
+    let mut failures: Vec<Option<String>> = vec![None; frames.len()];
     for (file, entries) in by_file {
         let offsets: Vec<u64> = entries.iter().map(|(_, o)| *o).collect();
         let module = file.path.display().to_string();
@@ -190,24 +242,68 @@ pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>
         let Some(open) = &file.open else {
             continue;
         };
-        let source = Source::Elf(Elf::new(open.fd_path()));
-        let Ok(results) = symbolizer.symbolize(&source, Input::FileOffset(&offsets)) else {
-            continue;
-        };
-        for ((i, _), result) in entries.iter().zip(results) {
-            if let Symbolized::Sym(sym) = result {
-                symbolized[*i] = Some(expand(&sym, Some(module.clone())));
+        let path = open.fd_path();
+        // A malformed file may make the ELF/DWARF reader panic: that costs
+        // this file's frames, not the thread (nor the TUI).
+        CONTAINED.set(true);
+        let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            resolve(symbolizer, &Source::Elf(Elf::new(&path)), &offsets)
+        }));
+        CONTAINED.set(false);
+        match results {
+            Ok(Ok(results)) => {
+                for ((i, _), result) in entries.iter().zip(results) {
+                    if let Some(sym) = result {
+                        symbolized[*i] = Some(expand(&sym, Some(module.clone())));
+                    }
+                }
+            }
+            Ok(Err(_)) => {}
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".into());
+                for (i, _) in &entries {
+                    failures[*i] = Some(format!("symbolizer panicked: {reason}"));
+                }
             }
         }
     }
     let mut out = Vec::with_capacity(frames.len());
-    for ((addr, at), sym) in frames.iter().zip(symbolized) {
-        match sym {
-            Some(expanded) => out.extend(expanded),
-            None => out.push(Frame::unknown(*addr, at.as_ref())),
+    for (((addr, at), sym), failure) in frames.iter().zip(symbolized).zip(failures) {
+        match (sym, failure) {
+            (Some(expanded), _) => out.extend(expanded),
+            (None, Some(reason)) => {
+                let unknown = Frame::unknown(*addr, at.as_ref());
+                out.push(Frame {
+                    function: format!("{} [{reason}]", unknown.function),
+                    ..unknown
+                });
+            }
+            (None, None) => out.push(Frame::unknown(*addr, at.as_ref())),
         }
     }
     strip_allocator_frames(out)
+}
+
+/// The symbols at `offsets` of one file (`None` where it has none).
+fn resolve<'a>(
+    symbolizer: &'a Symbolizer,
+    source: &Source<'_>,
+    offsets: &[u64],
+) -> Result<Vec<Option<blazesym::symbolize::Sym<'a>>>, blazesym::Error> {
+    #[cfg(test)]
+    tests::maybe_inject_panic(source);
+    Ok(symbolizer
+        .symbolize(source, Input::FileOffset(offsets))?
+        .into_iter()
+        .map(|r| match r {
+            Symbolized::Sym(sym) => Some(sym),
+            Symbolized::Unknown(_) => None,
+        })
+        .collect())
 }
 
 /// A symbol and its inlined calls, innermost first.
@@ -391,5 +487,97 @@ mod tests {
         drop((space, frames));
         used.evict_released(&mut symbolizer);
         assert_eq!(used.len(), 0, "released files leave blazesym's cache");
+    }
+
+    thread_local! {
+        /// Makes `resolve` panic for this file (tests of containment: no
+        /// file at hand is known to make blazesym itself panic).
+        static PANIC_ON: std::cell::RefCell<Option<PathBuf>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    pub(super) fn maybe_inject_panic(source: &Source<'_>) {
+        if let Source::Elf(elf) = source
+            && PANIC_ON.with_borrow(|p| p.as_ref() == Some(&elf.path))
+        {
+            panic!("injected for {}", elf.path.display());
+        }
+    }
+
+    /// A malformed ELF: a valid identification, then garbage (section
+    /// headers "at" an absurd offset).
+    fn malformed_elf(name: &str) -> OpenFile {
+        let path = std::env::temp_dir().join(format!("allocprof-{name}-{}", std::process::id()));
+        let mut data = b"\x7fELF\x02\x01\x01\0".to_vec();
+        data.resize(64, 0);
+        data[16] = 3; // ET_DYN
+        data[18] = 62; // EM_X86_64
+        data[40..48].copy_from_slice(&u64::MAX.to_le_bytes()); // e_shoff
+        data[58] = 64; // e_shentsize
+        data[60] = 0xff; // e_shnum
+        data.extend(std::iter::repeat_n(0xa5, 4096));
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        OpenFile {
+            id: crate::discover::FileId { dev: 0, ino: 1 },
+            file,
+            display: PathBuf::from("/opt/broken/libbroken.so"),
+        }
+    }
+
+    #[test]
+    fn a_panic_in_one_file_costs_only_that_file_s_frames() {
+        let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
+        // As a return address (callers' frames are looked up one byte back).
+        let addr = a_panic_in_one_file_costs_only_that_file_s_frames as *const () as u64 + 1;
+        let ours = space.normalize(addr).expect("our code is file-backed");
+        let broken = Arc::new(malformed_elf("broken"));
+        let at_broken = FileAddr {
+            file: Arc::new(MappedFile {
+                path: broken.display.clone(),
+                open: Some(broken.clone()),
+            }),
+            file_offset: 0x1234,
+        };
+        let stack = [(0x7f00_0000_1234, Some(at_broken)), (addr, Some(ours))];
+        let symbolizer = Symbolizer::new();
+        // Malformed, blazesym reports an error: an unknown frame.
+        let frames = symbolize_stack(&symbolizer, &stack);
+        assert_eq!(frames[0].function, "libbroken.so+0x1234", "{frames:?}");
+        // Panicking on it (injected), the frame is unknown with the reason,
+        // the other file still symbolizes, and the panic hook stays quiet.
+        PANIC_ON.set(Some(broken.fd_path()));
+        let hook_ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ran = hook_ran.clone();
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |_| {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst)
+        }));
+        let frames = {
+            let _quiet = QuietContainedPanics::install();
+            symbolize_stack(&symbolizer, &stack)
+        };
+        std::panic::set_hook(previous);
+        PANIC_ON.set(None);
+        assert!(
+            frames[0]
+                .function
+                .starts_with("libbroken.so+0x1234 [symbolizer panicked: injected"),
+            "{frames:?}"
+        );
+        assert!(
+            frames
+                .iter()
+                .any(|f| f.function.contains("a_panic_in_one_file_costs_only")),
+            "{frames:?}"
+        );
+        assert!(
+            !hook_ran.load(std::sync::atomic::Ordering::SeqCst),
+            "a contained panic must not reach the panic hook (the TUI's restores the terminal)"
+        );
+        // The thread is still usable.
+        let again = symbolize_stack(&symbolizer, &stack[1..]);
+        assert!(again[0].function.contains("a_panic_in_one_file_costs_only"));
     }
 }
