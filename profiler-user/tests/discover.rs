@@ -102,6 +102,15 @@ fn a_process_whose_main_thread_called_pthread_exit_is_alive() {
         late.err()
     );
     drop(late);
+    let run = Command::new(env!("CARGO_BIN_EXE_allocprof"))
+        .args(["--pid", &pid.to_string(), "--duration", "100ms"])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "allocprof --pid {pid}: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     session.refresh().unwrap();
     w.send("go");
     w.expect("ready");
@@ -117,6 +126,33 @@ fn a_process_whose_main_thread_called_pthread_exit_is_alive() {
     w.send("exit");
     assert!(w.child.wait().unwrap().success());
     assert!(!discover::process_alive(pid));
+}
+
+#[test]
+fn system_wide_a_process_whose_main_thread_called_pthread_exit_is_profiled() {
+    common::require_bpf();
+    let exe = common::compile_c("leader_exits.c", &["-pthread"]);
+    let mut w = Proc::spawn(Command::new(exe));
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    w.send("go");
+    w.expect("leader-gone");
+    // Started now, the scan of every process meets a zombie main thread.
+    let mut session = Session::start(Target::All, Limits::default()).unwrap();
+    assert!(
+        session.is_attached_to(pid),
+        "the process's probes were not found through its live thread"
+    );
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = process(&profile, pid);
+    assert_eq!(p.state, ProcessState::Live, "{p:#?}");
+    assert_eq!(p.name, "leader_exits");
+    let names = functions(p);
+    assert!(names.contains(&"worker_site"), "{names:?}");
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
 }
 
 /// alloc_sites.c built with its sites renamed: the same code at the same
