@@ -251,12 +251,15 @@ impl Process {
         None
     }
 
-    /// Its mappings.
+    /// Its mappings (as many as [`MAX_MAPS_BYTES`] of text hold).
     pub fn maps(&self) -> std::io::Result<Vec<MapsEntry>> {
-        Ok(parse_maps(&read_string(
-            &self.dir.join("maps"),
-            MAX_MAPS_BYTES,
-        )?))
+        let mut text = read_bounded(&self.dir.join("maps"), MAX_MAPS_BYTES)?;
+        if text.len() as u64 == MAX_MAPS_BYTES {
+            // Cut off mid-line: a partial line could parse as another range.
+            let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            text.truncate(whole);
+        }
+        Ok(parse_maps(&String::from_utf8_lossy(&text)))
     }
 
     /// Its name (`comm`).
