@@ -1,7 +1,7 @@
 //! Discovery reads what it needs of a mapped file, not the file: a process
 //! mapping huge sparse files (one of them with an ELF header claiming an
-//! absurd note section) costs allocprof next to nothing. The only test of
-//! its binary, so the process's peak RSS is this test's.
+//! absurd note section) costs allocprof next to nothing. Measured on this
+//! test process (the library) and on the allocprof binary run system-wide.
 
 mod common;
 
@@ -14,11 +14,14 @@ use std::{
 
 use profiler_user::discover::Scanner;
 
+/// A peak RSS no discovery should come near (the files are 4 GiB each).
+const BOUND: u64 = 256 << 20;
+
 const GIB: u64 = 1 << 30;
 
-/// The process's peak resident set (VmHWM), in bytes.
-fn peak_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+/// A process's peak resident set (VmHWM), in bytes.
+fn peak_rss_of(pid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status
         .lines()
         .find(|l| l.starts_with("VmHWM:"))
@@ -29,6 +32,10 @@ fn peak_rss() -> u64 {
         .and_then(|v| v.parse().ok())
         .expect("VmHWM value");
     kib * 1024
+}
+
+fn peak_rss() -> u64 {
+    peak_rss_of("self")
 }
 
 /// A 64-bit x86_64 ET_DYN header whose `.note.stapsdt` section says it is
@@ -71,40 +78,89 @@ fn sparse(path: &Path, head: &[u8], len: u64) {
     file.set_len(len).unwrap();
 }
 
+/// A process mapping a 4 GiB sparse data file and a 4 GiB sparse file with
+/// a hostile ELF header; removed (and killed) on drop.
+struct MapsHugeFiles {
+    child: std::process::Child,
+    files: [std::path::PathBuf; 2],
+}
+
+impl MapsHugeFiles {
+    fn start(name: &str) -> MapsHugeFiles {
+        let dir = common::scratch_dir(name);
+        let files = [dir.join("data.bin"), dir.join("hostile.so")];
+        sparse(&files[0], b"not an ELF file, just data", 4 * GIB);
+        sparse(&files[1], &hostile_elf_head(), 4 * GIB);
+        let exe = common::compile_c("map_files.c", &[]);
+        let mut child = Command::new(exe)
+            .args(&files)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "the mapping process failed");
+        MapsHugeFiles { child, files }
+    }
+}
+
+impl Drop for MapsHugeFiles {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
 #[test]
 fn discovery_of_huge_sparse_mappings_stays_bounded() {
-    let dir = common::scratch_dir("discover-bounded");
-    let data = dir.join("data.bin");
-    let elf = dir.join("hostile.so");
-    sparse(&data, b"not an ELF file, just data", 4 * GIB);
-    sparse(&elf, &hostile_elf_head(), 4 * GIB);
-
-    let exe = common::compile_c("map_files.c", &[]);
-    let mut child = Command::new(exe)
-        .arg(&data)
-        .arg(&elf)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready", "the mapping process failed");
-
+    let target = MapsHugeFiles::start("discover-bounded-lib");
     let before = peak_rss();
-    let found = Scanner::default().probe_files(child.id()).unwrap();
+    let found = Scanner::default().probe_files(target.child.id()).unwrap();
     let grown = peak_rss().saturating_sub(before);
-    let _ = child.kill();
-    let _ = child.wait();
-    std::fs::remove_file(&data).unwrap();
-    std::fs::remove_file(&elf).unwrap();
-
     assert!(found.is_empty(), "no probes there: {found:?}");
     assert!(
-        grown < 64 << 20,
+        grown < BOUND,
         "discovery of two 4 GiB sparse mappings raised the peak RSS by {} MiB",
         grown >> 20
+    );
+}
+
+#[test]
+fn allocprof_system_wide_stays_small_next_to_huge_sparse_mappings() {
+    common::require_bpf();
+    let _target = MapsHugeFiles::start("discover-bounded-bin");
+    let mut allocprof = Command::new(env!("CARGO_BIN_EXE_allocprof"))
+        .args(["--duration", "60s", "--format", "collapsed"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It says so once its scan of every process is done.
+    let mut said = String::new();
+    for line in BufReader::new(allocprof.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains("attached") {
+            break;
+        }
+    }
+    let peak = peak_rss_of(&allocprof.id().to_string());
+    let _ = allocprof.kill();
+    let _ = allocprof.wait();
+    assert!(
+        said.contains("attached"),
+        "allocprof did not start:\n{said}"
+    );
+    assert!(
+        peak < BOUND,
+        "allocprof's peak RSS after scanning every process is {} MiB",
+        peak >> 20
     );
 }
