@@ -156,8 +156,15 @@ impl Session {
         if !scan.probes.is_empty() {
             self.spaces.insert(pid, scan.space);
         }
+        let mut stale = Vec::new();
         for file in &scan.probes {
-            self.attach(pid, scan.tid, file)?;
+            stale.extend(self.attach(pid, scan.tid, file)?);
+        }
+        // Only now, so that no probe is unattached in between.
+        stale.sort_unstable();
+        stale.dedup();
+        for tid in stale {
+            self.kernel.detach_process(tid);
         }
         Ok(scan.probes.iter().filter(|f| !f.sites.is_empty()).count())
     }
@@ -165,33 +172,32 @@ impl Session {
     /// Attaches to a probe file `pid` maps; per process, through its live
     /// thread `tid` (attached again through another when that one ends: a
     /// per-process uprobe follows its thread's memory, which an exiting
-    /// main thread leaves behind).
-    fn attach(&mut self, pid: u32, tid: u32, file: &ProbeFile) -> Result<(), KernelError> {
-        let scope = match self.target {
+    /// main thread leaves behind). Returns the thread attached through
+    /// before, whose attachments the caller detaches.
+    fn attach(&mut self, pid: u32, tid: u32, file: &ProbeFile) -> Result<Option<u32>, KernelError> {
+        let (scope, replaced) = match self.target {
             Target::All => {
                 if !self.attached_files.insert(file.id()) {
-                    return Ok(());
+                    return Ok(None);
                 }
-                Scope::AllProcesses
+                (Scope::AllProcesses, None)
             }
-            Target::Pids(_) => {
-                match self.attached_pid_files.insert((pid, file.id()), tid) {
-                    Some(old) if old == tid => return Ok(()),
-                    Some(old) => self.kernel.detach_process(old),
-                    None => {}
-                }
-                Scope::Process(tid)
-            }
+            Target::Pids(_) => match self.attached_pid_files.insert((pid, file.id()), tid) {
+                Some(old) if old == tid => return Ok(None),
+                old => (Scope::Process(tid), old),
+            },
         };
         self.probe_ids.insert(file.id());
-        for problem in &file.problems {
-            self.warnings
-                .push(format!("{}: {problem}", file.file.display.display()));
+        if replaced.is_none() {
+            for problem in &file.problems {
+                self.warnings
+                    .push(format!("{}: {problem}", file.file.display.display()));
+            }
         }
         for site in &file.sites {
             self.kernel.attach_file(&file.file, site, scope)?;
         }
-        Ok(())
+        Ok(replaced)
     }
 
     fn scan_all(&mut self) {
