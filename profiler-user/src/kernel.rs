@@ -380,6 +380,52 @@ impl Kernel {
         freed
     }
 
+    /// Forgets retired images whose aggregates the caller read: deletes
+    /// those by key (`aggregates`), walks the live samples only when the
+    /// images had some (`live_samples`), and drops the state of the
+    /// processes that exited (`None` in `gone`). Returns the samples freed.
+    pub fn forget_images(
+        &mut self,
+        gone: &[(u32, Option<u32>)],
+        aggregates: &[AggKey],
+        live_samples: bool,
+    ) -> usize {
+        let below: StdHashMap<u32, Option<u32>> = gone.iter().copied().collect();
+        let is_gone = |pid: u32, generation: u32| {
+            below
+                .get(&pid)
+                .is_some_and(|b| b.is_none_or(|g| generation < g))
+        };
+        let mut freed = 0;
+        if live_samples {
+            let samples: Vec<LiveKey> = self
+                .live
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(k, s)| is_gone(k.pid, s.generation))
+                .map(|(k, _)| k)
+                .collect();
+            freed = samples
+                .iter()
+                .filter(|k| self.live.remove(k).is_ok())
+                .count();
+        }
+        for key in aggregates {
+            let _ = self.aggs.remove(key);
+        }
+        for (pid, b) in gone {
+            if b.is_none() {
+                let _ = self.procs.remove(pid);
+            }
+        }
+        freed
+    }
+
+    /// The kernel's state of one process (a map lookup, no snapshot).
+    pub fn process(&self, pid: u32) -> Option<ProcState> {
+        self.procs.get(&pid, 0).ok()
+    }
+
     /// The process exit/exec events reported since the last call.
     pub fn proc_events(&mut self) -> Vec<ProcEvent> {
         let mut events = Vec::new();

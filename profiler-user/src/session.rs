@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::{PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
+use profiler_common::{AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
 use thiserror::Error;
 
 use crate::{
@@ -89,7 +89,8 @@ pub struct Session {
     pending: HashSet<(u32, u64)>,
     symbolizer: SymbolizerThread<(u32, u64)>,
     frozen: Vec<(ProcessKey, Frozen)>,
-    rescans: Vec<(Instant, u32)>,
+    /// Processes that exec'ed: when, and the next of `RESCAN_AFTER_EXEC`.
+    rescans: HashMap<u32, (Instant, usize)>,
     last_full_scan: Instant,
     started: Instant,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
@@ -121,7 +122,7 @@ impl Session {
             pending: HashSet::new(),
             symbolizer: SymbolizerThread::spawn(),
             frozen: Vec::new(),
-            rescans: Vec::new(),
+            rescans: HashMap::new(),
             last_full_scan: Instant::now(),
             started: Instant::now(),
             warnings: Vec::new(),
@@ -213,7 +214,13 @@ impl Session {
 
     /// Handles process exits and execs reported by the kernel, and runs due
     /// rescans. Call often (every ~50 ms): rescans after exec are time-critical.
+    ///
+    /// The work follows what changed: an exec costs a lookup of the
+    /// process's own kernel entry (most execs system-wide are of processes
+    /// without one) and one series of rescans however often it execs; the
+    /// images that went in one poll are retired together.
     pub fn poll_events(&mut self) {
+        let now = Instant::now();
         let mut exited = Vec::new();
         let mut execed = Vec::new();
         for event in self.kernel.proc_events() {
@@ -226,29 +233,33 @@ impl Session {
                 // pthread_exit the other threads run on (then `track`
                 // notices the real exit).
                 PROC_EVENT_EXIT if !discover::process_alive(pid) => exited.push(pid),
-                PROC_EVENT_EXEC => execed.push(pid),
+                PROC_EVENT_EXEC => {
+                    // The kernel bumped its generation if it tracks it.
+                    match self.kernel.process(event.pid) {
+                        Some(state) => execed.push((pid, state.generation)),
+                        // Nothing to freeze; the old image's files go.
+                        None => self.prune(pid, false),
+                    }
+                    self.rescans.insert(pid, (now, 0));
+                }
                 _ => {}
             }
         }
         self.retire(&exited, &execed);
-        let now = Instant::now();
-        execed.sort_unstable();
-        execed.dedup();
-        for pid in execed {
-            // However often it execs, a process has one series of rescans.
-            self.rescans.retain(|(_, p)| *p != pid);
-            self.rescans
-                .extend(RESCAN_AFTER_EXEC.iter().map(|d| (now + *d, pid)));
-        }
-        let mut due: Vec<u32> = self
-            .rescans
-            .iter()
-            .filter(|(at, _)| *at <= now)
-            .map(|(_, pid)| *pid)
-            .collect();
+        let mut due = Vec::new();
+        self.rescans.retain(|pid, (at, next)| {
+            let passed = RESCAN_AFTER_EXEC
+                .iter()
+                .skip(*next)
+                .take_while(|d| *at + **d <= now)
+                .count();
+            if passed > 0 {
+                due.push(*pid);
+                *next += passed;
+            }
+            *next < RESCAN_AFTER_EXEC.len()
+        });
         due.sort_unstable();
-        due.dedup();
-        self.rescans.retain(|(at, _)| *at > now);
         for pid in due {
             self.names.remove(&pid);
             if let Err(e) = self.scan(pid) {
@@ -258,30 +269,45 @@ impl Session {
     }
 
     /// Freezes the process images that exited (`exited`) or were replaced by
-    /// exec (`execed`), frees their kernel state, and prunes what only they
-    /// needed: one snapshot and one pass over the kernel's maps per batch.
-    fn retire(&mut self, exited: &[u32], execed: &[u32]) {
-        if exited.is_empty() && execed.is_empty() {
-            return;
-        }
-        let Ok(snapshot) = self.snapshot() else {
-            return;
-        };
+    /// exec (`execed`: the pid and its new generation), frees their kernel
+    /// state, and prunes what only they needed. One snapshot per batch, and
+    /// none when no process of it has kernel state; the kernel cleanup
+    /// deletes the images' aggregates by key and walks the live samples only
+    /// if the images still had some.
+    fn retire(&mut self, exited: &[u32], execed: &[(u32, u32)]) {
         // pid → the generations that go: those below this one, or all.
         let mut gone: HashMap<u32, Option<u32>> = HashMap::new();
-        for pid in execed {
-            if let Some(p) = snapshot.processes.get(pid) {
-                gone.insert(*pid, Some(p.generation));
-            }
+        for (pid, generation) in execed {
+            gone.insert(*pid, Some(*generation));
         }
         for pid in exited {
             gone.insert(*pid, None);
         }
+        if gone.is_empty() {
+            return;
+        }
+        let tracked = gone.keys().any(|pid| {
+            self.pids
+                .host(*pid)
+                .is_some_and(|host| self.kernel.process(host).is_some())
+        });
+        if tracked && let Ok(snapshot) = self.snapshot() {
+            self.freeze(&snapshot, &gone);
+        }
+        for (pid, below) in gone {
+            self.prune(pid, below.is_none());
+        }
+    }
+
+    /// The freezing half of [`Session::retire`].
+    fn freeze(&mut self, snapshot: &KernelSnapshot, gone: &HashMap<u32, Option<u32>>) {
         let is_gone = |pid: u32, generation: u32| {
             gone.get(&pid)
                 .is_some_and(|below| below.is_none_or(|g| generation < g))
         };
         let mut images: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
+        let mut keys = Vec::new();
+        let mut live_samples = 0;
         for (key, agg) in &snapshot.aggregates {
             if is_gone(key.pid, key.generation) {
                 images
@@ -291,11 +317,15 @@ impl Session {
                     })
                     .or_default()
                     .push((key.stack_id, Totals::from_agg(agg)));
+                live_samples += agg.live_samples;
+                if let Some(host) = self.pids.host(key.pid) {
+                    keys.push(AggKey { pid: host, ..*key });
+                }
             }
         }
         // Their stacks are normalized now, with the files they mapped; the
         // requests keep those files open until symbolized.
-        self.request_symbols_where(&snapshot, is_gone);
+        self.request_symbols_where(snapshot, is_gone);
         for (key, stacks) in images {
             let exited = gone.get(&key.pid).is_some_and(Option::is_none);
             // Counters are per pid, not per image: an exec'ed image keeps none.
@@ -326,10 +356,7 @@ impl Session {
             .iter()
             .filter_map(|(pid, below)| Some((self.pids.host(*pid)?, *below)))
             .collect();
-        self.kernel.forget_processes(&hosts);
-        for (pid, below) in gone {
-            self.prune(pid, below.is_none());
-        }
+        self.kernel.forget_images(&hosts, &keys, live_samples > 0);
     }
 
     /// Drops what only a retired image needed: its address space (the new
@@ -342,7 +369,7 @@ impl Session {
             return;
         }
         self.pids.remove_local(pid);
-        self.rescans.retain(|(_, p)| *p != pid);
+        self.rescans.remove(&pid);
         let mut tids = Vec::new();
         self.attached_pid_files.retain(|(p, _), tid| {
             if *p == pid {
@@ -469,6 +496,16 @@ impl Session {
                 dead.push(pid);
             }
         }
+        // Processes scanned but never sampled have no kernel state (and no
+        // exit event): what we hold for them goes when they do.
+        dead.extend(
+            self.spaces
+                .keys()
+                .filter(|pid| !snapshot.processes.contains_key(pid))
+                .filter(|pid| !discover::process_alive(**pid))
+                .copied()
+                .collect::<Vec<_>>(),
+        );
         self.retire(&dead, &[]);
         if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {
             self.scan_all();

@@ -367,3 +367,31 @@ fn an_exec_storm_leaves_nothing_behind() {
     );
     assert!(!session.kernel_tracks(pid));
 }
+
+#[test]
+fn a_process_that_never_sampled_is_pruned_when_it_exits() {
+    common::require_bpf();
+    // Sampling off: it carries the probes but the kernel never hears of it
+    // (no state, no exit event).
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let mut child = Command::new(exe)
+        .env("LD_PRELOAD", common::preload_library())
+        .env("ALLOCPROF_RATE", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    session.refresh().unwrap();
+    assert_eq!(session.held_address_spaces(), 1);
+    drop(child.stdin.take());
+    assert!(!child.wait().unwrap().success(), "it exits at end of input");
+    session.refresh().unwrap();
+    assert_eq!(
+        session.held_address_spaces(),
+        0,
+        "the files of an exited process that never sampled are released"
+    );
+}
