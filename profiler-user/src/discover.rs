@@ -21,7 +21,7 @@ use std::{
     io::Read,
     os::{
         fd::{AsRawFd, FromRawFd},
-        unix::fs::MetadataExt,
+        unix::fs::{MetadataExt, OpenOptionsExt},
     },
     path::{Path, PathBuf},
     sync::{Arc, Weak},
@@ -285,33 +285,51 @@ impl Process {
 
     /// Opens the file of a mapping: through `/proc/PID/map_files` (the very
     /// file mapped, even if renamed or deleted), or else by its path inside
-    /// the process's root; either way only if its device and inode are the
-    /// mapping's.
+    /// the process's root; either way only if it is a regular file whose
+    /// device and inode are the mapping's. It is first reached with `O_PATH`
+    /// (which opens nothing: a mapped device's driver never sees us), and
+    /// opened for reading only once checked.
     fn open_mapped(&self, entry: &MapsEntry) -> Option<File> {
         let by_range = format!(
             "/proc/{}/map_files/{:x}-{:x}",
             self.pid, entry.start, entry.end
         );
-        let file = match File::open(by_range) {
-            Ok(file) => file,
+        let handle = match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(by_range)
+        {
+            Ok(handle) => handle,
             // map_files is per process and empty once the main thread is
             // gone; a deleted file has no path to resolve.
             Err(_) if !entry.deleted => open_in_root(&self.dir.join("root"), &entry.path)?,
             Err(_) => return None,
         };
-        let meta = file.metadata().ok()?;
-        (meta.is_file() && meta.dev() == entry.dev && meta.ino() == entry.inode).then_some(file)
+        let is_mapped = |file: &File| {
+            file.metadata()
+                .is_ok_and(|m| m.is_file() && m.dev() == entry.dev && m.ino() == entry.inode)
+        };
+        if !is_mapped(&handle) {
+            return None;
+        }
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+            .ok()?;
+        is_mapped(&file).then_some(file)
     }
 }
 
-/// Opens `path` as seen from `root` (a `/proc/.../root` link), resolving
-/// every component inside that root, symlinks and `..` included.
+/// Reaches `path` as seen from `root` (a `/proc/.../root` link), resolving
+/// every component inside that root, symlinks and `..` included; an
+/// `O_PATH` handle.
 fn open_in_root(root: &Path, path: &str) -> Option<File> {
     let root = File::open(root).ok()?;
     let path = std::ffi::CString::new(path.trim_start_matches('/')).ok()?;
     // struct open_how { u64 flags, mode, resolve } (linux/openat2.h).
     let how: [u64; 3] = [
-        (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK) as u64,
+        (libc::O_PATH | libc::O_CLOEXEC) as u64,
         0,
         libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
     ];
