@@ -262,6 +262,16 @@ impl PidNamespace {
                 .expect("unshare comes from util-linux"),
         );
         let init = first_child(unshare.0.id());
+        // It mounts the namespace's /proc, then execs sleep: wait for that.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{init}/comm")).unwrap_or_default() != "sleep\n"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the namespace's init never started"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         PidNamespace { unshare, init }
     }
 
