@@ -433,6 +433,7 @@ impl Session {
                 frames.push(first);
             }
         }
+        let mut matches: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for (host, addresses) in first_frames {
             let candidates = self
                 .spaces
@@ -440,17 +441,33 @@ impl Session {
                 .filter(|(local, _)| !self.pids.is_mapped(**local))
                 .map(|(local, space)| (*local, space));
             match correlate(&addresses, candidates, |id| self.probe_ids.contains(&id)) {
-                Correlation::Unique(local) => self.pids.insert(host, local),
+                Correlation::Unique(local) => matches.entry(local).or_default().push(host),
                 Correlation::Ambiguous(locals) => {
-                    if self.ambiguous.insert(host) {
-                        self.warnings.push(format!(
-                            "cannot tell which of processes {locals:?} the kernel's pid {host} \
-                             is (same address-space layout); its samples are left out"
-                        ));
-                    }
+                    self.warn_ambiguous(host, &format!("processes {locals:?}"));
                 }
                 Correlation::None => {}
             }
+        }
+        // Both ways: two host pids that look like one of ours (a process
+        // outside our namespace with the same layout) are not told apart.
+        for (local, hosts) in matches {
+            match hosts.as_slice() {
+                [host] => self.pids.insert(*host, local),
+                _ => {
+                    for host in hosts {
+                        self.warn_ambiguous(host, &format!("process {local}"));
+                    }
+                }
+            }
+        }
+    }
+
+    fn warn_ambiguous(&mut self, host: u32, which: &str) {
+        if self.ambiguous.insert(host) {
+            self.warnings.push(format!(
+                "cannot tell whether the kernel's pid {host} is {which} (the same \
+                 address-space layout); its samples are left out"
+            ));
         }
     }
 
