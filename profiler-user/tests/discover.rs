@@ -294,9 +294,11 @@ impl Drop for PidNamespace {
     }
 }
 
-#[test]
-fn allocprof_in_a_pid_namespace_reports_that_namespace_s_pids() {
-    common::require_bpf();
+/// Runs the target and `allocprof --pid` inside a fresh pid namespace; the
+/// target allocates, then exits (`exit`) or runs on (allocprof is stopped
+/// with SIGTERM). Returns allocprof's report and the target's pid there and
+/// on the host.
+fn profile_in_a_pid_namespace(exit: bool) -> (String, u32, u32) {
     let ns = PidNamespace::new();
     let nsenter = |program: &Path| ns.command(program);
     // The target, inside it.
@@ -319,10 +321,16 @@ fn allocprof_in_a_pid_namespace_reports_that_namespace_s_pids() {
     assert!(attached.contains("attached"), "{attached}");
     w.send("go");
     w.expect("ready");
-    // SIGTERM ends the run with a report.
-    // SAFETY: kill has no memory-safety preconditions.
-    let sent = unsafe { libc::kill(allocprof_pid as i32, libc::SIGTERM) };
-    assert_eq!(sent, 0, "signalling allocprof");
+    if exit {
+        // allocprof ends with a report once its target is gone.
+        w.send("exit");
+        assert!(w.child.wait().unwrap().success());
+    } else {
+        // SIGTERM ends the run with a report.
+        // SAFETY: kill has no memory-safety preconditions.
+        let sent = unsafe { libc::kill(allocprof_pid as i32, libc::SIGTERM) };
+        assert_eq!(sent, 0, "signalling allocprof");
+    }
     let mut report = String::new();
     std::io::Read::read_to_string(allocprof.0.stdout.as_mut().unwrap(), &mut report).unwrap();
     let status = allocprof.0.wait().unwrap();
@@ -334,10 +342,24 @@ fn allocprof_in_a_pid_namespace_reports_that_namespace_s_pids() {
         !report.contains(&format!("({host_pid})")),
         "the host pid leaked into:\n{report}"
     );
-    assert!(!report.contains("exited"), "the target runs:\n{report}");
     for site in ["site_small", "site_medium", "site_large"] {
         assert!(report.contains(site), "{site} missing in:\n{report}");
     }
+    (report, ns_pid, host_pid)
+}
+
+#[test]
+fn allocprof_in_a_pid_namespace_reports_that_namespace_s_pids() {
+    common::require_bpf();
+    let (report, ..) = profile_in_a_pid_namespace(false);
+    assert!(!report.contains("exited"), "the target runs:\n{report}");
+}
+
+#[test]
+fn allocprof_in_a_pid_namespace_follows_its_target_s_exit() {
+    common::require_bpf();
+    let (report, ..) = profile_in_a_pid_namespace(true);
+    assert!(report.contains("exited"), "the target exited:\n{report}");
 }
 
 #[test]
