@@ -1,22 +1,45 @@
 //! Finding the `otel_memory` probes: which files a process maps, and which of
-//! those files carry the probes. Files are cached by identity (device, inode,
-//! mtime), so rescans of many processes read each library once.
+//! those files carry the probes.
+//!
+//! A target controls what its mappings name, so every mapped file is opened
+//! once, through `/proc/PID/map_files/<range>` (or, when that is gone, by its
+//! path resolved inside the process's own root), and kept only if its device
+//! and inode are those `/proc/PID/maps` shows. That one descriptor is then
+//! used to parse the notes, to attach (as `/proc/self/fd/N`) and to
+//! symbolize, so nobody can swap the file between the steps. Descriptors are
+//! shared by identity (device, inode) across processes while anyone holds
+//! them; which files carry probes is cached by identity and mtime, so rescans
+//! of many processes read each library once.
+//!
+//! A process is reached through a live thread: when its main thread called
+//! `pthread_exit`, `/proc/PID` reads as a zombie with empty maps while
+//! `/proc/PID/task/TID` of the other threads is complete.
 
 use std::{
     collections::HashMap,
-    fs,
-    os::unix::fs::MetadataExt,
+    fs::{self, File},
+    io::Read,
+    os::{
+        fd::{AsRawFd, FromRawFd},
+        unix::fs::{MetadataExt, OpenOptionsExt},
+    },
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Weak},
 };
 
 use crate::{
     kernel::{ProbeKind, ProbeSite},
+    normalize::AddressSpace,
     usdt::{self, NoteError},
 };
 
 /// The provider of the memory-profiling probe contract.
 pub const PROVIDER: &str = "otel_memory";
+/// The most of `/proc/PID/maps` read (65 530 mappings, the default
+/// `vm.max_map_count`, of long paths).
+const MAX_MAPS_BYTES: u64 = 64 << 20;
+/// The most of a small `/proc` file (stat, comm, environ) read.
+const MAX_SMALL_BYTES: u64 = 1 << 20;
 
 /// Identity of a file on disk, independent of the path it was reached by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -25,24 +48,66 @@ pub struct FileId {
     pub ino: u64,
 }
 
+/// A file a process maps, opened once and checked against the mapping.
+#[derive(Debug)]
+pub struct OpenFile {
+    pub id: FileId,
+    pub file: File,
+    /// The path as the process sees it (for messages and frame modules).
+    pub display: PathBuf,
+}
+
+impl OpenFile {
+    /// A path that opens this very file through our descriptor, for APIs
+    /// that take paths (aya's attach, blazesym). Valid while `self` lives.
+    pub fn fd_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+}
+
+impl PartialEq for OpenFile {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for OpenFile {}
+
+impl std::hash::Hash for OpenFile {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
 /// A file that carries `otel_memory` probes.
 #[derive(Debug)]
 pub struct ProbeFile {
-    pub id: FileId,
-    /// A path that opens the file from our mount namespace.
-    pub path: PathBuf,
-    /// The path as the process sees it (for messages).
-    pub display: PathBuf,
+    pub file: Arc<OpenFile>,
     pub sites: Vec<ProbeSite>,
     /// Probes of the provider that cannot be attached, with the reason.
     pub problems: Vec<String>,
 }
 
+impl ProbeFile {
+    pub fn id(&self) -> FileId {
+        self.file.id
+    }
+}
+
 /// Reads the `otel_memory` probe sites of one ELF file.
 pub fn probe_sites(path: &Path) -> Result<(Vec<ProbeSite>, Vec<String>), NoteError> {
+    sites_of(usdt::probes_in_file(path)?)
+}
+
+/// Reads the `otel_memory` probe sites of an open ELF file.
+pub fn probe_sites_in(file: &File) -> Result<(Vec<ProbeSite>, Vec<String>), NoteError> {
+    sites_of(usdt::probes_in_open_file(file)?)
+}
+
+fn sites_of(probes: Vec<usdt::UsdtProbe>) -> Result<(Vec<ProbeSite>, Vec<String>), NoteError> {
     let mut sites = Vec::new();
     let mut problems = Vec::new();
-    for probe in usdt::probes_in_file(path)? {
+    for probe in probes {
         if probe.provider != PROVIDER {
             continue;
         }
@@ -65,32 +130,233 @@ pub fn probe_sites(path: &Path) -> Result<(Vec<ProbeSite>, Vec<String>), NoteErr
     Ok((sites, problems))
 }
 
-/// The files mapped by a process, as (openable path, path the process sees).
-/// The executable comes first.
-pub fn mapped_files(pid: u32) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    let root = PathBuf::from(format!("/proc/{pid}/root"));
-    let mut seen = Vec::<PathBuf>::new();
-    if let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) {
-        seen.push(exe);
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsEntry {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    /// The device as `st_dev` encodes it.
+    pub dev: u64,
+    pub inode: u64,
+    /// The path, without a ` (deleted)` suffix; empty for anonymous memory.
+    pub path: String,
+    pub deleted: bool,
+}
+
+impl MapsEntry {
+    /// A mapping of a file (not anonymous memory, a stack, the vdso...).
+    pub fn is_file(&self) -> bool {
+        self.inode != 0 && self.path.starts_with('/')
     }
-    for line in maps.lines() {
-        // address perms offset dev inode path
-        let Some(path) = line.splitn(6, ' ').nth(5).map(str::trim_start) else {
-            continue;
+
+    pub fn id(&self) -> FileId {
+        FileId {
+            dev: self.dev,
+            ino: self.inode,
+        }
+    }
+}
+
+/// Parses the text of `/proc/PID/maps`; malformed lines are skipped.
+pub fn parse_maps(maps: &str) -> Vec<MapsEntry> {
+    maps.lines().filter_map(parse_maps_line).collect()
+}
+
+fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+    // address perms offset dev inode path
+    let mut fields = line.splitn(6, ' ');
+    let range = fields.next()?;
+    let _perms = fields.next()?;
+    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+    let (major, minor) = fields.next()?.split_once(':')?;
+    let inode = fields.next()?.parse().ok()?;
+    let path = fields.next().map(str::trim_start).unwrap_or("");
+    let (start, end) = range.split_once('-')?;
+    let (path, deleted) = match path.strip_suffix(" (deleted)") {
+        Some(p) => (p, true),
+        None => (path, false),
+    };
+    Some(MapsEntry {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset,
+        dev: libc::makedev(
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        ),
+        inode,
+        path: path.to_string(),
+        deleted,
+    })
+}
+
+/// Reads at most `limit` bytes of a file.
+fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let mut data = Vec::new();
+    File::open(path)?.take(limit).read_to_end(&mut data)?;
+    Ok(data)
+}
+
+fn read_string(path: &Path, limit: u64) -> std::io::Result<String> {
+    read_bounded(path, limit).map(|d| String::from_utf8_lossy(&d).into_owned())
+}
+
+/// Whether a `/proc/.../stat` names a task that is not a zombie (or dead).
+fn stat_is_live(stat: &str) -> bool {
+    // The state follows the parenthesised comm, which may contain spaces.
+    stat.rsplit_once(") ")
+        .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
+}
+
+/// A running process, reached through one of its live threads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Process {
+    pub pid: u32,
+    /// A live thread: `pid` itself unless the main thread is gone.
+    pub tid: u32,
+    /// `/proc/PID`, or `/proc/PID/task/TID` when the main thread is gone.
+    dir: PathBuf,
+}
+
+impl Process {
+    /// The process, if it runs: its main thread, or else any live thread.
+    pub fn find(pid: u32) -> Option<Process> {
+        let dir = PathBuf::from(format!("/proc/{pid}"));
+        let stat = read_string(&dir.join("stat"), MAX_SMALL_BYTES).ok()?;
+        if stat_is_live(&stat) {
+            return Some(Process { pid, tid: pid, dir });
+        }
+        // The leader exited (pthread_exit); the process lives on while
+        // another thread does.
+        for entry in fs::read_dir(dir.join("task")).ok()? {
+            let Some(tid) = entry
+                .ok()
+                .and_then(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let task = dir.join("task").join(tid.to_string());
+            if tid != pid
+                && read_string(&task.join("stat"), MAX_SMALL_BYTES)
+                    .is_ok_and(|stat| stat_is_live(&stat))
+            {
+                return Some(Process {
+                    pid,
+                    tid,
+                    dir: task,
+                });
+            }
+        }
+        None
+    }
+
+    /// Its mappings (as many as [`MAX_MAPS_BYTES`] of text hold).
+    pub fn maps(&self) -> std::io::Result<Vec<MapsEntry>> {
+        let mut text = read_bounded(&self.dir.join("maps"), MAX_MAPS_BYTES)?;
+        if text.len() as u64 == MAX_MAPS_BYTES {
+            // Cut off mid-line: a partial line could parse as another range.
+            let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            text.truncate(whole);
+        }
+        Ok(parse_maps(&String::from_utf8_lossy(&text)))
+    }
+
+    /// Its name (`comm`).
+    pub fn name(&self) -> Option<String> {
+        read_string(&self.dir.join("comm"), MAX_SMALL_BYTES)
+            .ok()
+            .map(|s| s.trim_end().to_string())
+    }
+
+    /// The sampling rate it runs with: its `ALLOCPROF_RATE`, read as the
+    /// allocator reads it (absent or malformed means the default).
+    pub fn sampling_rate(&self) -> u64 {
+        use profiler_common::rate::{DEFAULT_RATE, parse_rate};
+        let Ok(environ) = read_bounded(&self.dir.join("environ"), MAX_SMALL_BYTES) else {
+            return DEFAULT_RATE;
         };
-        if !path.starts_with('/') || path.ends_with(" (deleted)") {
-            continue;
-        }
-        let path = PathBuf::from(path);
-        if !seen.contains(&path) {
-            seen.push(path);
-        }
+        environ
+            .split(|&b| b == 0)
+            .find_map(|var| var.strip_prefix(b"ALLOCPROF_RATE="))
+            .and_then(|value| parse_rate(value).ok())
+            .unwrap_or(DEFAULT_RATE)
     }
-    Ok(seen
-        .into_iter()
-        .map(|p| (root.join(p.strip_prefix("/").unwrap_or(&p)), p))
-        .collect())
+
+    /// Opens the file of a mapping: through `/proc/PID/map_files` (the very
+    /// file mapped, even if renamed or deleted), or else by its path inside
+    /// the process's root; either way only if it is a regular file whose
+    /// device and inode are the mapping's. It is first reached with `O_PATH`
+    /// (which opens nothing: a mapped device's driver never sees us), and
+    /// opened for reading only once checked.
+    fn open_mapped(&self, entry: &MapsEntry) -> Option<File> {
+        let by_range = format!(
+            "/proc/{}/map_files/{:x}-{:x}",
+            self.pid, entry.start, entry.end
+        );
+        let handle = match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(by_range)
+        {
+            Ok(handle) => handle,
+            // map_files is per process and empty once the main thread is
+            // gone; a deleted file has no path to resolve.
+            Err(_) if !entry.deleted => open_in_root(&self.dir.join("root"), &entry.path)?,
+            Err(_) => return None,
+        };
+        let is_mapped = |file: &File| {
+            file.metadata()
+                .is_ok_and(|m| m.is_file() && m.dev() == entry.dev && m.ino() == entry.inode)
+        };
+        if !is_mapped(&handle) {
+            return None;
+        }
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+            .ok()?;
+        is_mapped(&file).then_some(file)
+    }
+}
+
+/// Reaches `path` as seen from `root` (a `/proc/.../root` link), resolving
+/// every component inside that root, symlinks and `..` included; an
+/// `O_PATH` handle.
+fn open_in_root(root: &Path, path: &str) -> Option<File> {
+    let root = File::open(root).ok()?;
+    let path = std::ffi::CString::new(path.trim_start_matches('/')).ok()?;
+    // struct open_how { u64 flags, mode, resolve } (linux/openat2.h).
+    let how: [u64; 3] = [
+        (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        0,
+        libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    ];
+    // SAFETY: openat2 reads `path` (NUL-terminated) and `how` (of the size
+    // passed) during the call only; `root` is an open directory descriptor.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            path.as_ptr(),
+            how.as_ptr(),
+            size_of_val(&how),
+        )
+    };
+    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Some(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Whether a process exists (a live thread of it does).
+pub fn process_alive(pid: u32) -> bool {
+    Process::find(pid).is_some()
+}
+
+/// The name of a process (its `comm`), if it still runs.
+pub fn process_name(pid: u32) -> Option<String> {
+    Process::find(pid)?.name()
 }
 
 /// Every process id in /proc.
@@ -105,45 +371,85 @@ pub fn all_pids() -> Vec<u32> {
     pids
 }
 
-/// Caches which files carry probes.
+/// What one process maps.
+pub struct Scan {
+    /// A live thread of it (for per-process attachments: perf events
+    /// follow a thread, and an exited main thread takes them along).
+    pub tid: u32,
+    /// Its probe-carrying files.
+    pub probes: Vec<Arc<ProbeFile>>,
+    /// Its address space, each mapping with the file opened for it.
+    pub space: AddressSpace,
+}
+
+/// Caches which files carry probes and shares open files by identity.
 #[derive(Default)]
 pub struct Scanner {
-    files: HashMap<(FileId, i64), Option<Arc<ProbeFile>>>,
+    open: HashMap<FileId, Weak<OpenFile>>,
+    probes: HashMap<(FileId, i64, i64), Option<Arc<ProbeFile>>>,
 }
 
 impl Scanner {
-    /// The probe-carrying files a process maps (empty if none).
-    pub fn probe_files(&mut self, pid: u32) -> std::io::Result<Vec<Arc<ProbeFile>>> {
-        let mut found = Vec::new();
-        for (path, display) in mapped_files(pid)? {
-            if let Some(file) = self.file(&path, &display) {
-                found.push(file);
+    /// Opens and examines every file a process maps. `Err` when it is gone.
+    pub fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
+        let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let process = Process::find(pid).ok_or_else(gone)?;
+        let maps = process.maps()?;
+        let mut files: HashMap<FileId, Option<Arc<OpenFile>>> = HashMap::new();
+        let mut probes = Vec::new();
+        for entry in maps.iter().filter(|e| e.is_file()) {
+            if files.contains_key(&entry.id()) {
+                continue;
             }
+            let file = self.open(&process, entry);
+            if let Some(file) = &file
+                && let Some(probe) = self.probe_file(file)
+            {
+                probes.push(probe);
+            }
+            files.insert(entry.id(), file);
         }
-        Ok(found)
+        self.open.retain(|_, f| f.strong_count() > 0);
+        let space = AddressSpace::from_maps(&maps, |e| files.get(&e.id()).cloned().flatten());
+        Ok(Scan {
+            tid: process.tid,
+            probes,
+            space,
+        })
     }
 
-    fn file(&mut self, path: &Path, display: &Path) -> Option<Arc<ProbeFile>> {
-        let meta = fs::metadata(path).ok()?;
-        if !meta.is_file() {
-            return None;
+    /// The probe-carrying files a process maps (empty if none).
+    pub fn probe_files(&mut self, pid: u32) -> std::io::Result<Vec<Arc<ProbeFile>>> {
+        Ok(self.scan(pid)?.probes)
+    }
+
+    /// The file of a mapping: one we hold already (a held descriptor pins
+    /// the inode, so the identity cannot have been reused), or opened now.
+    fn open(&mut self, process: &Process, entry: &MapsEntry) -> Option<Arc<OpenFile>> {
+        if let Some(file) = self.open.get(&entry.id()).and_then(Weak::upgrade) {
+            return Some(file);
         }
-        let id = FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-        };
-        self.files
-            .entry((id, meta.mtime()))
+        let file = Arc::new(OpenFile {
+            id: entry.id(),
+            file: process.open_mapped(entry)?,
+            display: PathBuf::from(&entry.path),
+        });
+        self.open.insert(file.id, Arc::downgrade(&file));
+        Some(file)
+    }
+
+    fn probe_file(&mut self, file: &Arc<OpenFile>) -> Option<Arc<ProbeFile>> {
+        let meta = file.file.metadata().ok()?;
+        self.probes
+            .entry((file.id, meta.mtime(), meta.mtime_nsec()))
             .or_insert_with(|| {
                 // Unreadable or not ELF: simply not a probe carrier.
-                let (sites, problems) = probe_sites(path).ok()?;
+                let (sites, problems) = probe_sites_in(&file.file).ok()?;
                 if sites.is_empty() && problems.is_empty() {
                     return None;
                 }
                 Some(Arc::new(ProbeFile {
-                    id,
-                    path: path.to_path_buf(),
-                    display: display.to_path_buf(),
+                    file: file.clone(),
                     sites,
                     problems,
                 }))
@@ -152,34 +458,50 @@ impl Scanner {
     }
 }
 
-/// The name of a process (its `comm`), if it still exists.
-pub fn process_name(pid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim_end().to_string())
-}
-
-/// Whether a process exists (and is not a zombie).
-pub fn process_alive(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised comm, which may contain spaces.
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-/// The sampling rate a process runs with: its `ALLOCPROF_RATE`, read as the
-/// allocator reads it (absent or malformed means the default).
+/// The sampling rate a process runs with (the default if it is gone).
 pub fn sampling_rate(pid: u32) -> u64 {
-    use profiler_common::rate::{DEFAULT_RATE, parse_rate};
-    let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
-        return DEFAULT_RATE;
-    };
-    environ
-        .split(|&b| b == 0)
-        .find_map(|var| var.strip_prefix(b"ALLOCPROF_RATE="))
-        .and_then(|value| parse_rate(value).ok())
-        .unwrap_or(DEFAULT_RATE)
+    Process::find(pid).map_or(profiler_common::rate::DEFAULT_RATE, |p| p.sampling_rate())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_parse() {
+        let maps = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 fd:01 123 /usr/bin/demo
+7f0000000000-7f0000021000 rw-p 00000000 00:00 0 [heap]
+7f1000000000-7f1000100000 r-xp 00028000 08:11 456      /usr/lib/a b.so (deleted)
+garbage
+";
+        let entries = parse_maps(maps);
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[0].dev, libc::makedev(0xfd, 1));
+        assert_eq!(entries[0].inode, 123);
+        assert!(entries[0].is_file());
+        assert!(!entries[1].is_file());
+        assert_eq!(entries[2].path, "/usr/lib/a b.so");
+        assert!(entries[2].deleted);
+        assert_eq!(entries[2].offset, 0x28000);
+    }
+
+    #[test]
+    fn our_own_files_open_by_identity() {
+        let mut scanner = Scanner::default();
+        let scan = scanner.scan(std::process::id()).unwrap();
+        let exe = fs::metadata("/proc/self/exe").unwrap();
+        let addr = our_own_files_open_by_identity as *const () as u64;
+        let at = scan.space.normalize(addr).expect("our code is file-backed");
+        let file = at.file.open.as_ref().expect("opened");
+        assert_eq!(
+            file.id,
+            FileId {
+                dev: exe.dev(),
+                ino: exe.ino()
+            }
+        );
+        let through_fd = fs::metadata(file.fd_path()).unwrap();
+        assert_eq!(through_fd.ino(), exe.ino());
+    }
 }

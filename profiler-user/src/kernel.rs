@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
     num::NonZeroU32,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
@@ -19,6 +20,8 @@ use profiler_common::{
     AggKey, DROP_REASONS, LiveKey, LiveSample, ProcEvent, ProcState, StackAgg, StackTrace, UsdtSpec,
 };
 use thiserror::Error;
+
+use crate::discover::{FileId, OpenFile};
 
 /// The kernel object, built by build.rs (from source, or the committed one).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -119,7 +122,7 @@ pub struct Kernel {
     specs: Array<MapData, UsdtSpec>,
     next_cookie: u32,
     spec_cookies: StdHashMap<SpecKey, u32>,
-    links: StdHashMap<(PathBuf, ProbeKind, u64, Scope), UProbeLinkId>,
+    links: StdHashMap<LinkKey, UProbeLinkId>,
     live: HashMap<MapData, LiveKey, LiveSample>,
     aggs: HashMap<MapData, AggKey, StackAgg>,
     stacks: HashMap<MapData, u64, StackTrace>,
@@ -127,6 +130,9 @@ pub struct Kernel {
     drops: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
 }
+
+/// An attachment: which file (by identity), which probe, where, for whom.
+type LinkKey = (FileId, ProbeKind, u64, Scope);
 
 /// `UsdtSpec` as a hashable key, so equal specs share one cookie.
 type SpecKey = [u8; size_of::<UsdtSpec>()];
@@ -197,13 +203,45 @@ impl Kernel {
         site: &ProbeSite,
         scope: Scope,
     ) -> Result<(), KernelError> {
-        let key = (path.to_path_buf(), site.kind, site.file_offset, scope);
+        let id = std::fs::metadata(path)
+            .map(|m| FileId {
+                dev: m.dev(),
+                ino: m.ino(),
+            })
+            .map_err(|e| KernelError::Attach {
+                path: path.to_path_buf(),
+                offset: site.file_offset,
+                source: Box::new(e),
+            })?;
+        self.attach_as(path, id, path, site, scope)
+    }
+
+    /// Attaches to `site` in an open file, through its descriptor (so the
+    /// kernel resolves the very file we parsed, whatever its path names).
+    pub fn attach_file(
+        &mut self,
+        file: &OpenFile,
+        site: &ProbeSite,
+        scope: Scope,
+    ) -> Result<(), KernelError> {
+        self.attach_as(&file.fd_path(), file.id, &file.display, site, scope)
+    }
+
+    fn attach_as(
+        &mut self,
+        path: &Path,
+        id: FileId,
+        shown: &Path,
+        site: &ProbeSite,
+        scope: Scope,
+    ) -> Result<(), KernelError> {
+        let key = (id, site.kind, site.file_offset, scope);
         if self.links.contains_key(&key) {
             return Ok(());
         }
-        let cookie = self.cookie_for(&site.spec, path, site.file_offset)?;
+        let cookie = self.cookie_for(&site.spec, shown, site.file_offset)?;
         let attach_err = |e: Box<dyn std::error::Error + Send + Sync>| KernelError::Attach {
-            path: path.to_path_buf(),
+            path: shown.to_path_buf(),
             offset: site.file_offset,
             source: e,
         };
@@ -212,7 +250,7 @@ impl Kernel {
             location: UProbeAttachLocation::AbsoluteOffset(site.file_offset),
             cookie: Some(u64::from(cookie)),
         };
-        let scope = match scope {
+        let aya_scope = match scope {
             Scope::AllProcesses => UProbeScope::AllProcesses,
             Scope::Process(pid) => match NonZeroU32::new(pid) {
                 Some(pid) => UProbeScope::OneProcess(pid),
@@ -220,10 +258,27 @@ impl Kernel {
             },
         };
         let link = prog
-            .attach(point, path, scope)
+            .attach(point, path, aya_scope)
             .map_err(|e| attach_err(Box::new(e)))?;
         self.links.insert(key, link);
         Ok(())
+    }
+
+    /// Detaches every probe attached for `pid` alone (it exited).
+    pub fn detach_process(&mut self, pid: u32) {
+        let keys: Vec<LinkKey> = self
+            .links
+            .keys()
+            .filter(|k| k.3 == Scope::Process(pid))
+            .copied()
+            .collect();
+        for key in keys {
+            if let Some(link) = self.links.remove(&key)
+                && let Ok(prog) = program::<UProbe>(&mut self.ebpf, key.1.program())
+            {
+                let _ = prog.detach(link);
+            }
+        }
     }
 
     fn cookie_for(
@@ -282,12 +337,26 @@ impl Kernel {
     /// caller has copied. Whoever deletes a live sample owns it, so this races
     /// safely with a concurrent free in the kernel. Returns the samples freed.
     pub fn forget_process(&mut self, pid: u32, below_generation: Option<u32>) -> usize {
-        let gone = |generation: u32| below_generation.is_none_or(|g| generation < g);
+        self.forget_processes(&[(pid, below_generation)])
+    }
+
+    /// [`Kernel::forget_process`] for many processes in one pass over the
+    /// maps (an exec or exit storm costs one pass per batch, not per event).
+    pub fn forget_processes(&mut self, gone: &[(u32, Option<u32>)]) -> usize {
+        if gone.is_empty() {
+            return 0;
+        }
+        let below: StdHashMap<u32, Option<u32>> = gone.iter().copied().collect();
+        let is_gone = |pid: u32, generation: u32| {
+            below
+                .get(&pid)
+                .is_some_and(|b| b.is_none_or(|g| generation < g))
+        };
         let samples: Vec<LiveKey> = self
             .live
             .iter()
             .filter_map(Result::ok)
-            .filter(|(k, s)| k.pid == pid && gone(s.generation))
+            .filter(|(k, s)| is_gone(k.pid, s.generation))
             .map(|(k, _)| k)
             .collect();
         let freed = samples
@@ -298,15 +367,63 @@ impl Kernel {
             .aggs
             .keys()
             .filter_map(Result::ok)
-            .filter(|k| k.pid == pid && gone(k.generation))
+            .filter(|k| is_gone(k.pid, k.generation))
             .collect();
         for key in aggs {
             let _ = self.aggs.remove(&key);
         }
-        if below_generation.is_none() {
-            let _ = self.procs.remove(&pid);
+        for (pid, b) in gone {
+            if b.is_none() {
+                let _ = self.procs.remove(pid);
+            }
         }
         freed
+    }
+
+    /// Forgets retired images whose aggregates the caller read: deletes
+    /// those by key (`aggregates`), walks the live samples only when the
+    /// images had some (`live_samples`), and drops the state of the
+    /// processes that exited (`None` in `gone`). Returns the samples freed.
+    pub fn forget_images(
+        &mut self,
+        gone: &[(u32, Option<u32>)],
+        aggregates: &[AggKey],
+        live_samples: bool,
+    ) -> usize {
+        let below: StdHashMap<u32, Option<u32>> = gone.iter().copied().collect();
+        let is_gone = |pid: u32, generation: u32| {
+            below
+                .get(&pid)
+                .is_some_and(|b| b.is_none_or(|g| generation < g))
+        };
+        let mut freed = 0;
+        if live_samples {
+            let samples: Vec<LiveKey> = self
+                .live
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(k, s)| is_gone(k.pid, s.generation))
+                .map(|(k, _)| k)
+                .collect();
+            freed = samples
+                .iter()
+                .filter(|k| self.live.remove(k).is_ok())
+                .count();
+        }
+        for key in aggregates {
+            let _ = self.aggs.remove(key);
+        }
+        for (pid, b) in gone {
+            if b.is_none() {
+                let _ = self.procs.remove(pid);
+            }
+        }
+        freed
+    }
+
+    /// The kernel's state of one process (a map lookup, no snapshot).
+    pub fn process(&self, pid: u32) -> Option<ProcState> {
+        self.procs.get(&pid, 0).ok()
     }
 
     /// The process exit/exec events reported since the last call.

@@ -1,15 +1,20 @@
 //! Turning a process's absolute addresses into (file, file offset) while the
-//! process is alive, so its stacks still symbolize after it exits.
+//! process is alive, so its stacks still symbolize after it exits: each
+//! mapping holds the file opened for it (see `discover`), so symbolization
+//! reads the very file the process mapped, not whatever a path names later.
 
 use std::{path::PathBuf, sync::Arc};
+
+use crate::discover::{MapsEntry, OpenFile, Scanner, parse_maps};
 
 /// A file a process maps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MappedFile {
     /// The file as the process names it.
     pub path: PathBuf,
-    /// The same file reached through `/proc/PID/root` (its mount namespace).
-    pub open_path: PathBuf,
+    /// The file itself, opened and checked against the mapping; `None` when
+    /// it could not be (then its frames stay unknown).
+    pub open: Option<Arc<OpenFile>>,
 }
 
 /// One file-backed mapping of `/proc/PID/maps`.
@@ -35,48 +40,35 @@ pub struct AddressSpace {
 }
 
 impl AddressSpace {
-    /// Parses the text of `/proc/PID/maps`.
-    pub fn parse(pid: u32, maps: &str) -> AddressSpace {
-        let root = PathBuf::from(format!("/proc/{pid}/root"));
+    /// Parses the text of `/proc/PID/maps`, opening no file.
+    pub fn parse(maps: &str) -> AddressSpace {
+        AddressSpace::from_maps(&parse_maps(maps), |_| None)
+    }
+
+    /// The address space of `maps`, with the file `open` gives each mapping.
+    pub fn from_maps(
+        maps: &[MapsEntry],
+        mut open: impl FnMut(&MapsEntry) -> Option<Arc<OpenFile>>,
+    ) -> AddressSpace {
         let mut mappings: Vec<Mapping> = Vec::new();
-        for line in maps.lines() {
-            let mut fields = line.splitn(6, ' ');
-            let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(_inode)) = (
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-            ) else {
-                continue;
-            };
-            let path = fields.next().map(str::trim_start).unwrap_or("");
-            if !path.starts_with('/') {
-                continue;
-            }
-            let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-            let Some((start, end)) = range.split_once('-') else {
-                continue;
-            };
-            let (Ok(start), Ok(end), Ok(offset)) = (
-                u64::from_str_radix(start, 16),
-                u64::from_str_radix(end, 16),
-                u64::from_str_radix(offset, 16),
-            ) else {
-                continue;
-            };
+        for entry in maps.iter().filter(|e| e.is_file()) {
             // Consecutive mappings of one file share it.
+            let opened = open(entry);
             let file = match mappings.last() {
-                Some(m) if m.file.path.as_os_str() == path => m.file.clone(),
+                Some(m)
+                    if m.file.path.as_os_str() == entry.path.as_str() && m.file.open == opened =>
+                {
+                    m.file.clone()
+                }
                 _ => Arc::new(MappedFile {
-                    path: PathBuf::from(path),
-                    open_path: root.join(path.trim_start_matches('/')),
+                    path: PathBuf::from(&entry.path),
+                    open: opened,
                 }),
             };
             mappings.push(Mapping {
-                start,
-                end,
-                offset,
+                start: entry.start,
+                end: entry.end,
+                offset: entry.offset,
                 file,
             });
         }
@@ -84,11 +76,9 @@ impl AddressSpace {
         AddressSpace { mappings }
     }
 
+    /// A process's address space with its files opened.
     pub fn read(pid: u32) -> std::io::Result<AddressSpace> {
-        Ok(AddressSpace::parse(
-            pid,
-            &std::fs::read_to_string(format!("/proc/{pid}/maps"))?,
-        ))
+        Ok(Scanner::default().scan(pid)?.space)
     }
 
     pub fn normalize(&self, addr: u64) -> Option<FileAddr> {
@@ -121,13 +111,9 @@ mod tests {
 
     #[test]
     fn addresses_map_to_file_offsets() {
-        let space = AddressSpace::parse(42, MAPS);
+        let space = AddressSpace::parse(MAPS);
         let a = space.normalize(0x55d0c0a01234).unwrap();
         assert_eq!(a.file.path.to_str(), Some("/usr/bin/demo"));
-        assert_eq!(
-            a.file.open_path.to_str(),
-            Some("/proc/42/root/usr/bin/demo")
-        );
         assert_eq!(a.file_offset, 0x1234);
         let c = space.normalize(0x7f1000000010).unwrap();
         assert_eq!(c.file_offset, 0x28010);

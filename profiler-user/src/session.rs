@@ -8,13 +8,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::{PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
+use profiler_common::{AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
 use thiserror::Error;
 
 use crate::{
     discover::{self, FileId, ProbeFile, Scanner},
     kernel::{Kernel, KernelError, KernelSnapshot, Limits, Scope},
     normalize::AddressSpace,
+    pidns::{Correlation, PidMap, correlate},
     profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes},
     stats::Totals,
     symbolize::{Frame, Request, SymbolizerThread},
@@ -73,15 +74,23 @@ pub struct Session {
     scanner: Scanner,
     /// Files attached for all processes (system-wide).
     attached_files: HashSet<FileId>,
-    /// Files attached per process (`--pid`).
-    attached_pid_files: HashSet<(u32, FileId)>,
+    /// Files attached per process (`--pid`), with the live thread the
+    /// attachment follows.
+    attached_pid_files: HashMap<(u32, FileId), u32>,
     spaces: HashMap<u32, AddressSpace>,
+    /// Host pids (the kernel's) ↔ ours; all pids outside `kernel` are ours.
+    pids: PidMap,
+    /// The files whose probes are attached (to recognise host pids).
+    probe_ids: HashSet<FileId>,
+    /// Host pids whose process could not be told apart (warned once).
+    ambiguous: HashSet<u32>,
     names: HashMap<u32, (String, u64)>,
     symbols: HashMap<(u32, u64), Arc<[Frame]>>,
     pending: HashSet<(u32, u64)>,
     symbolizer: SymbolizerThread<(u32, u64)>,
     frozen: Vec<(ProcessKey, Frozen)>,
-    rescans: Vec<(Instant, u32)>,
+    /// Processes that exec'ed: when, and the next of `RESCAN_AFTER_EXEC`.
+    rescans: HashMap<u32, (Instant, usize)>,
     last_full_scan: Instant,
     started: Instant,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
@@ -103,14 +112,17 @@ impl Session {
             target: target.clone(),
             scanner: Scanner::default(),
             attached_files: HashSet::new(),
-            attached_pid_files: HashSet::new(),
+            attached_pid_files: HashMap::new(),
             spaces: HashMap::new(),
+            pids: PidMap::detect(),
+            probe_ids: HashSet::new(),
+            ambiguous: HashSet::new(),
             names: HashMap::new(),
             symbols: HashMap::new(),
             pending: HashSet::new(),
             symbolizer: SymbolizerThread::spawn(),
             frozen: Vec::new(),
-            rescans: Vec::new(),
+            rescans: HashMap::new(),
             last_full_scan: Instant::now(),
             started: Instant::now(),
             warnings: Vec::new(),
@@ -137,38 +149,56 @@ impl Session {
 
     /// Attaches to the probe files `pid` maps; returns how many it carries.
     fn scan(&mut self, pid: u32) -> Result<usize, KernelError> {
-        let Ok(files) = self.scanner.probe_files(pid) else {
+        let Ok(scan) = self.scanner.scan(pid) else {
             return Ok(0); // gone already
         };
-        if let Ok(space) = AddressSpace::read(pid) {
-            self.spaces.insert(pid, space);
+        // Only processes that carry probes can have stacks: only theirs
+        // hold their mapped files open.
+        if !scan.probes.is_empty() {
+            self.spaces.insert(pid, scan.space);
         }
-        for file in &files {
-            self.attach(pid, file)?;
+        let mut stale = Vec::new();
+        for file in &scan.probes {
+            stale.extend(self.attach(pid, scan.tid, file)?);
         }
-        Ok(files.iter().filter(|f| !f.sites.is_empty()).count())
+        // Only now, so that no probe is unattached in between.
+        stale.sort_unstable();
+        stale.dedup();
+        for tid in stale {
+            self.kernel.detach_process(tid);
+        }
+        Ok(scan.probes.iter().filter(|f| !f.sites.is_empty()).count())
     }
 
-    fn attach(&mut self, pid: u32, file: &ProbeFile) -> Result<(), KernelError> {
-        let fresh = match self.target {
-            Target::All => self.attached_files.insert(file.id),
-            Target::Pids(_) => self.attached_pid_files.insert((pid, file.id)),
+    /// Attaches to a probe file `pid` maps; per process, through its live
+    /// thread `tid` (attached again through another when that one ends: a
+    /// per-process uprobe follows its thread's memory, which an exiting
+    /// main thread leaves behind). Returns the thread attached through
+    /// before, whose attachments the caller detaches.
+    fn attach(&mut self, pid: u32, tid: u32, file: &ProbeFile) -> Result<Option<u32>, KernelError> {
+        let (scope, replaced) = match self.target {
+            Target::All => {
+                if !self.attached_files.insert(file.id()) {
+                    return Ok(None);
+                }
+                (Scope::AllProcesses, None)
+            }
+            Target::Pids(_) => match self.attached_pid_files.insert((pid, file.id()), tid) {
+                Some(old) if old == tid => return Ok(None),
+                old => (Scope::Process(tid), old),
+            },
         };
-        if !fresh {
-            return Ok(());
+        self.probe_ids.insert(file.id());
+        if replaced.is_none() {
+            for problem in &file.problems {
+                self.warnings
+                    .push(format!("{}: {problem}", file.file.display.display()));
+            }
         }
-        for problem in &file.problems {
-            self.warnings
-                .push(format!("{}: {problem}", file.display.display()));
-        }
-        let scope = match self.target {
-            Target::All => Scope::AllProcesses,
-            Target::Pids(_) => Scope::Process(pid),
-        };
         for site in &file.sites {
-            self.kernel.attach(&file.path, site, scope)?;
+            self.kernel.attach_file(&file.file, site, scope)?;
         }
-        Ok(())
+        Ok(replaced)
     }
 
     fn scan_all(&mut self) {
@@ -184,34 +214,52 @@ impl Session {
 
     /// Handles process exits and execs reported by the kernel, and runs due
     /// rescans. Call often (every ~50 ms): rescans after exec are time-critical.
+    ///
+    /// The work follows what changed: an exec costs a lookup of the
+    /// process's own kernel entry (most execs system-wide are of processes
+    /// without one) and one series of rescans however often it execs; the
+    /// images that went in one poll are retired together.
     pub fn poll_events(&mut self) {
+        let now = Instant::now();
+        let mut exited = Vec::new();
+        let mut execed = Vec::new();
         for event in self.kernel.proc_events() {
+            // Processes outside our pid namespace, or not recognised yet.
+            let Some(pid) = self.pids.local(event.pid) else {
+                continue;
+            };
             match event.kind {
-                PROC_EVENT_EXIT => self.process_gone(event.pid, None),
+                // The kernel reports the main thread's exit; with
+                // pthread_exit the other threads run on (then `track`
+                // notices the real exit).
+                PROC_EVENT_EXIT if !discover::process_alive(pid) => exited.push(pid),
                 PROC_EVENT_EXEC => {
-                    let new_generation = self
-                        .kernel
-                        .snapshot()
-                        .ok()
-                        .and_then(|s| s.processes.get(&event.pid).map(|p| p.generation));
-                    if let Some(generation) = new_generation {
-                        self.process_gone(event.pid, Some(generation));
+                    // The kernel bumped its generation if it tracks it.
+                    match self.kernel.process(event.pid) {
+                        Some(state) => execed.push((pid, state.generation)),
+                        // Nothing to freeze; the old image's files go.
+                        None => self.prune(pid, false),
                     }
-                    let now = Instant::now();
-                    self.rescans
-                        .extend(RESCAN_AFTER_EXEC.iter().map(|d| (now + *d, event.pid)));
+                    self.rescans.insert(pid, (now, 0));
                 }
                 _ => {}
             }
         }
-        let now = Instant::now();
-        let due: Vec<u32> = self
-            .rescans
-            .iter()
-            .filter(|(at, _)| *at <= now)
-            .map(|(_, pid)| *pid)
-            .collect();
-        self.rescans.retain(|(at, _)| *at > now);
+        self.retire(&exited, &execed);
+        let mut due = Vec::new();
+        self.rescans.retain(|pid, (at, next)| {
+            let passed = RESCAN_AFTER_EXEC
+                .iter()
+                .skip(*next)
+                .take_while(|d| *at + **d <= now)
+                .count();
+            if passed > 0 {
+                due.push(*pid);
+                *next += passed;
+            }
+            *next < RESCAN_AFTER_EXEC.len()
+        });
+        due.sort_unstable();
         for pid in due {
             self.names.remove(&pid);
             if let Err(e) = self.scan(pid) {
@@ -220,46 +268,207 @@ impl Session {
         }
     }
 
-    /// Freezes a process image that exited (or was replaced by exec) and
-    /// frees its kernel state.
-    fn process_gone(&mut self, pid: u32, new_generation: Option<u32>) {
-        let Ok(snapshot) = self.kernel.snapshot() else {
+    /// Freezes the process images that exited (`exited`) or were replaced by
+    /// exec (`execed`: the pid and its new generation), frees their kernel
+    /// state, and prunes what only they needed. One snapshot per batch, and
+    /// none when no process of it has kernel state; the kernel cleanup
+    /// deletes the images' aggregates by key and walks the live samples only
+    /// if the images still had some.
+    fn retire(&mut self, exited: &[u32], execed: &[(u32, u32)]) {
+        // pid → the generations that go: those below this one, or all.
+        let mut gone: HashMap<u32, Option<u32>> = HashMap::new();
+        for (pid, generation) in execed {
+            gone.insert(*pid, Some(*generation));
+        }
+        for pid in exited {
+            gone.insert(*pid, None);
+        }
+        if gone.is_empty() {
             return;
+        }
+        let tracked = gone.keys().any(|pid| {
+            self.pids
+                .host(*pid)
+                .is_some_and(|host| self.kernel.process(host).is_some())
+        });
+        if tracked && let Ok(snapshot) = self.snapshot() {
+            self.freeze(&snapshot, &gone);
+        }
+        for (pid, below) in gone {
+            self.prune(pid, below.is_none());
+        }
+    }
+
+    /// The freezing half of [`Session::retire`].
+    fn freeze(&mut self, snapshot: &KernelSnapshot, gone: &HashMap<u32, Option<u32>>) {
+        let is_gone = |pid: u32, generation: u32| {
+            gone.get(&pid)
+                .is_some_and(|below| below.is_none_or(|g| generation < g))
         };
-        let gone = |generation: u32| new_generation.is_none_or(|g| generation < g);
-        let mut images: BTreeMap<u32, Vec<(u64, Totals)>> = BTreeMap::new();
+        let mut images: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
+        let mut keys = Vec::new();
+        let mut live_samples = 0;
         for (key, agg) in &snapshot.aggregates {
-            if key.pid == pid && gone(key.generation) {
+            if is_gone(key.pid, key.generation) {
                 images
-                    .entry(key.generation)
+                    .entry(ProcessKey {
+                        pid: key.pid,
+                        generation: key.generation,
+                    })
                     .or_default()
                     .push((key.stack_id, Totals::from_agg(agg)));
+                live_samples += agg.live_samples;
+                if let Some(host) = self.pids.host(key.pid) {
+                    keys.push(AggKey { pid: host, ..*key });
+                }
             }
         }
-        self.request_symbols(&snapshot);
-        // Counters are per pid, not per image: an exec'ed image keeps none.
-        let proc = match new_generation {
-            None => snapshot.processes.get(&pid).copied().unwrap_or_default(),
-            Some(_) => ProcState::default(),
-        };
-        let (name, rate) = self.identity(pid);
-        for (generation, stacks) in images {
-            let state = if new_generation.is_some() {
-                ProcessState::Replaced
+        // Their stacks are normalized now, with the files they mapped; the
+        // requests keep those files open until symbolized.
+        self.request_symbols_where(snapshot, is_gone);
+        for (key, stacks) in images {
+            let exited = gone.get(&key.pid).is_some_and(Option::is_none);
+            // Counters are per pid, not per image: an exec'ed image keeps none.
+            let proc = if exited {
+                snapshot
+                    .processes
+                    .get(&key.pid)
+                    .copied()
+                    .unwrap_or_default()
             } else {
-                ProcessState::Exited
+                ProcState::default()
             };
+            let (name, rate) = self.identity(key.pid);
             let frozen = Frozen {
-                name: name.clone(),
+                name,
                 rate,
-                state,
+                state: if exited {
+                    ProcessState::Exited
+                } else {
+                    ProcessState::Replaced
+                },
                 proc,
                 stacks,
             };
-            self.frozen.push((ProcessKey { pid, generation }, frozen));
+            self.frozen.push((key, frozen));
         }
-        self.kernel.forget_process(pid, new_generation);
+        let hosts: Vec<(u32, Option<u32>)> = gone
+            .iter()
+            .filter_map(|(pid, below)| Some((self.pids.host(*pid)?, *below)))
+            .collect();
+        self.kernel.forget_images(&hosts, &keys, live_samples > 0);
+    }
+
+    /// Drops what only a retired image needed: its address space (the new
+    /// image of an exec gets its own at the rescan) and name; for an exit,
+    /// also its pid mapping, rescans and per-process attachments.
+    fn prune(&mut self, pid: u32, exited: bool) {
+        self.spaces.remove(&pid);
         self.names.remove(&pid);
+        if !exited {
+            return;
+        }
+        self.pids.remove_local(pid);
+        self.rescans.remove(&pid);
+        let mut tids = Vec::new();
+        self.attached_pid_files.retain(|(p, _), tid| {
+            if *p == pid {
+                tids.push(*tid);
+            }
+            *p != pid
+        });
+        tids.sort_unstable();
+        tids.dedup();
+        for tid in tids {
+            self.kernel.detach_process(tid);
+        }
+    }
+
+    /// How many process address spaces (and so their open files) are held.
+    pub fn held_address_spaces(&self) -> usize {
+        self.spaces.len()
+    }
+
+    /// The kernel's maps, with host pids turned into ours; processes we
+    /// cannot see (outside our pid namespace) or not recognised yet are left
+    /// out.
+    fn snapshot(&mut self) -> Result<KernelSnapshot, KernelError> {
+        let mut snapshot = self.kernel.snapshot()?;
+        if self.pids.is_identity() {
+            return Ok(snapshot);
+        }
+        self.recognise(&snapshot);
+        let pids = &self.pids;
+        snapshot
+            .aggregates
+            .retain_mut(|(key, _)| match pids.local(key.pid) {
+                Some(local) => {
+                    key.pid = local;
+                    true
+                }
+                None => false,
+            });
+        snapshot.processes = std::mem::take(&mut snapshot.processes)
+            .into_iter()
+            .filter_map(|(host, state)| Some((pids.local(host)?, state)))
+            .collect();
+        Ok(snapshot)
+    }
+
+    /// Learns the host pids of the snapshot that are not mapped yet, by the
+    /// probe sites their stacks start at (see `pidns`).
+    fn recognise(&mut self, snapshot: &KernelSnapshot) {
+        let mut first_frames: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for (key, _) in &snapshot.aggregates {
+            if key.stack_id == NO_STACK || self.pids.local(key.pid).is_some() {
+                continue;
+            }
+            let frames = first_frames.entry(key.pid).or_default();
+            if frames.len() < 8
+                && let Some(first) = self
+                    .kernel
+                    .stack(key.stack_id)
+                    .and_then(|s| s.first().copied())
+            {
+                frames.push(first);
+            }
+        }
+        let mut matches: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (host, addresses) in first_frames {
+            let candidates = self
+                .spaces
+                .iter()
+                .filter(|(local, _)| !self.pids.is_mapped(**local))
+                .map(|(local, space)| (*local, space));
+            match correlate(&addresses, candidates, |id| self.probe_ids.contains(&id)) {
+                Correlation::Unique(local) => matches.entry(local).or_default().push(host),
+                Correlation::Ambiguous(locals) => {
+                    self.warn_ambiguous(host, &format!("processes {locals:?}"));
+                }
+                Correlation::None => {}
+            }
+        }
+        // Both ways: two host pids that look like one of ours (a process
+        // outside our namespace with the same layout) are not told apart.
+        for (local, hosts) in matches {
+            match hosts.as_slice() {
+                [host] => self.pids.insert(*host, local),
+                _ => {
+                    for host in hosts {
+                        self.warn_ambiguous(host, &format!("process {local}"));
+                    }
+                }
+            }
+        }
+    }
+
+    fn warn_ambiguous(&mut self, host: u32, which: &str) {
+        if self.ambiguous.insert(host) {
+            self.warnings.push(format!(
+                "cannot tell whether the kernel's pid {host} is {which} (the same \
+                 address-space layout); its samples are left out"
+            ));
+        }
     }
 
     /// A process's name and sampling rate, read once while it is alive.
@@ -276,7 +485,7 @@ impl Session {
     /// Reads the kernel's maps and builds the current profile.
     pub fn refresh(&mut self) -> Result<Profile, KernelError> {
         self.poll_events();
-        let snapshot = self.kernel.snapshot()?;
+        let snapshot = self.snapshot()?;
         self.track(&snapshot);
         self.request_symbols(&snapshot);
         self.collect_symbols();
@@ -292,6 +501,7 @@ impl Session {
         }
         pids.sort_unstable();
         pids.dedup();
+        let mut dead = Vec::new();
         for pid in pids {
             if discover::process_alive(pid) {
                 if let Err(e) = self.scan(pid) {
@@ -300,17 +510,40 @@ impl Session {
             } else if snapshot.processes.contains_key(&pid) {
                 // Its exit event was lost (full ring buffer) or it died
                 // before we attached its exit: clean up all the same.
-                self.process_gone(pid, None);
+                dead.push(pid);
             }
         }
+        // Processes scanned but never sampled have no kernel state (and no
+        // exit event): what we hold for them goes when they do.
+        dead.extend(
+            self.spaces
+                .keys()
+                .filter(|pid| !snapshot.processes.contains_key(pid))
+                .filter(|pid| !discover::process_alive(**pid))
+                .copied()
+                .collect::<Vec<_>>(),
+        );
+        self.retire(&dead, &[]);
         if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {
             self.scan_all();
         }
     }
 
     fn request_symbols(&mut self, snapshot: &KernelSnapshot) {
+        self.request_symbols_where(snapshot, |_, _| true);
+    }
+
+    /// Requests the stacks of the images `wanted(pid, generation)` selects.
+    fn request_symbols_where(
+        &mut self,
+        snapshot: &KernelSnapshot,
+        wanted: impl Fn(u32, u32) -> bool,
+    ) {
         let mut batch = Vec::new();
         for (key, _) in &snapshot.aggregates {
+            if !wanted(key.pid, key.generation) {
+                continue;
+            }
             let id = (key.pid, key.stack_id);
             if key.stack_id == NO_STACK
                 || self.symbols.contains_key(&id)
@@ -443,7 +676,7 @@ impl Session {
         let Ok(files) = self.scanner.probe_files(pid) else {
             return false;
         };
-        !files.is_empty() && files.iter().all(|f| self.is_attached(pid, f.id))
+        !files.is_empty() && files.iter().all(|f| self.is_attached(pid, f.id()))
     }
 
     /// Whether the probes of the file at `path` are attached for `pid`.
@@ -463,15 +696,18 @@ impl Session {
     fn is_attached(&self, pid: u32, id: FileId) -> bool {
         match self.target {
             Target::All => self.attached_files.contains(&id),
-            Target::Pids(_) => self.attached_pid_files.contains(&(pid, id)),
+            Target::Pids(_) => self.attached_pid_files.contains_key(&(pid, id)),
         }
     }
 
     /// Whether the kernel holds state for `pid`.
     pub fn kernel_tracks(&self, pid: u32) -> bool {
+        let Some(host) = self.pids.host(pid) else {
+            return false;
+        };
         self.kernel
             .snapshot()
-            .is_ok_and(|s| s.processes.contains_key(&pid))
+            .is_ok_and(|s| s.processes.contains_key(&host))
     }
 
     pub fn attachments(&self) -> usize {

@@ -2,14 +2,25 @@
 //! normalized stacks go in, frames with demangled names, inlined functions
 //! and file:line come out. Allocator-internal frames are dropped here.
 
-use std::{collections::HashMap, path::Path, sync::mpsc, thread};
+use std::{
+    cell::Cell,
+    collections::HashMap,
+    panic::AssertUnwindSafe,
+    path::{Path, PathBuf},
+    sync::{Arc, Weak, mpsc},
+    thread,
+};
 
 use blazesym::symbolize::{
     CodeInfo, Input, Symbolized, Symbolizer,
+    evict::Evict,
     source::{Elf, Source},
 };
 
-use crate::normalize::{FileAddr, MappedFile};
+use crate::{
+    discover::OpenFile,
+    normalize::{FileAddr, MappedFile},
+};
 
 /// One frame of a symbolized stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,18 +82,25 @@ impl<K: Send + 'static> SymbolizerThread<K> {
         thread::Builder::new()
             .name("symbolize".into())
             .spawn(move || {
-                let symbolizer = Symbolizer::new();
+                let mut symbolizer = Symbolizer::new();
+                let mut used = UsedFiles::default();
                 for batch in req_rx {
-                    for request in batch {
-                        let frames = symbolize_stack(&symbolizer, &request.frames);
+                    let _quiet = QuietContainedPanics::install();
+                    for Request { key, frames } in batch {
+                        used.note(&frames);
+                        let symbolized = symbolize_stack(&symbolizer, &frames);
+                        // The request held the files open: release them
+                        // before answering (nothing else may need them).
+                        drop(frames);
                         let response = Response {
-                            key: request.key,
-                            frames,
+                            key,
+                            frames: symbolized,
                         };
                         if resp_tx.send(response).is_err() {
                             return;
                         }
                     }
+                    used.evict_released(&mut symbolizer);
                 }
             })
             .expect("spawning the symbolization thread");
@@ -110,6 +128,94 @@ impl<K: Send + 'static> SymbolizerThread<K> {
     }
 }
 
+thread_local! {
+    /// Set while this thread symbolizes one file under `catch_unwind`.
+    static CONTAINED: Cell<bool> = const { Cell::new(false) };
+}
+
+type PanicHook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync>;
+
+/// While alive, a panic hook that stays silent for the panics
+/// `symbolize_stack` contains (they become unknown frames): the hook in
+/// place (the TUI's leaves the alternate screen, the default one prints
+/// over the screen) must not run for them. Other panics, and other threads',
+/// reach that hook as before. Dropping it puts that hook back.
+struct QuietContainedPanics {
+    previous: Option<Arc<PanicHook>>,
+}
+
+impl QuietContainedPanics {
+    fn install() -> QuietContainedPanics {
+        let previous: Arc<PanicHook> = Arc::new(std::panic::take_hook());
+        let outer = previous.clone();
+        std::panic::set_hook(Box::new(move |info| {
+            if !CONTAINED.get() {
+                outer(info);
+            }
+        }));
+        QuietContainedPanics {
+            previous: Some(previous),
+        }
+    }
+}
+
+impl Drop for QuietContainedPanics {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            return; // set_hook would panic; the process is going down anyway
+        }
+        // Dropping our hook drops its clone, so the original comes back as
+        // it was (no chain of wrappers grows batch after batch).
+        drop(std::panic::take_hook());
+        if let Some(previous) = self.previous.take() {
+            match Arc::try_unwrap(previous) {
+                Ok(hook) => std::panic::set_hook(hook),
+                Err(shared) => std::panic::set_hook(Box::new(move |info| shared(info))),
+            }
+        }
+    }
+}
+
+/// The files blazesym opened (by our descriptors' `/proc/self/fd/N`
+/// paths): its cache holds a descriptor of its own for each, so once nobody
+/// else needs a file (its process was pruned and its stacks symbolized) the
+/// cache entry goes too.
+#[derive(Default)]
+struct UsedFiles {
+    files: HashMap<PathBuf, Weak<OpenFile>>,
+}
+
+impl UsedFiles {
+    fn note(&mut self, frames: &[(u64, Option<FileAddr>)]) {
+        for open in frames
+            .iter()
+            .filter_map(|(_, at)| at.as_ref()?.file.open.as_ref())
+        {
+            // A released file's number may be reused: the path then names
+            // the new file (evicting the path evicts both).
+            let known = self.files.entry(open.fd_path()).or_default();
+            if known.strong_count() == 0 {
+                *known = Arc::downgrade(open);
+            }
+        }
+    }
+
+    fn evict_released(&mut self, symbolizer: &mut Symbolizer) {
+        self.files.retain(|path, file| {
+            if file.strong_count() > 0 {
+                return true;
+            }
+            let _ = symbolizer.evict(&Evict::Elf(blazesym::symbolize::evict::Elf::new(path)));
+            false
+        });
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.files.len()
+    }
+}
+
 /// Symbolizes one stack, innermost first.
 pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>)]) -> Vec<Frame> {
     // Group frames by file: one blazesym call per file.
@@ -127,35 +233,77 @@ pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>
         }
     }
     let mut symbolized: Vec<Option<Vec<Frame>>> = vec![None; frames.len()];
+    let mut failures: Vec<Option<String>> = vec![None; frames.len()];
     for (file, entries) in by_file {
         let offsets: Vec<u64> = entries.iter().map(|(_, o)| *o).collect();
         let module = file.path.display().to_string();
-        // The /proc/PID/root path dies with the process (possibly while we
-        // read it); the plain path still names the file afterwards.
-        for path in [file.open_path.as_path(), file.path.as_path()] {
-            let source = Source::Elf(Elf::new(path));
-            let Ok(results) = symbolizer.symbolize(&source, Input::FileOffset(&offsets)) else {
-                continue;
-            };
-            if !results.iter().any(|r| matches!(r, Symbolized::Sym(_))) {
-                continue;
-            }
-            for ((i, _), result) in entries.iter().zip(results) {
-                if let Symbolized::Sym(sym) = result {
-                    symbolized[*i] = Some(expand(&sym, Some(module.clone())));
+        // Only the file the process mapped, through the descriptor opened
+        // for it: a path may name another file by now (or in our namespace).
+        let Some(open) = &file.open else {
+            continue;
+        };
+        let path = open.fd_path();
+        // A malformed file may make the ELF/DWARF reader panic: that costs
+        // this file's frames, not the thread (nor the TUI).
+        CONTAINED.set(true);
+        let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            resolve(symbolizer, &Source::Elf(Elf::new(&path)), &offsets)
+        }));
+        CONTAINED.set(false);
+        match results {
+            Ok(Ok(results)) => {
+                for ((i, _), result) in entries.iter().zip(results) {
+                    if let Some(sym) = result {
+                        symbolized[*i] = Some(expand(&sym, Some(module.clone())));
+                    }
                 }
             }
-            break;
+            Ok(Err(_)) => {}
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".into());
+                for (i, _) in &entries {
+                    failures[*i] = Some(format!("symbolizer panicked: {reason}"));
+                }
+            }
         }
     }
     let mut out = Vec::with_capacity(frames.len());
-    for ((addr, at), sym) in frames.iter().zip(symbolized) {
-        match sym {
-            Some(expanded) => out.extend(expanded),
-            None => out.push(Frame::unknown(*addr, at.as_ref())),
+    for (((addr, at), sym), failure) in frames.iter().zip(symbolized).zip(failures) {
+        match (sym, failure) {
+            (Some(expanded), _) => out.extend(expanded),
+            (None, Some(reason)) => {
+                let unknown = Frame::unknown(*addr, at.as_ref());
+                out.push(Frame {
+                    function: format!("{} [{reason}]", unknown.function),
+                    ..unknown
+                });
+            }
+            (None, None) => out.push(Frame::unknown(*addr, at.as_ref())),
         }
     }
     strip_allocator_frames(out)
+}
+
+/// The symbols at `offsets` of one file (`None` where it has none).
+fn resolve<'a>(
+    symbolizer: &'a Symbolizer,
+    source: &Source<'_>,
+    offsets: &[u64],
+) -> Result<Vec<Option<blazesym::symbolize::Sym<'a>>>, blazesym::Error> {
+    #[cfg(test)]
+    tests::maybe_inject_panic(source);
+    Ok(symbolizer
+        .symbolize(source, Input::FileOffset(offsets))?
+        .into_iter()
+        .map(|r| match r {
+            Symbolized::Sym(sym) => Some(sym),
+            Symbolized::Unknown(_) => None,
+        })
+        .collect())
 }
 
 /// A symbol and its inlined calls, innermost first.
@@ -296,5 +444,140 @@ mod tests {
                 .is_some_and(|l| l.contains("symbolize.rs")),
             "{f:?}"
         );
+    }
+
+    #[test]
+    fn files_are_released_once_their_stacks_are_symbolized() {
+        let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
+        let addr = files_are_released_once_their_stacks_are_symbolized as *const () as u64;
+        let at = space.normalize(addr).expect("our code is file-backed");
+        let file = Arc::downgrade(at.file.open.as_ref().expect("opened"));
+        // The process is gone and its image pruned; its stack is pending.
+        drop(space);
+        assert!(file.upgrade().is_some(), "a pending stack keeps its file");
+        let thread = SymbolizerThread::spawn();
+        thread.submit(vec![Request {
+            key: 1u32,
+            frames: vec![(addr, Some(at))],
+        }]);
+        let responses = thread.wait(1);
+        assert!(
+            responses[0]
+                .frames
+                .iter()
+                .any(|f| f.function.contains("files_are_released")),
+            "{:?}",
+            responses[0].frames
+        );
+        assert!(file.upgrade().is_none(), "symbolized: the file is released");
+    }
+
+    #[test]
+    fn blazesym_forgets_released_files() {
+        let mut symbolizer = Symbolizer::new();
+        let mut used = UsedFiles::default();
+        let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
+        let addr = blazesym_forgets_released_files as *const () as u64;
+        let frames = vec![(addr, space.normalize(addr))];
+        used.note(&frames);
+        let symbolized = symbolize_stack(&symbolizer, &frames);
+        assert!(symbolized[0].function.contains("blazesym_forgets"));
+        used.evict_released(&mut symbolizer);
+        assert_eq!(used.len(), 1, "still held by the address space");
+        drop((space, frames));
+        used.evict_released(&mut symbolizer);
+        assert_eq!(used.len(), 0, "released files leave blazesym's cache");
+    }
+
+    thread_local! {
+        /// Makes `resolve` panic for this file (tests of containment: no
+        /// file at hand is known to make blazesym itself panic).
+        static PANIC_ON: std::cell::RefCell<Option<PathBuf>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    pub(super) fn maybe_inject_panic(source: &Source<'_>) {
+        if let Source::Elf(elf) = source
+            && PANIC_ON.with_borrow(|p| p.as_ref() == Some(&elf.path))
+        {
+            panic!("injected for {}", elf.path.display());
+        }
+    }
+
+    /// A malformed ELF: a valid identification, then garbage (section
+    /// headers "at" an absurd offset).
+    fn malformed_elf(name: &str) -> OpenFile {
+        let path = std::env::temp_dir().join(format!("allocprof-{name}-{}", std::process::id()));
+        let mut data = b"\x7fELF\x02\x01\x01\0".to_vec();
+        data.resize(64, 0);
+        data[16] = 3; // ET_DYN
+        data[18] = 62; // EM_X86_64
+        data[40..48].copy_from_slice(&u64::MAX.to_le_bytes()); // e_shoff
+        data[58] = 64; // e_shentsize
+        data[60] = 0xff; // e_shnum
+        data.extend(std::iter::repeat_n(0xa5, 4096));
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        OpenFile {
+            id: crate::discover::FileId { dev: 0, ino: 1 },
+            file,
+            display: PathBuf::from("/opt/broken/libbroken.so"),
+        }
+    }
+
+    #[test]
+    fn a_panic_in_one_file_costs_only_that_file_s_frames() {
+        let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
+        // As a return address (callers' frames are looked up one byte back).
+        let addr = a_panic_in_one_file_costs_only_that_file_s_frames as *const () as u64 + 1;
+        let ours = space.normalize(addr).expect("our code is file-backed");
+        let broken = Arc::new(malformed_elf("broken"));
+        let at_broken = FileAddr {
+            file: Arc::new(MappedFile {
+                path: broken.display.clone(),
+                open: Some(broken.clone()),
+            }),
+            file_offset: 0x1234,
+        };
+        let stack = [(0x7f00_0000_1234, Some(at_broken)), (addr, Some(ours))];
+        let symbolizer = Symbolizer::new();
+        // Malformed, blazesym reports an error: an unknown frame.
+        let frames = symbolize_stack(&symbolizer, &stack);
+        assert_eq!(frames[0].function, "libbroken.so+0x1234", "{frames:?}");
+        // Panicking on it (injected), the frame is unknown with the reason,
+        // the other file still symbolizes, and the panic hook stays quiet.
+        PANIC_ON.set(Some(broken.fd_path()));
+        let hook_ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ran = hook_ran.clone();
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |_| {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst)
+        }));
+        let frames = {
+            let _quiet = QuietContainedPanics::install();
+            symbolize_stack(&symbolizer, &stack)
+        };
+        std::panic::set_hook(previous);
+        PANIC_ON.set(None);
+        assert!(
+            frames[0]
+                .function
+                .starts_with("libbroken.so+0x1234 [symbolizer panicked: injected"),
+            "{frames:?}"
+        );
+        assert!(
+            frames
+                .iter()
+                .any(|f| f.function.contains("a_panic_in_one_file_costs_only")),
+            "{frames:?}"
+        );
+        assert!(
+            !hook_ran.load(std::sync::atomic::Ordering::SeqCst),
+            "a contained panic must not reach the panic hook (the TUI's restores the terminal)"
+        );
+        // The thread is still usable.
+        let again = symbolize_stack(&symbolizer, &stack[1..]);
+        assert!(again[0].function.contains("a_panic_in_one_file_costs_only"));
     }
 }

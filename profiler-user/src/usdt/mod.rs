@@ -4,7 +4,7 @@
 //! Two steps, deliberately separate so that one odd probe cannot hide the
 //! others:
 //!
-//! 1. [`probes_in_file`] / [`probes_in_elf`] read the `.note.stapsdt` notes
+//! 1. [`probes_in_open_file`] / [`probes_in_elf`] read the `.note.stapsdt` notes
 //!    and translate each probe address into a file offset
 //!    ([`UsdtProbe::file_offset`], a per-probe `Result`).
 //! 2. [`parse_args`] (or [`UsdtProbe::spec`]) compiles a probe's argument
@@ -15,4 +15,6 @@ mod args;
 mod notes;
 
 pub use args::{ArgError, parse_args};
-pub use notes::{LocateError, NoteError, UsdtProbe, probes_in_elf, probes_in_file};
+pub use notes::{
+    LocateError, MAX_READ, NoteError, UsdtProbe, probes_in_elf, probes_in_file, probes_in_open_file,
+};

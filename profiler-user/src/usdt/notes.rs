@@ -1,7 +1,10 @@
 //! `.note.stapsdt` parsing for 64-bit little-endian x86_64 ELF files.
 //!
 //! The input may be truncated or hostile, so every offset and size read from
-//! the file is checked against the data before use, address arithmetic is
+//! the file is checked against its length before use, files are read by
+//! positioned reads of just the headers, section names and note areas
+//! (at most [`MAX_READ`] bytes per file, so a huge or sparse file costs no
+//! more than a small one), address arithmetic is
 //! either checked or explicitly wrapping (a wrapped address then simply lies
 //! in no segment), every loop advances by at least one fixed-size record,
 //! overlapping note areas are rejected and segment lookups are binary
@@ -11,7 +14,9 @@
 //! owner `"stapsdt"`, type 3, descriptor = pc, base, semaphore (u64 each),
 //! then the NUL-terminated provider, name and argument strings.
 
+use std::fs::File;
 use std::mem::size_of;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use object::LittleEndian as LE;
@@ -40,8 +45,21 @@ pub enum NoteError {
         #[source]
         source: std::io::Error,
     },
+    /// Reading an open file failed.
+    #[error("reading the file: {0}")]
+    Read(#[source] std::io::Error),
     #[error("not an ELF file")]
     NotElf,
+    /// A structure is larger than any real file has (see [`MAX_READ`]).
+    #[error(
+        "{what} at {offset:#x} is {size:#x} bytes, more than the {limit:#x} bytes read per file"
+    )]
+    TooLarge {
+        what: &'static str,
+        offset: u64,
+        size: u64,
+        limit: u64,
+    },
     /// A well-formed ELF this parser does not handle (only 64-bit
     /// little-endian x86_64 executables and shared objects are).
     #[error("unsupported ELF {what} {value:#x} (only 64-bit little-endian x86_64 ET_EXEC/ET_DYN)")]
@@ -105,13 +123,34 @@ impl UsdtProbe {
     }
 }
 
-/// Reads the file and returns its USDT probes; see [`probes_in_elf`].
+/// The most bytes of one file the parser reads (headers, section names and
+/// note areas together). Real files need kilobytes; a file that needs more
+/// is hostile or not a probe carrier, and fails with [`NoteError::TooLarge`].
+pub const MAX_READ: u64 = 16 << 20;
+
+/// Opens the file and returns its USDT probes; see [`probes_in_open_file`].
 pub fn probes_in_file(path: &Path) -> Result<Vec<UsdtProbe>, NoteError> {
-    let data = std::fs::read(path).map_err(|source| NoteError::Io {
+    let io = |source| NoteError::Io {
         path: path.to_owned(),
         source,
-    })?;
-    probes_in_elf(&data)
+    };
+    let file = File::open(path).map_err(io)?;
+    probes_in_open_file(&file).map_err(|e| match e {
+        NoteError::Read(source) => io(source),
+        e => e,
+    })
+}
+
+/// Returns the USDT probes of an open ELF file, reading only its headers,
+/// section names and note areas, with bounded positioned reads (at most
+/// [`MAX_READ`] bytes in all): a huge or sparse file costs no more than a
+/// small one, and a non-ELF file costs one read of its first bytes.
+pub fn probes_in_open_file(file: &File) -> Result<Vec<UsdtProbe>, NoteError> {
+    let meta = file.metadata().map_err(NoteError::Read)?;
+    if !meta.is_file() {
+        return Err(NoteError::Read(std::io::Error::other("not a regular file")));
+    }
+    probes(&mut Reader::new(Source::File(file), meta.len()))
 }
 
 /// Returns the USDT probes of an ELF image, in note order; no probes is an
@@ -124,9 +163,13 @@ pub fn probes_in_file(path: &Path) -> Result<Vec<UsdtProbe>, NoteError> {
 /// note fails the whole file (as in libbpf): after a bad length nothing
 /// that follows can be trusted.
 pub fn probes_in_elf(data: &[u8]) -> Result<Vec<UsdtProbe>, NoteError> {
+    probes(&mut Reader::new(Source::Bytes(data), data.len() as u64))
+}
+
+fn probes(data: &mut Reader<'_>) -> Result<Vec<UsdtProbe>, NoteError> {
     let header = file_header(data)?;
-    let sections = section_headers(data, header)?;
-    let segments = program_headers(data, header, sections.first())?;
+    let sections = section_headers(data, &header)?;
+    let segments = program_headers(data, &header, sections.first())?;
 
     let mut areas = Vec::new();
     let mut stapsdt_base = None;
@@ -142,16 +185,16 @@ pub fn probes_in_elf(data: &[u8]) -> Result<Vec<UsdtProbe>, NoteError> {
             });
         }
     } else {
-        let names = section_names(data, header, sections)?;
-        for sh in sections {
+        let names = section_names(data, &header, &sections)?;
+        for sh in &sections {
             let name = sh.sh_name.get(LE);
-            if name_is(names, name, NOTE_SECTION) && sh.sh_type.get(LE) != elf::SHT_NOBITS {
+            if name_is(&names, name, NOTE_SECTION) && sh.sh_type.get(LE) != elf::SHT_NOBITS {
                 areas.push(NoteArea {
                     offset: sh.sh_offset.get(LE),
                     size: sh.sh_size.get(LE),
                     align: sh.sh_addralign.get(LE),
                 });
-            } else if stapsdt_base.is_none() && name_is(names, name, BASE_SECTION) {
+            } else if stapsdt_base.is_none() && name_is(&names, name, BASE_SECTION) {
                 stapsdt_base = Some(sh.sh_addr.get(LE));
             }
         }
@@ -172,12 +215,12 @@ pub fn probes_in_elf(data: &[u8]) -> Result<Vec<UsdtProbe>, NoteError> {
     }
     let mut notes = Vec::new();
     for area in &areas {
-        let bytes = range(data, area.offset, area.size, "note area")?;
-        walk_notes(bytes, area.offset, area.align, &mut notes)?;
+        let bytes = data.read(area.offset, area.size, "note area")?;
+        walk_notes(&bytes, area.offset, area.align, &mut notes)?;
     }
 
-    let loads = Loads::new(segments);
-    let file_len = data.len() as u64;
+    let loads = Loads::new(&segments);
+    let file_len = data.len;
     Ok(notes
         .into_iter()
         .map(|note| {
@@ -209,54 +252,124 @@ pub fn probes_in_elf(data: &[u8]) -> Result<Vec<UsdtProbe>, NoteError> {
         .collect())
 }
 
-/// Bytes `offset..offset + len` of `data`, or `Truncated`.
-fn range<'a>(
-    data: &'a [u8],
-    offset: u64,
+/// What the parser reads from: an image in memory or an open file.
+enum Source<'a> {
+    Bytes(&'a [u8]),
+    File(&'a File),
+}
+
+/// Bounded, positioned reads of an ELF image: every read is checked against
+/// the image's length and charged to a budget of [`MAX_READ`] bytes.
+struct Reader<'a> {
+    source: Source<'a>,
     len: u64,
-    what: &'static str,
-) -> Result<&'a [u8], NoteError> {
-    let available = data.len() as u64;
-    match offset.checked_add(len) {
-        // Both bounds are ≤ data.len(), so they fit in usize.
-        Some(end) if end <= available => Ok(&data[offset as usize..end as usize]),
-        _ => Err(NoteError::Truncated {
+    budget: u64,
+}
+
+impl<'a> Reader<'a> {
+    fn new(source: Source<'a>, len: u64) -> Self {
+        Reader {
+            source,
+            len,
+            budget: MAX_READ,
+        }
+    }
+
+    /// Bytes `offset..offset + len`, or `Truncated` / `TooLarge`.
+    fn read(&mut self, offset: u64, len: u64, what: &'static str) -> Result<Vec<u8>, NoteError> {
+        let truncated = |available: u64| NoteError::Truncated {
             what,
             offset,
             needed: len,
-            available: available.saturating_sub(offset),
-        }),
+            available,
+        };
+        let available = self.len.saturating_sub(offset);
+        let end = match offset.checked_add(len) {
+            Some(end) if end <= self.len => end,
+            _ => return Err(truncated(available)),
+        };
+        if len > self.budget {
+            return Err(NoteError::TooLarge {
+                what,
+                offset,
+                size: len,
+                limit: MAX_READ,
+            });
+        }
+        self.budget -= len;
+        match self.source {
+            // Both bounds are ≤ data.len(), so they fit in usize.
+            Source::Bytes(data) => Ok(data[offset as usize..end as usize].to_vec()),
+            Source::File(file) => {
+                // ≤ MAX_READ, so it fits in usize.
+                let mut buf = vec![0; len as usize];
+                match file.read_exact_at(&mut buf, offset) {
+                    Ok(()) => Ok(buf),
+                    // The file shrank since we measured it.
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        Err(truncated(available))
+                    }
+                    Err(e) => Err(NoteError::Read(e)),
+                }
+            }
+        }
+    }
+
+    fn pod<T: Pod + Copy>(&mut self, offset: u64, what: &'static str) -> Result<T, NoteError> {
+        let bytes = self.read(offset, size_of::<T>() as u64, what)?;
+        // Cannot fail: the size was just checked and object's ELF structs have
+        // alignment 1. Mapped anyway rather than unwrapped: this must not panic.
+        pod::from_bytes::<T>(&bytes)
+            .map(|(value, _)| *value)
+            .map_err(|_| NoteError::Malformed { what, offset })
+    }
+
+    fn table<T: Pod + Copy>(
+        &mut self,
+        offset: u64,
+        count: u64,
+        what: &'static str,
+    ) -> Result<Vec<T>, NoteError> {
+        let len = count.saturating_mul(size_of::<T>() as u64);
+        let bytes = self.read(offset, len, what)?;
+        pod::slice_from_all_bytes::<T>(&bytes)
+            .map(<[T]>::to_vec)
+            .map_err(|_| NoteError::Malformed { what, offset })
     }
 }
 
-fn read_pod<'a, T: Pod>(
-    data: &'a [u8],
-    offset: u64,
-    what: &'static str,
-) -> Result<&'a T, NoteError> {
-    let bytes = range(data, offset, size_of::<T>() as u64, what)?;
-    // Cannot fail: the size was just checked and object's ELF structs have
-    // alignment 1. Mapped anyway rather than unwrapped: this must not panic.
-    pod::from_bytes::<T>(bytes)
-        .map(|(value, _)| value)
-        .map_err(|_| NoteError::Malformed { what, offset })
-}
-
-fn file_header(data: &[u8]) -> Result<&elf::FileHeader64<LE>, NoteError> {
-    if data.get(..elf::ELFMAG.len()) != Some(&elf::ELFMAG[..]) {
+fn file_header(data: &mut Reader<'_>) -> Result<elf::FileHeader64<LE>, NoteError> {
+    // The first bytes decide: a data file costs this one small read.
+    let size = size_of::<elf::FileHeader64<LE>>() as u64;
+    let head = data.read(0, data.len.min(size), "ELF header")?;
+    if head.get(..elf::ELFMAG.len()) != Some(&elf::ELFMAG[..]) {
         return Err(NoteError::NotElf);
     }
     // e_ident[EI_CLASS], e_ident[EI_DATA]: checked before the rest of the
     // header so that a short 32-bit file reports its class, not truncation.
-    let ident = range(data, 0, 6, "ELF identification")?;
-    let (class, encoding) = (ident[4], ident[5]);
+    let (Some(&class), Some(&encoding)) = (head.get(4), head.get(5)) else {
+        return Err(NoteError::Truncated {
+            what: "ELF identification",
+            offset: 0,
+            needed: 6,
+            available: head.len() as u64,
+        });
+    };
     if class != elf::ELFCLASS64 {
         return Err(unsupported("class", class));
     }
     if encoding != elf::ELFDATA2LSB {
         return Err(unsupported("data encoding", encoding));
     }
-    let header: &elf::FileHeader64<LE> = read_pod(data, 0, "ELF header")?;
+    let header: elf::FileHeader64<LE> =
+        pod::from_bytes(&head)
+            .map(|(h, _)| *h)
+            .map_err(|_| NoteError::Truncated {
+                what: "ELF header",
+                offset: 0,
+                needed: size,
+                available: head.len() as u64,
+            })?;
     let machine = header.e_machine.get(LE);
     if machine != elf::EM_X86_64 {
         return Err(unsupported("machine", machine));
@@ -276,13 +389,13 @@ fn unsupported(what: &'static str, value: impl Into<u64>) -> NoteError {
 }
 
 /// The section header table; empty when the file has none.
-fn section_headers<'a>(
-    data: &'a [u8],
+fn section_headers(
+    data: &mut Reader<'_>,
     header: &elf::FileHeader64<LE>,
-) -> Result<&'a [elf::SectionHeader64<LE>], NoteError> {
+) -> Result<Vec<elf::SectionHeader64<LE>>, NoteError> {
     let shoff = header.e_shoff.get(LE);
     if shoff == 0 {
-        return Ok(&[]);
+        return Ok(Vec::new());
     }
     if usize::from(header.e_shentsize.get(LE)) != size_of::<elf::SectionHeader64<LE>>() {
         return Err(NoteError::Malformed {
@@ -292,20 +405,21 @@ fn section_headers<'a>(
     }
     let count = match header.e_shnum.get(LE) {
         // Extended numbering: the real count is in section 0's sh_size.
-        0 => read_pod::<elf::SectionHeader64<LE>>(data, shoff, "section header 0")?
+        0 => data
+            .pod::<elf::SectionHeader64<LE>>(shoff, "section header 0")?
             .sh_size
             .get(LE),
         n => u64::from(n),
     };
-    table(data, shoff, count, "section header table")
+    data.table(shoff, count, "section header table")
 }
 
 /// The program header table; empty when the file has none.
-fn program_headers<'a>(
-    data: &'a [u8],
+fn program_headers(
+    data: &mut Reader<'_>,
     header: &elf::FileHeader64<LE>,
     section_0: Option<&elf::SectionHeader64<LE>>,
-) -> Result<&'a [elf::ProgramHeader64<LE>], NoteError> {
+) -> Result<Vec<elf::ProgramHeader64<LE>>, NoteError> {
     let phoff = header.e_phoff.get(LE);
     let count = match header.e_phnum.get(LE) {
         // Extended numbering: the real count is in section 0's sh_info.
@@ -321,7 +435,7 @@ fn program_headers<'a>(
         n => u64::from(n),
     };
     if phoff == 0 || count == 0 {
-        return Ok(&[]);
+        return Ok(Vec::new());
     }
     if usize::from(header.e_phentsize.get(LE)) != size_of::<elf::ProgramHeader64<LE>>() {
         return Err(NoteError::Malformed {
@@ -329,26 +443,15 @@ fn program_headers<'a>(
             offset: phoff,
         });
     }
-    table(data, phoff, count, "program header table")
-}
-
-fn table<'a, T: Pod>(
-    data: &'a [u8],
-    offset: u64,
-    count: u64,
-    what: &'static str,
-) -> Result<&'a [T], NoteError> {
-    let len = count.saturating_mul(size_of::<T>() as u64);
-    let bytes = range(data, offset, len, what)?;
-    pod::slice_from_all_bytes(bytes).map_err(|_| NoteError::Malformed { what, offset })
+    data.table(phoff, count, "program header table")
 }
 
 /// The section name string table.
-fn section_names<'a>(
-    data: &'a [u8],
+fn section_names(
+    data: &mut Reader<'_>,
     header: &elf::FileHeader64<LE>,
     sections: &[elf::SectionHeader64<LE>],
-) -> Result<&'a [u8], NoteError> {
+) -> Result<Vec<u8>, NoteError> {
     let index = match header.e_shstrndx.get(LE) {
         // Extended numbering: the real index is in section 0's sh_link.
         elf::SHN_XINDEX => sections.first().map_or(0, |sh| sh.sh_link.get(LE)),
@@ -366,10 +469,9 @@ fn section_names<'a>(
         .and_then(|i| sections.get(i))
         .ok_or(malformed)?;
     if sh.sh_type.get(LE) == elf::SHT_NOBITS {
-        return Ok(&[]);
+        return Ok(Vec::new());
     }
-    range(
-        data,
+    data.read(
         sh.sh_offset.get(LE),
         sh.sh_size.get(LE),
         "section name table",
@@ -1213,5 +1315,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A real sparse file of `len` bytes starting with `head`.
+    fn sparse_file(name: &str, head: &[u8], len: u64) -> (PathBuf, File) {
+        let path = std::env::temp_dir().join(format!("allocprof-{name}-{}", std::process::id()));
+        std::fs::write(&path, head).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(len).unwrap();
+        (path.clone(), File::open(&path).unwrap())
+    }
+
+    #[test]
+    fn a_large_data_file_costs_one_small_read() {
+        let (path, file) = sparse_file("data", b"just data", 4 << 30);
+        let err = probes_in_open_file(&file).unwrap_err();
+        std::fs::remove_file(path).unwrap();
+        assert!(matches!(err, NoteError::NotElf), "{err}");
+    }
+
+    #[test]
+    fn absurd_section_sizes_are_refused_before_reading() {
+        // A valid image whose .note.stapsdt claims 3 GiB, in a 4 GiB sparse
+        // file: reading it whole is what a hostile target would want.
+        let mut image = Image::new(two_probes()).build();
+        let mut reader = Reader::new(Source::Bytes(&image), image.len() as u64);
+        let header = file_header(&mut reader).unwrap();
+        let sections = section_headers(&mut reader, &header).unwrap();
+        let names = section_names(&mut reader, &header, &sections).unwrap();
+        let index = sections
+            .iter()
+            .position(|sh| name_is(&names, sh.sh_name.get(LE), NOTE_SECTION))
+            .unwrap();
+        let sh_size = header.e_shoff.get(LE) as usize + index * 64 + 32;
+        image[sh_size..sh_size + 8].copy_from_slice(&(3u64 << 30).to_le_bytes());
+        let (path, file) = sparse_file("elf", &image, 4 << 30);
+        let err = probes_in_open_file(&file).unwrap_err();
+        std::fs::remove_file(path).unwrap();
+        assert!(
+            matches!(
+                err,
+                NoteError::TooLarge {
+                    what: "note area",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn files_parse_like_images() {
+        let image = Image::new(two_probes()).build();
+        let (path, file) = sparse_file("probes", &image, image.len() as u64);
+        let probes = probes_in_open_file(&file).unwrap();
+        std::fs::remove_file(path).unwrap();
+        check_two_probes(&probes);
     }
 }

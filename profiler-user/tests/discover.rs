@@ -1,0 +1,429 @@
+//! Discovery and process tracking against what targets can do: a main
+//! thread that leaves with pthread_exit, a file swapped under the same path
+//! in a private mount namespace.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader, Lines, Write},
+    path::Path,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use profiler_user::{
+    discover,
+    kernel::Limits,
+    profile::{ProcessProfile, ProcessState, Profile},
+    session::{Session, Target},
+};
+
+/// A child speaking a line protocol on stdin/stdout; killed on drop.
+struct Proc {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Proc {
+        let mut child = cmd
+            .env("LD_PRELOAD", common::preload_library())
+            .env("ALLOCPROF_RATE", common::RATE.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        Proc {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+    }
+
+    fn expect(&mut self, want: &str) {
+        let line = self.stdout.next().expect("the workload died").unwrap();
+        assert_eq!(line, want, "the workload failed");
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn process(profile: &Profile, pid: u32) -> &ProcessProfile {
+    profile
+        .processes
+        .iter()
+        .find(|p| p.key.pid == pid)
+        .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"))
+}
+
+fn functions(p: &ProcessProfile) -> Vec<&str> {
+    p.stacks
+        .iter()
+        .flat_map(|s| s.frames.iter().map(|f| f.function.as_str()))
+        .collect()
+}
+
+#[test]
+fn a_process_whose_main_thread_called_pthread_exit_is_alive() {
+    common::require_bpf();
+    let exe = common::compile_c("leader_exits.c", &["-pthread"]);
+    let mut w = Proc::spawn(Command::new(exe));
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    // The main thread allocates and leaves; the worker runs on.
+    w.send("go");
+    w.expect("leader-gone");
+    assert!(
+        discover::process_alive(pid),
+        "a process with a running thread is alive"
+    );
+    // Attaching now (the leader a zombie, /proc/PID/maps empty) works too.
+    let late = Session::start(Target::Pids(vec![pid]), Limits::default());
+    assert!(
+        late.is_ok(),
+        "attaching after pthread_exit: {:?}",
+        late.err()
+    );
+    drop(late);
+    let run = Command::new(env!("CARGO_BIN_EXE_allocprof"))
+        .args(["--pid", &pid.to_string(), "--duration", "100ms"])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "allocprof --pid {pid}: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    session.refresh().unwrap();
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = process(&profile, pid);
+    assert_eq!(p.state, ProcessState::Live, "{p:#?}");
+    assert_eq!(p.name, "leader_exits");
+    let names = functions(p);
+    for site in ["main_site", "worker_site"] {
+        assert!(names.contains(&site), "{site} missing: {names:?}");
+    }
+    assert!(session.targets_alive());
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
+    assert!(!discover::process_alive(pid));
+}
+
+#[test]
+fn system_wide_a_process_whose_main_thread_called_pthread_exit_is_profiled() {
+    common::require_bpf();
+    let exe = common::compile_c("leader_exits.c", &["-pthread"]);
+    let mut w = Proc::spawn(Command::new(exe));
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    w.send("go");
+    w.expect("leader-gone");
+    // Started now, the scan of every process meets a zombie main thread.
+    let mut session = Session::start(Target::All, Limits::default()).unwrap();
+    assert!(
+        session.is_attached_to(pid),
+        "the process's probes were not found through its live thread"
+    );
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = process(&profile, pid);
+    assert_eq!(p.state, ProcessState::Live, "{p:#?}");
+    assert_eq!(p.name, "leader_exits");
+    let names = functions(p);
+    assert!(names.contains(&"worker_site"), "{names:?}");
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
+}
+
+/// alloc_sites.c built with its sites renamed: the same code at the same
+/// offsets, other names (what a different program at that path would give).
+fn impostor() -> std::path::PathBuf {
+    common::compile_c(
+        "alloc_sites.c",
+        &[
+            "-ldl",
+            "-Dsite_small=host_small",
+            "-Dsite_medium=host_medium",
+            "-Dsite_large=host_large",
+            "-Dsite_freed=host_freed",
+        ],
+    )
+}
+
+#[test]
+fn a_process_in_its_own_mount_namespace_is_symbolized_from_its_own_file() {
+    common::require_bpf();
+    let real = common::compile_c("alloc_sites.c", &["-ldl"]);
+    // The host sees the impostor at `path`; the process, in a private mount
+    // namespace, sees its real program bind-mounted over it.
+    let path = common::scratch_dir("mount-ns").join("program");
+    std::fs::copy(impostor(), &path).unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$1" "$2" && exec "$2""#)
+        .arg("sh")
+        .arg(&real)
+        .arg(&path);
+    let mut w = Proc::spawn(cmd);
+    let pid = w.pid();
+    // The shell maps the preloaded library too: wait for the program first.
+    common::wait_for_mapping(pid, "mount-ns/program");
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    w.send("go");
+    w.expect("ready");
+    // It exits before anything was symbolized.
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let profile = loop {
+        let profile = session.complete_profile().unwrap();
+        if process(&profile, pid).state == ProcessState::Exited {
+            break profile;
+        }
+        assert!(Instant::now() < deadline, "the exit was never noticed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let names = functions(process(&profile, pid));
+    for site in ["site_small", "site_medium", "site_large"] {
+        assert!(names.contains(&site), "{site} missing: {names:?}");
+    }
+    assert!(
+        !names.iter().any(|n| n.starts_with("host_")),
+        "symbolized from the host's file at {}: {names:?}",
+        Path::new(&path).display()
+    );
+}
+
+/// Waits for the first child of `pid` and returns its pid.
+fn first_child(pid: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            return child.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "process {pid} never forked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A process's pid in its innermost pid namespace (the last NSpid entry).
+fn innermost_pid(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+    line.split_whitespace().last().unwrap().parse().unwrap()
+}
+
+/// Kills a process on drop.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pid namespace with its own /proc, kept alive by its init (`sleep`);
+/// killing the init on drop ends everything in it.
+struct PidNamespace {
+    unshare: KillOnDrop,
+    init: u32,
+}
+
+impl PidNamespace {
+    fn new() -> PidNamespace {
+        let unshare = KillOnDrop(
+            Command::new("unshare")
+                .args(["-p", "-f", "--mount-proc", "sleep", "600"])
+                .spawn()
+                .expect("unshare comes from util-linux"),
+        );
+        let init = first_child(unshare.0.id());
+        // It mounts the namespace's /proc, then execs sleep: wait for that.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{init}/comm")).unwrap_or_default() != "sleep\n"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the namespace's init never started"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        PidNamespace { unshare, init }
+    }
+
+    /// Runs `program` inside (through nsenter, which forks it).
+    fn command(&self, program: &Path) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg("-t")
+            .arg(self.init.to_string())
+            .args(["-p", "-m", "--"])
+            .arg(program);
+        cmd
+    }
+}
+
+impl Drop for PidNamespace {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(self.init as i32, libc::SIGKILL) };
+        let _ = self.unshare.0.wait();
+    }
+}
+
+/// Runs the target and `allocprof --pid` inside a fresh pid namespace; the
+/// target allocates, then exits (`exit`) or runs on (allocprof is stopped
+/// with SIGTERM). Returns allocprof's report and the target's pid there and
+/// on the host.
+fn profile_in_a_pid_namespace(exit: bool) -> (String, u32, u32) {
+    let ns = PidNamespace::new();
+    let nsenter = |program: &Path| ns.command(program);
+    // The target, inside it.
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let mut w = Proc::spawn(nsenter(&exe));
+    let host_pid = first_child(w.pid());
+    let ns_pid = innermost_pid(host_pid);
+    assert_ne!(ns_pid, host_pid, "the target is not in the namespace");
+    common::wait_for_mapping(host_pid, "liballocprof.so");
+    // allocprof, inside it too, told the namespace's pid.
+    let mut allocprof = nsenter(Path::new(env!("CARGO_BIN_EXE_allocprof")));
+    allocprof
+        .args(["--pid", &ns_pid.to_string(), "--duration", "60s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut allocprof = KillOnDrop(allocprof.spawn().unwrap());
+    let allocprof_pid = first_child(allocprof.0.id());
+    let mut stderr = BufReader::new(allocprof.0.stderr.take().unwrap()).lines();
+    let attached = stderr.next().expect("allocprof said nothing").unwrap();
+    assert!(attached.contains("attached"), "{attached}");
+    w.send("go");
+    w.expect("ready");
+    if exit {
+        // allocprof ends with a report once its target is gone.
+        w.send("exit");
+        assert!(w.child.wait().unwrap().success());
+    } else {
+        // SIGTERM ends the run with a report.
+        // SAFETY: kill has no memory-safety preconditions.
+        let sent = unsafe { libc::kill(allocprof_pid as i32, libc::SIGTERM) };
+        assert_eq!(sent, 0, "signalling allocprof");
+    }
+    let mut report = String::new();
+    std::io::Read::read_to_string(allocprof.0.stdout.as_mut().unwrap(), &mut report).unwrap();
+    let status = allocprof.0.wait().unwrap();
+    let rest: Vec<String> = stderr.map_while(Result::ok).collect();
+    assert!(status.success(), "allocprof failed: {rest:?}");
+    let label = format!("alloc_sites ({ns_pid})");
+    assert!(report.contains(&label), "no {label} in:\n{report}");
+    assert!(
+        !report.contains(&format!("({host_pid})")),
+        "the host pid leaked into:\n{report}"
+    );
+    for site in ["site_small", "site_medium", "site_large"] {
+        assert!(report.contains(site), "{site} missing in:\n{report}");
+    }
+    (report, ns_pid, host_pid)
+}
+
+#[test]
+fn allocprof_in_a_pid_namespace_reports_that_namespace_s_pids() {
+    common::require_bpf();
+    let (report, ..) = profile_in_a_pid_namespace(false);
+    assert!(!report.contains("exited"), "the target runs:\n{report}");
+}
+
+#[test]
+fn allocprof_in_a_pid_namespace_follows_its_target_s_exit() {
+    common::require_bpf();
+    let (report, ..) = profile_in_a_pid_namespace(true);
+    assert!(report.contains("exited"), "the target exited:\n{report}");
+}
+
+#[test]
+fn an_exec_storm_leaves_nothing_behind() {
+    common::require_bpf();
+    let exe = common::compile_c("exec_storm.c", &[]);
+    let mut cmd = Command::new(exe);
+    cmd.arg("50");
+    let mut w = Proc::spawn(cmd);
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    w.send("go");
+    w.expect("ready");
+    session.refresh().unwrap();
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let profile = loop {
+        let profile = session.complete_profile().unwrap();
+        if profile
+            .processes
+            .iter()
+            .any(|p| p.key.pid == pid && p.state == ProcessState::Exited)
+        {
+            break profile;
+        }
+        assert!(Instant::now() < deadline, "the exit was never noticed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let images = profile.processes.iter().filter(|p| p.key.pid == pid);
+    assert!(images.count() > 1, "the execs made images: {profile:#?}");
+    assert_eq!(
+        session.held_address_spaces(),
+        0,
+        "the address spaces (and open files) of a process that is gone are pruned"
+    );
+    assert!(!session.kernel_tracks(pid));
+}
+
+#[test]
+fn a_process_that_never_sampled_is_pruned_when_it_exits() {
+    common::require_bpf();
+    // Sampling off: it carries the probes but the kernel never hears of it
+    // (no state, no exit event).
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let mut child = Command::new(exe)
+        .env("LD_PRELOAD", common::preload_library())
+        .env("ALLOCPROF_RATE", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    session.refresh().unwrap();
+    assert_eq!(session.held_address_spaces(), 1);
+    drop(child.stdin.take());
+    assert!(!child.wait().unwrap().success(), "it exits at end of input");
+    session.refresh().unwrap();
+    assert_eq!(
+        session.held_address_spaces(),
+        0,
+        "the files of an exited process that never sampled are released"
+    );
+}
