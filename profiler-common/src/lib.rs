@@ -223,6 +223,32 @@ pub struct ProcEvent {
 pub const PROC_EVENT_EXIT: u32 = 1;
 pub const PROC_EVENT_EXEC: u32 = 2;
 
+/// A shared counter of walks claiming a scratch buffer: an atomic add and
+/// an atomic read (the kernel side has no compare-and-swap).
+pub trait ClaimCounter {
+    fn add(&self, v: u64);
+    fn load(&self) -> u64;
+}
+
+/// Claims a scratch buffer shared by programs that can preempt each other
+/// (uprobe programs on one CPU): claim, then look. Only a claimant that sees
+/// its own claim alone owns it; two racing claimants may both back off, but
+/// never both proceed. Release with [`release_claim`] after a `true`.
+#[inline(always)]
+pub fn try_claim<C: ClaimCounter>(claims: &C) -> bool {
+    claims.add(1);
+    if claims.load() == 1 {
+        return true;
+    }
+    claims.add(u64::MAX); // wrapping -1: withdraw our claim
+    false
+}
+
+#[inline(always)]
+pub fn release_claim<C: ClaimCounter>(claims: &C) {
+    claims.add(u64::MAX);
+}
+
 /// FNV-1a over the frames: the content address of a stack (here, beside the
 /// types, so host tests can compute what the kernel does). Two distinct
 /// stacks collide with odds about n²/2^65 for n stacks: negligible at the
@@ -325,6 +351,46 @@ mod tests {
         let exact = 524_288.0 * (524_288.0 - 100.0) * samples as f64;
         assert!((variance_in_bytes2(sum) - exact).abs() / exact < 1e-3);
         assert!(sum < u64::MAX >> 12, "room for 2^12 times more samples");
+    }
+
+    #[test]
+    fn a_claimed_scratch_has_one_owner_at_a_time() {
+        extern crate std;
+        use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::{sync::Arc, thread, vec::Vec};
+
+        struct Counter(AtomicU64);
+        impl ClaimCounter for Counter {
+            fn add(&self, v: u64) {
+                self.0.fetch_add(v, Ordering::SeqCst);
+            }
+            fn load(&self) -> u64 {
+                self.0.load(Ordering::SeqCst)
+            }
+        }
+        let claims = Arc::new(Counter(AtomicU64::new(0)));
+        let in_use = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let (claims, in_use) = (claims.clone(), in_use.clone());
+                thread::spawn(move || {
+                    let mut owned = 0u32;
+                    for _ in 0..100_000 {
+                        if try_claim(&*claims) {
+                            assert!(!in_use.swap(true, Ordering::SeqCst), "two owners");
+                            owned += 1;
+                            core::hint::spin_loop();
+                            in_use.store(false, Ordering::SeqCst);
+                            release_claim(&*claims);
+                        }
+                    }
+                    owned
+                })
+            })
+            .collect();
+        let owned: u32 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert!(owned > 0, "nobody ever owned the scratch");
+        assert_eq!(claims.load(), 0, "every claim withdrawn or released");
     }
 
     #[test]

@@ -13,8 +13,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    AggKey, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, ProcState, STACK_HASH_SEED,
-    SampleDelta, StackTrace, UsdtSpec, stack_hash_step,
+    AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, ProcState,
+    STACK_HASH_SEED, SampleDelta, StackTrace, UsdtSpec, release_claim, stack_hash_step, try_claim,
 };
 
 use crate::{
@@ -186,18 +186,29 @@ fn take_stack(ctx: &ProbeContext) -> Result<u64, DropReason> {
         .ok_or(DropReason::StackFailed)?;
     // SAFETY: a per-CPU map value, valid for the whole program run; every
     // access is an atomic add or an aligned volatile read.
-    let claims = unsafe { &*claims };
-    // Claim, then look: only a walk that sees its own claim alone owns the
-    // scratch. Two racing claimants may both back off; never both proceed.
-    add(claims, 1);
-    // SAFETY: an aligned read of a field others update atomically.
-    if unsafe { core::ptr::read_volatile(claims) } != 1 {
-        sub(claims, 1);
+    let claims = MapCounter(unsafe { &*claims });
+    if !try_claim(&claims) {
         return Err(DropReason::ScratchBusy);
     }
     let result = take_stack_claimed(ctx);
-    sub(claims, 1);
+    release_claim(&claims);
     result
+}
+
+/// A counter in a map value, shared between CPUs or preempted programs.
+struct MapCounter<'a>(&'a u64);
+
+impl ClaimCounter for MapCounter<'_> {
+    #[inline(always)]
+    fn add(&self, v: u64) {
+        add(self.0, v);
+    }
+
+    #[inline(always)]
+    fn load(&self) -> u64 {
+        // SAFETY: an aligned read of a field others update atomically.
+        unsafe { core::ptr::read_volatile(self.0) }
+    }
 }
 
 fn take_stack_claimed(ctx: &ProbeContext) -> Result<u64, DropReason> {
