@@ -223,6 +223,10 @@ pub struct ProcEvent {
 pub const PROC_EVENT_EXIT: u32 = 1;
 pub const PROC_EVENT_EXEC: u32 = 2;
 
+/// Stack id of samples whose user stack could not be taken: they are still
+/// accounted, under a stack user space shows as unavailable.
+pub const NO_STACK: u64 = 0;
+
 /// A shared counter of walks claiming a scratch buffer: an atomic add and
 /// an atomic read (the kernel side has no compare-and-swap).
 pub trait ClaimCounter {

@@ -13,7 +13,7 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, ProcState,
+    AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK, ProcState,
     STACK_HASH_SEED, SampleDelta, StackTrace, UsdtSpec, release_claim, stack_hash_step, try_claim,
 };
 
@@ -24,10 +24,6 @@ use crate::{
     },
     usdt::read_arg,
 };
-
-/// Stack id of samples whose user stack could not be taken: they are still
-/// accounted, under a stack user space shows as unavailable.
-pub const NO_STACK: u64 = 0;
 
 const EEXIST: i32 = 17;
 

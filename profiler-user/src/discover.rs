@@ -27,14 +27,40 @@ use std::{
     sync::{Arc, Weak},
 };
 
+use profiler_common::UsdtSpec;
+
 use crate::{
-    kernel::{ProbeKind, ProbeSite},
     normalize::AddressSpace,
     usdt::{self, NoteError},
 };
 
 /// The provider of the memory-profiling probe contract.
 pub const PROVIDER: &str = "otel_memory";
+
+/// Which of the two `otel_memory` probes a site is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProbeKind {
+    Alloc,
+    Free,
+}
+
+impl ProbeKind {
+    pub fn from_name(name: &str) -> Option<ProbeKind> {
+        match name {
+            "alloc" => Some(ProbeKind::Alloc),
+            "free" => Some(ProbeKind::Free),
+            _ => None,
+        }
+    }
+}
+
+/// One probe site to attach to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeSite {
+    pub kind: ProbeKind,
+    pub file_offset: u64,
+    pub spec: UsdtSpec,
+}
 /// The most of `/proc/PID/maps` read (65 530 mappings, the default
 /// `vm.max_map_count`, of long paths).
 const MAX_MAPS_BYTES: u64 = 64 << 20;

@@ -21,32 +21,16 @@ use profiler_common::{
 };
 use thiserror::Error;
 
-use crate::discover::{FileId, OpenFile};
+use crate::discover::{FileId, OpenFile, ProbeKind, ProbeSite};
 
 /// The kernel object, built by build.rs (from source, or the committed one).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
-/// Which of the two `otel_memory` probes a site is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ProbeKind {
-    Alloc,
-    Free,
-}
-
-impl ProbeKind {
-    pub fn from_name(name: &str) -> Option<ProbeKind> {
-        match name {
-            "alloc" => Some(ProbeKind::Alloc),
-            "free" => Some(ProbeKind::Free),
-            _ => None,
-        }
-    }
-
-    fn program(self) -> &'static str {
-        match self {
-            ProbeKind::Alloc => "otel_memory_alloc",
-            ProbeKind::Free => "otel_memory_free",
-        }
+/// The program that handles a probe of this kind.
+fn program_for(kind: ProbeKind) -> &'static str {
+    match kind {
+        ProbeKind::Alloc => "otel_memory_alloc",
+        ProbeKind::Free => "otel_memory_free",
     }
 }
 
@@ -91,14 +75,6 @@ pub enum KernelError {
         #[source]
         source: aya::maps::MapError,
     },
-}
-
-/// One probe site to attach to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProbeSite {
-    pub kind: ProbeKind,
-    pub file_offset: u64,
-    pub spec: UsdtSpec,
 }
 
 /// Where an attachment fires: any process mapping the file, or one process.
@@ -164,7 +140,7 @@ impl Kernel {
             .load(object)
             .map_err(classify_load_error)?;
         for kind in [ProbeKind::Alloc, ProbeKind::Free] {
-            let prog: &mut UProbe = program(&mut ebpf, kind.program())?;
+            let prog: &mut UProbe = program(&mut ebpf, program_for(kind))?;
             prog.load().map_err(classify_load_error)?;
         }
         for tp in ["sched_process_exit", "sched_process_exec"] {
@@ -245,7 +221,7 @@ impl Kernel {
             offset: site.file_offset,
             source: e,
         };
-        let prog: &mut UProbe = program(&mut self.ebpf, site.kind.program())?;
+        let prog: &mut UProbe = program(&mut self.ebpf, program_for(site.kind))?;
         let point = UProbeAttachPoint {
             location: UProbeAttachLocation::AbsoluteOffset(site.file_offset),
             cookie: Some(u64::from(cookie)),
@@ -274,7 +250,7 @@ impl Kernel {
             .collect();
         for key in keys {
             if let Some(link) = self.links.remove(&key)
-                && let Ok(prog) = program::<UProbe>(&mut self.ebpf, key.1.program())
+                && let Ok(prog) = program::<UProbe>(&mut self.ebpf, program_for(key.1))
             {
                 let _ = prog.detach(link);
             }

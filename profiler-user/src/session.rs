@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::{AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
+use profiler_common::{AggKey, NO_STACK, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
 use thiserror::Error;
 
 use crate::{
@@ -21,8 +21,6 @@ use crate::{
     symbolize::{Frame, Request, SymbolizerThread},
 };
 
-/// The stack id the kernel uses when a user stack could not be taken.
-const NO_STACK: u64 = 0;
 /// After an exec, the dynamic loader maps LD_PRELOAD libraries within
 /// milliseconds; look again a few times before relying on the periodic scan.
 const RESCAN_AFTER_EXEC: [Duration; 4] = [

@@ -12,7 +12,8 @@ use std::{
 use profiler_common::{DropReason, OBJECT_SCALE, SampleDelta, variance_in_bytes2};
 use profiler_user::{
     discover,
-    kernel::{Kernel, Limits, ProbeKind, Scope},
+    discover::ProbeKind,
+    kernel::{Kernel, Limits, Scope},
 };
 
 #[test]
