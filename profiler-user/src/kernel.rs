@@ -322,38 +322,14 @@ impl Kernel {
         if gone.is_empty() {
             return 0;
         }
-        let below: StdHashMap<u32, Option<u32>> = gone.iter().copied().collect();
-        let is_gone = |pid: u32, generation: u32| {
-            below
-                .get(&pid)
-                .is_some_and(|b| b.is_none_or(|g| generation < g))
-        };
-        let samples: Vec<LiveKey> = self
-            .live
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(k, s)| is_gone(k.pid, s.generation))
-            .map(|(k, _)| k)
-            .collect();
-        let freed = samples
-            .iter()
-            .filter(|k| self.live.remove(k).is_ok())
-            .count();
+        let is_gone = gone_images(gone);
         let aggs: Vec<AggKey> = self
             .aggs
             .keys()
             .filter_map(Result::ok)
             .filter(|k| is_gone(k.pid, k.generation))
             .collect();
-        for key in aggs {
-            let _ = self.aggs.remove(&key);
-        }
-        for (pid, b) in gone {
-            if b.is_none() {
-                let _ = self.procs.remove(pid);
-            }
-        }
-        freed
+        self.forget_images(gone, &aggs, true)
     }
 
     /// Forgets retired images whose aggregates the caller read: deletes
@@ -366,12 +342,7 @@ impl Kernel {
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize {
-        let below: StdHashMap<u32, Option<u32>> = gone.iter().copied().collect();
-        let is_gone = |pid: u32, generation: u32| {
-            below
-                .get(&pid)
-                .is_some_and(|b| b.is_none_or(|g| generation < g))
-        };
+        let is_gone = gone_images(gone);
         let mut freed = 0;
         if live_samples {
             let samples: Vec<LiveKey> = self
@@ -411,6 +382,17 @@ impl Kernel {
             }
         }
         events
+    }
+}
+
+/// Whether a (pid, generation) image is among `gone`: the pid exited
+/// (`None`), or exec'ed into a later generation than the image's.
+fn gone_images(gone: &[(u32, Option<u32>)]) -> impl Fn(u32, u32) -> bool {
+    let below: StdHashMap<u32, Option<u32>> = gone.iter().copied().collect();
+    move |pid, generation| {
+        below
+            .get(&pid)
+            .is_some_and(|b| b.is_none_or(|g| generation < g))
     }
 }
 

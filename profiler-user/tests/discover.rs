@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::process;
+
 use std::{
     io::{BufRead, BufReader, Lines, Write},
     path::Path,
@@ -14,7 +16,7 @@ use std::{
 use profiler_user::{
     discover,
     kernel::Limits,
-    profile::{ProcessProfile, ProcessState, Profile},
+    profile::{ProcessProfile, ProcessState},
     session::{Session, Target},
 };
 
@@ -62,14 +64,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn process(profile: &Profile, pid: u32) -> &ProcessProfile {
-    profile
-        .processes
-        .iter()
-        .find(|p| p.key.pid == pid)
-        .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"))
 }
 
 fn functions(p: &ProcessProfile) -> Vec<&str> {

@@ -16,8 +16,7 @@ use profiler_user::{
     stats::{Totals, Z95},
 };
 
-use common::site;
-use common::{RATE, Workload};
+use common::{RATE, Workload, process, site};
 
 /// (function, count, size, freed)
 const SITES: [(&str, u64, u64, bool); 4] = [
@@ -29,14 +28,6 @@ const SITES: [(&str, u64, u64, bool); 4] = [
 
 fn final_profile(session: &mut Session) -> Profile {
     session.complete_profile().unwrap()
-}
-
-fn process(profile: &Profile, pid: u32) -> &ProcessProfile {
-    profile
-        .processes
-        .iter()
-        .find(|p| p.key.pid == pid)
-        .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"))
 }
 
 /// Every site within 5 sigma of the truth; freed sites leave no live bytes.

@@ -245,3 +245,15 @@ pub fn site(
         .map(|s| s.totals)
         .sum()
 }
+
+/// The image of `pid` in `profile` (failing the test if it is missing).
+pub fn process(
+    profile: &profiler_user::profile::Profile,
+    pid: u32,
+) -> &profiler_user::profile::ProcessProfile {
+    profile
+        .processes
+        .iter()
+        .find(|p| p.key.pid == pid)
+        .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"))
+}
