@@ -28,7 +28,7 @@ fn main() {
     match ebpf_toolchain_missing(&nightly) {
         None if !force_prebuilt => {
             let package = aya_build::Package {
-                name: "profiler-ebpf",
+                name: "allocprof-ebpf",
                 root_dir: "../profiler-ebpf",
                 ..Default::default()
             };
@@ -43,7 +43,7 @@ fn main() {
                 "cargo:warning=using the committed eBPF object ({why}); \
                  `cargo xtask setup` installs the eBPF toolchain"
             );
-            fs::copy(PREBUILT, out.join("profiler"))
+            fs::copy(PREBUILT, out.join("allocprof-ebpf"))
                 .unwrap_or_else(|e| panic!("copying {PREBUILT}: {e}"));
         }
     }

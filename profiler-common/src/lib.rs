@@ -32,7 +32,7 @@ pub struct LiveSample {
     pub size: u64,
     /// Unbiased byte estimate `size / p`, as passed by the allocator.
     pub weight: u64,
-    /// `ProcState::generation` when the sample was taken (bumped on exec).
+    /// `ProcCounters::generation` when the sample was taken (bumped on exec).
     pub generation: u32,
     pub _pad: u32,
 }
@@ -198,7 +198,7 @@ impl DropReason {
 /// Per-process state kept by the kernel side.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcState {
+pub struct ProcCounters {
     /// Bumped on every exec: aggregates of the old image stay apart.
     pub generation: u32,
     pub _pad: u32,
@@ -279,7 +279,7 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for StackTrace {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for ProcState {}
+    unsafe impl aya::Pod for ProcCounters {}
     // SAFETY: as above.
     unsafe impl aya::Pod for ProcEvent {}
     // SAFETY: as above.
@@ -298,7 +298,7 @@ mod tests {
         assert_eq!(size_of::<AggKey>(), 16);
         assert_eq!(size_of::<StackAgg>(), 64);
         assert_eq!(size_of::<StackTrace>(), 8 * (1 + MAX_STACK_DEPTH));
-        assert_eq!(size_of::<ProcState>(), 40 + 8 * DROP_REASONS);
+        assert_eq!(size_of::<ProcCounters>(), 40 + 8 * DROP_REASONS);
         assert_eq!(size_of::<ProcEvent>(), 8);
         assert_eq!(size_of::<UsdtArg>(), 16);
         assert_eq!(size_of::<UsdtSpec>(), 16 * MAX_USDT_ARGS + 8);

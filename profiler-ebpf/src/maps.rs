@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    AggKey, DROP_REASONS, LiveKey, LiveSample, ProcState, StackAgg, StackTrace, UsdtSpec,
+    AggKey, DROP_REASONS, LiveKey, LiveSample, ProcCounters, StackAgg, StackTrace, UsdtSpec,
 };
 
 /// Argument descriptions, indexed by the uprobe's attach cookie.
@@ -38,7 +38,7 @@ pub static STACK_SCRATCH: PerCpuArray<StackTrace> = PerCpuArray::with_max_entrie
 pub static STACK_SCRATCH_CLAIMS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
-pub static PROCS: HashMap<u32, ProcState> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+pub static PROCS: HashMap<u32, ProcCounters> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
 
 /// Drops by `DropReason`, for events that could not be tied to a process too.
 #[map]

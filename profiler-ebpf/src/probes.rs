@@ -13,7 +13,7 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK, ProcState,
+    AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK, ProcCounters,
     STACK_HASH_SEED, SampleDelta, StackTrace, UsdtSpec, release_claim, stack_hash_step, try_claim,
 };
 
@@ -136,13 +136,13 @@ fn try_free(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
 /// A sample whose bytes will be missing from the live sums: the process's
 /// live estimate becomes a lower bound, and says by how much.
 #[inline(always)]
-fn lose(proc: &ProcState, delta: &SampleDelta, reason: DropReason) -> DropReason {
+fn lose(proc: &ProcCounters, delta: &SampleDelta, reason: DropReason) -> DropReason {
     add(&proc.lost_live_bytes, delta.bytes);
     reason
 }
 
 /// Subtracts a removed live sample from its aggregate and its process.
-fn retire(pid: u32, proc: Option<&ProcState>, sample: &LiveSample) {
+fn retire(pid: u32, proc: Option<&ProcCounters>, sample: &LiveSample) {
     let agg_key = AggKey {
         pid,
         generation: sample.generation,
@@ -252,7 +252,7 @@ fn take_stack_claimed(ctx: &ProbeContext) -> Result<u64, DropReason> {
     }
 }
 
-fn proc_state(pid: u32) -> Result<&'static ProcState, DropReason> {
+fn proc_state(pid: u32) -> Result<&'static ProcCounters, DropReason> {
     get_or_insert(&PROCS, &pid).ok_or(DropReason::ProcMapFull)
 }
 
@@ -316,7 +316,7 @@ trait LiveCount {
     fn live_samples_value(&self) -> u64;
 }
 
-impl LiveCount for ProcState {
+impl LiveCount for ProcCounters {
     #[inline(always)]
     fn live_samples_value(&self) -> u64 {
         // SAFETY: an aligned read of a field others update atomically.

@@ -2,14 +2,12 @@
 
 use std::{path::PathBuf, time::Duration};
 
+pub use allocprof::export::Format;
+use allocprof::{export, kernel::Limits, report::ReportOptions, session::Target, stats::Quantity};
 use clap::{
     Args, CommandFactory, Parser, Subcommand, ValueEnum,
     builder::{PossibleValue, PossibleValuesParser, TypedValueParser},
     error::ErrorKind,
-};
-pub use profiler_user::export::Format;
-use profiler_user::{
-    export, kernel::Limits, report::ReportOptions, session::Target, stats::Quantity,
 };
 use thiserror::Error;
 

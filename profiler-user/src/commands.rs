@@ -7,14 +7,14 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result};
-use profiler_user::{
+use allocprof::{
     export::{self, Format, diff, pprof, svg},
     output::{self, Existing},
     profile::Profile,
     session::Session,
     stats::{Quantity, human_bytes},
 };
+use anyhow::{Context, Result};
 
 use crate::{
     cli::{self, DiffArgs, RecordArgs},

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use allocprof::session::Session;
 use anyhow::{Context, Result};
-use profiler_user::session::Session;
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     time::{Instant, Interval, MissedTickBehavior, interval, interval_at, sleep_until},

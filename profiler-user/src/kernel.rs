@@ -17,14 +17,15 @@ use aya::{
     },
 };
 use profiler_common::{
-    AggKey, DROP_REASONS, LiveKey, LiveSample, ProcEvent, ProcState, StackAgg, StackTrace, UsdtSpec,
+    AggKey, DROP_REASONS, LiveKey, LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace,
+    UsdtSpec,
 };
 use thiserror::Error;
 
 use crate::discover::{FileId, OpenFile, ProbeKind, ProbeSite};
 
 /// The kernel object, built by build.rs (from source, or the committed one).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/allocprof-ebpf"));
 
 /// The program that handles a probe of this kind.
 fn program_for(kind: ProbeKind) -> &'static str {
@@ -88,7 +89,7 @@ pub enum Scope {
 #[derive(Debug, Default)]
 pub struct KernelSnapshot {
     pub aggregates: Vec<(AggKey, StackAgg)>,
-    pub processes: BTreeMap<u32, ProcState>,
+    pub processes: BTreeMap<u32, ProcCounters>,
     /// Drops summed over CPUs, by `DropReason`.
     pub drops: [u64; DROP_REASONS],
 }
@@ -102,7 +103,7 @@ pub struct Kernel {
     live: HashMap<MapData, LiveKey, LiveSample>,
     aggs: HashMap<MapData, AggKey, StackAgg>,
     stacks: HashMap<MapData, u64, StackTrace>,
-    procs: HashMap<MapData, u32, ProcState>,
+    procs: HashMap<MapData, u32, ProcCounters>,
     drops: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
 }
@@ -369,7 +370,7 @@ impl Kernel {
     }
 
     /// The kernel's state of one process (a map lookup, no snapshot).
-    pub fn process(&self, pid: u32) -> Option<ProcState> {
+    pub fn process(&self, pid: u32) -> Option<ProcCounters> {
         self.procs.get(&pid, 0).ok()
     }
 

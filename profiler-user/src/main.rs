@@ -11,9 +11,7 @@ use std::{
     process::ExitCode,
 };
 
-use anyhow::{Context, Result};
-use clap::Parser;
-use profiler_user::{
+use allocprof::{
     export,
     inert::inert,
     kernel::KernelError,
@@ -22,6 +20,8 @@ use profiler_user::{
     report::{self, ReportOptions},
     session::{Session, StartError, Target},
 };
+use anyhow::{Context, Result};
+use clap::Parser;
 
 use crate::{
     cli::{Cli, Command, Format},

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::{AggKey, NO_STACK, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcState};
+use profiler_common::{AggKey, NO_STACK, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcCounters};
 use thiserror::Error;
 
 use crate::{
@@ -62,7 +62,7 @@ struct Frozen {
     name: String,
     rate: u64,
     state: ProcessState,
-    proc: ProcState,
+    proc: ProcCounters,
     stacks: Vec<(u64, Totals)>,
 }
 
@@ -334,7 +334,7 @@ impl Session {
                     .copied()
                     .unwrap_or_default()
             } else {
-                ProcState::default()
+                ProcCounters::default()
             };
             let (name, rate) = self.identity(key.pid);
             let frozen = Frozen {
@@ -642,7 +642,7 @@ impl Session {
         &self,
         key: ProcessKey,
         image: Image,
-        proc: &ProcState,
+        proc: &ProcCounters,
         stacks: &[(u64, Totals)],
     ) -> ProcessProfile {
         let stacks = stacks

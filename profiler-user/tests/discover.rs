@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_user::{
+use allocprof::{
     discover,
     kernel::Limits,
     profile::{ProcessProfile, ProcessState},

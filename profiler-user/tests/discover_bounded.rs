@@ -12,7 +12,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use profiler_user::discover::Scanner;
+use allocprof::discover::Scanner;
 
 /// A peak RSS no discovery should come near (the files are 4 GiB each).
 const BOUND: u64 = 256 << 20;

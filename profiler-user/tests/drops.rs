@@ -11,11 +11,11 @@ use std::{
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
 };
 
-use profiler_common::{DropReason, StackAgg};
-use profiler_user::{
+use allocprof::{
     discover,
     kernel::{Kernel, KernelSnapshot, Limits, Scope},
 };
+use profiler_common::{DropReason, StackAgg};
 
 const SIZE: u64 = 1000;
 const WEIGHT: u64 = 4000;

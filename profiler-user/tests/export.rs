@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use profiler_user::{
+use allocprof::{
     export::{self, Format},
     kernel::Limits,
     session::{Session, Target},

@@ -7,7 +7,7 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use profiler_user::{
+use allocprof::{
     kernel::Limits,
     session::{Session, Target},
 };

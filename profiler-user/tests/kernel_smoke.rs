@@ -9,12 +9,12 @@ use std::{
     process::{Command, Stdio},
 };
 
-use profiler_common::{DropReason, OBJECT_SCALE, SampleDelta, variance_in_bytes2};
-use profiler_user::{
+use allocprof::{
     discover,
     discover::ProbeKind,
     kernel::{Kernel, Limits, Scope},
 };
+use profiler_common::{DropReason, OBJECT_SCALE, SampleDelta, variance_in_bytes2};
 
 #[test]
 fn kernel_programs_account_probes_of_a_real_process() {

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_user::{
+use allocprof::{
     kernel::Limits,
     profile::{ProcessProfile, ProcessState, Profile},
     session::{Session, Target},

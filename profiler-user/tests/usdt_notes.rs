@@ -10,10 +10,8 @@ use std::{
     sync::OnceLock,
 };
 
+use allocprof::usdt::{ArgError, NoteError, UsdtProbe, parse_args, probes_in_elf, probes_in_file};
 use profiler_common::{UsdtArgKind, UsdtSpec};
-use profiler_user::usdt::{
-    ArgError, NoteError, UsdtProbe, parse_args, probes_in_elf, probes_in_file,
-};
 use proptest::prelude::*;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");

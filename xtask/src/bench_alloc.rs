@@ -254,7 +254,14 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     };
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
-        .args(["build", "--release", "-p", "preload", "-p", "preload-glibc"])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "liballocprof",
+            "-p",
+            "liballocprof-glibc",
+        ])
         .status()?;
     if !status.success() {
         bail!("building the preload libraries failed");

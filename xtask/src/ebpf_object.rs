@@ -29,7 +29,7 @@ const LOCKED_CRATES: &[&str] = &[
 const EBPF_BUILD: &[&str] = &[
     "build",
     "--package",
-    "profiler-ebpf",
+    "allocprof-ebpf",
     "--release",
     "--target",
     "bpfel-unknown-none",
@@ -53,7 +53,7 @@ pub fn refresh(root: &Path) -> Result<()> {
         "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf",
     );
     shell::run_cmd(&mut cmd)?;
-    let built = target_dir.join("bpfel-unknown-none/release/profiler");
+    let built = target_dir.join("bpfel-unknown-none/release/allocprof-ebpf");
     fs::copy(&built, root.join(OBJECT))
         .with_context(|| format!("copying {} to {OBJECT}", built.display()))?;
     fs::write(root.join(DIGEST), format!("{}\n", inputs_digest(root)?))?;

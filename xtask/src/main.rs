@@ -96,7 +96,7 @@ fn test(root: &std::path::Path, cargo_args: &[String]) -> Result<()> {
             "clippy",
             "--workspace",
             "--exclude",
-            "profiler-ebpf",
+            "allocprof-ebpf",
             "--all-targets",
             "--release",
             "--",
@@ -111,7 +111,7 @@ fn test(root: &std::path::Path, cargo_args: &[String]) -> Result<()> {
         "test",
         "--workspace",
         "--exclude",
-        "profiler-ebpf",
+        "allocprof-ebpf",
         "--release",
     ];
     args.extend(cargo_args.iter().map(String::as_str));

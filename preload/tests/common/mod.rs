@@ -44,7 +44,14 @@ fn libs() -> &'static Libs {
         let target = artifacts_dir();
         let status = Command::new(cargo)
             .current_dir(workspace_root())
-            .args(["build", "--release", "-p", "preload", "-p", "preload-glibc"])
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "liballocprof",
+                "-p",
+                "liballocprof-glibc",
+            ])
             .arg("--target-dir")
             .arg(&target)
             .env_remove("CARGO_TARGET_DIR")

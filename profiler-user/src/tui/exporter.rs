@@ -7,7 +7,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use profiler_user::{
+use allocprof::{
     export::{self, Format},
     output::{self, Existing},
     profile::{ProcessKey, Profile},
@@ -62,7 +62,7 @@ pub fn fresh_path(dir: &Path, selection: &ViewSelection, extension: &str) -> Pat
 
 #[cfg(test)]
 mod tests {
-    use profiler_user::stats::Quantity;
+    use allocprof::stats::Quantity;
 
     use super::*;
     use crate::tui::rows::tests::{process, profile};

@@ -7,7 +7,7 @@
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use super::rows::{RowId, totals_of};
-use profiler_user::profile::Profile;
+use allocprof::profile::Profile;
 
 /// Span of the total-live-bytes series.
 pub const TOTALS_SPAN: Duration = Duration::from_secs(600);

@@ -38,7 +38,7 @@ pub use self::{
     exporter::{Exporter, file_exporter},
     state::{App, AppEvent, AppOptions, Effect},
 };
-use profiler_user::session::{Session, Target};
+use allocprof::session::{Session, Target};
 
 use crate::driver::Driver;
 

@@ -16,7 +16,7 @@ use super::{
     rows::{Row, RowId, stack_label},
     state::{App, Column, Notice, View, format_elapsed},
 };
-use profiler_user::{
+use allocprof::{
     inert::inert,
     profile::{ProcessProfile, ProcessState, Profile},
     stats::{Totals, human_bytes, human_count},
@@ -1059,7 +1059,7 @@ mod tests {
         let mut app = App::new(options());
         let mut p = sample(1);
         p.processes[0].stacks = (0..100)
-            .map(|i| profiler_user::profile::StackProfile {
+            .map(|i| allocprof::profile::StackProfile {
                 frames: crate::tui::rows::tests::frames(&[&format!("f{i:03}"), "main"]),
                 totals: crate::tui::rows::tests::totals(1e6 - f64::from(i), 0.0),
             })

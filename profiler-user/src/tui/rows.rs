@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use profiler_user::{
+use allocprof::{
     inert::inert,
     profile::{ProcessKey, ProcessProfile, Profile, StackProfile},
     stats::Totals,
@@ -68,7 +68,7 @@ pub struct Row {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessInfo {
     pub name: String,
-    pub state: profiler_user::profile::ProcessState,
+    pub state: allocprof::profile::ProcessState,
 }
 
 /// The profiles a set of rows is computed from.
@@ -369,7 +369,7 @@ pub(crate) mod tests {
     use profiler_common::DROP_REASONS;
 
     use super::*;
-    use profiler_user::profile::ProcessState;
+    use allocprof::profile::ProcessState;
 
     pub fn frames(names: &[&str]) -> Arc<[Frame]> {
         names

@@ -11,7 +11,7 @@ use super::{
     history::{GROWTH_WINDOW, History, RATE_WINDOW},
     rows::{self, Grouping, Inputs, Row, RowId, function_of},
 };
-use profiler_user::{
+use allocprof::{
     profile::{ProcessKey, ProcessState, Profile},
     symbolize::Frame,
 };

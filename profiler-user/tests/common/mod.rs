@@ -81,7 +81,7 @@ fn build_artifacts() -> &'static Path {
                 "build",
                 "--release",
                 "-p",
-                "preload",
+                "liballocprof",
                 "-p",
                 "demo",
                 "--examples",
@@ -235,10 +235,7 @@ impl Drop for Workload {
 }
 
 /// Totals of the stacks that pass through `function`.
-pub fn site(
-    p: &profiler_user::profile::ProcessProfile,
-    function: &str,
-) -> profiler_user::stats::Totals {
+pub fn site(p: &allocprof::profile::ProcessProfile, function: &str) -> allocprof::stats::Totals {
     p.stacks
         .iter()
         .filter(|s| s.frames.iter().any(|f| f.function == function))
@@ -248,9 +245,9 @@ pub fn site(
 
 /// The image of `pid` in `profile` (failing the test if it is missing).
 pub fn process(
-    profile: &profiler_user::profile::Profile,
+    profile: &allocprof::profile::Profile,
     pid: u32,
-) -> &profiler_user::profile::ProcessProfile {
+) -> &allocprof::profile::ProcessProfile {
     profile
         .processes
         .iter()
