@@ -42,6 +42,7 @@ pub struct Limits {
     pub max_live_per_process: u64,
     pub max_stacks: u32,
     pub max_aggregates: u32,
+    pub max_processes: u32,
 }
 
 impl Default for Limits {
@@ -51,6 +52,7 @@ impl Default for Limits {
             max_live_per_process: 65_536,
             max_stacks: 65_536,
             max_aggregates: 65_536,
+            max_processes: 16_384,
         }
     }
 }
@@ -136,6 +138,7 @@ impl Kernel {
             .map_max_entries("LIVE", limits.max_live_samples)
             .map_max_entries("STACKS", limits.max_stacks)
             .map_max_entries("AGGS", limits.max_aggregates)
+            .map_max_entries("PROCS", limits.max_processes)
             .override_global("MAX_LIVE_PER_PROCESS", &limits.max_live_per_process, true)
             .override_global("REPORT_ALL_EXECS", &report_all, true)
             .load(object)

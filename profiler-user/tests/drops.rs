@@ -135,6 +135,7 @@ fn limits() -> Limits {
         max_live_per_process: 1024,
         max_stacks: 1024,
         max_aggregates: 1024,
+        max_processes: 1024,
     }
 }
 
@@ -244,4 +245,37 @@ fn full_aggregate_table_drops_and_reports_the_bytes() {
     assert_eq!(sums.alloc_samples + dropped, 5);
     assert_eq!(e.lost_live_bytes(), dropped * WEIGHT);
     e.assert_only_drops(&[DropReason::AggMapFull]);
+}
+
+#[test]
+fn full_process_table_drops_the_events_of_processes_beyond_it() {
+    let mut e = Emitter::start(Limits {
+        max_processes: 1,
+        ..limits()
+    });
+    e.alloc(0x1000); // the emitter takes the only slot
+    // A second emitter process, attached to the same programs.
+    let exe = common::compile_c("sdt_script.c", &[]);
+    let (sites, _) = discover::probe_sites(&exe).unwrap();
+    let mut other = Command::new(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for site in &sites {
+        e.kernel
+            .attach(&exe, site, Scope::Process(other.id()))
+            .unwrap();
+    }
+    let mut stdin = other.stdin.take().unwrap();
+    let mut stdout = BufReader::new(other.stdout.take().unwrap()).lines();
+    writeln!(stdin, "a 2000 {SIZE} {WEIGHT} 1").unwrap();
+    assert_eq!(stdout.next().unwrap().unwrap(), "ok");
+    let snap = e.snapshot();
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(snap.drops[DropReason::ProcMapFull as usize], 1);
+    assert!(!snap.processes.contains_key(&other.id()));
+    // The first process is unaffected.
+    assert_eq!(e.sums().live_samples, 1);
 }
