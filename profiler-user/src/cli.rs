@@ -65,6 +65,13 @@ pub struct TargetArgs {
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
 
+    /// System-wide: a library or program carrying the probes to arm at
+    /// start (repeatable), so processes that load it later are covered from
+    /// their first allocation. The liballocprof libraries next to allocprof
+    /// are armed by default.
+    #[arg(long, value_name = "PATH", conflicts_with = "pids")]
+    pub probe_file: Vec<PathBuf>,
+
     /// Cap on live samples kept in the kernel, over all processes (the
     /// table is preallocated: about 100 bytes of kernel memory each).
     #[arg(long, default_value_t = Limits::default().max_live_samples,
@@ -77,7 +84,21 @@ pub struct TargetArgs {
     pub max_live_per_process: u64,
 }
 
+/// The libraries armed in system-wide mode without `--probe-file`.
+pub const DEFAULT_PROBE_FILES: [&str; 2] = ["liballocprof.so", "liballocprof_glibc.so"];
+
 impl TargetArgs {
+    /// Explicit probe files, then the default ones next to our executable.
+    pub fn probe_files(&self) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf));
+        let defaults = beside
+            .map(|dir| DEFAULT_PROBE_FILES.iter().map(|f| dir.join(f)).collect())
+            .unwrap_or_default();
+        (self.probe_file.clone(), defaults)
+    }
+
     pub fn target(&self) -> Target {
         if self.pids.is_empty() {
             Target::All

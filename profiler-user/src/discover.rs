@@ -120,6 +120,33 @@ impl ProbeFile {
     }
 }
 
+/// A probe-carrying file named by path in our own mount namespace (to arm
+/// it before any process maps it); `Ok(None)` if it carries no probes.
+pub fn probe_file_at(path: &Path) -> std::io::Result<Option<ProbeFile>> {
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let (sites, problems) = probe_sites_in(&file).map_err(std::io::Error::other)?;
+    if sites.is_empty() {
+        return Ok(None);
+    }
+    let id = FileId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    Ok(Some(ProbeFile {
+        file: Arc::new(OpenFile {
+            id,
+            file,
+            display: path.to_path_buf(),
+        }),
+        sites,
+        problems,
+    }))
+}
+
 /// Reads the `otel_memory` probe sites of one ELF file.
 pub fn probe_sites(path: &Path) -> Result<(Vec<ProbeSite>, Vec<String>), NoteError> {
     sites_of(usdt::probes_in_file(path)?)

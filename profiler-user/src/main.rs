@@ -104,6 +104,7 @@ async fn run(cli: Cli) -> Result<()> {
     let headless =
         cli.duration.is_some() || !std::io::stdout().is_terminal() || cli.output.is_some();
     let mut session = Session::start(cli.targets.target(), cli.targets.limits())?;
+    arm_probe_files(&mut session, &cli.targets)?;
     print_warnings(&mut session);
     if !headless {
         let dir = std::env::current_dir().context("finding the current directory")?;
@@ -159,6 +160,26 @@ pub(crate) fn refresh_tick(session: &mut Session) -> Result<bool> {
         return Ok(false);
     }
     Ok(true)
+}
+
+/// System-wide: arms the probe files named with `--probe-file` (each must
+/// carry probes) and the liballocprof libraries next to us (where present).
+pub(crate) fn arm_probe_files(session: &mut Session, targets: &cli::TargetArgs) -> Result<()> {
+    if targets.target() != Target::All {
+        return Ok(());
+    }
+    let (explicit, defaults) = targets.probe_files();
+    for path in &explicit {
+        if !session.arm(path)? {
+            anyhow::bail!("{} carries no otel_memory probes", path.display());
+        }
+    }
+    for path in defaults.iter().filter(|p| p.exists()) {
+        if let Err(e) = session.arm(path) {
+            session.warnings.push(format!("{e:#}"));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn print_warnings(session: &mut Session) {

@@ -42,6 +42,18 @@ pub enum Target {
 }
 
 #[derive(Debug, Error)]
+pub enum ArmError {
+    #[error("cannot read the probe file {path}: {source}")]
+    Unreadable {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+#[derive(Debug, Error)]
 pub enum StartError {
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
@@ -197,6 +209,23 @@ impl Session {
             self.kernel.attach_file(&file.file, site, scope)?;
         }
         Ok(replaced)
+    }
+
+    /// System-wide mode: attaches to the probes of `path` now, so that a
+    /// process that maps it is covered from its first allocation (not from
+    /// the rescan that finds it). Returns whether it carries probes.
+    pub fn arm(&mut self, path: &std::path::Path) -> Result<bool, ArmError> {
+        let io = |source| ArmError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        };
+        let Some(file) = discover::probe_file_at(path).map_err(io)? else {
+            return Ok(false);
+        };
+        if self.target == Target::All {
+            self.attach(0, 0, &file)?;
+        }
+        Ok(true)
     }
 
     fn scan_all(&mut self) {
