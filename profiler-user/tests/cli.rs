@@ -57,6 +57,26 @@ fn numbers_out_of_range_are_usage_errors_not_panics() {
 }
 
 #[test]
+fn probe_files_that_cannot_be_armed_are_named() {
+    common::require_bpf();
+    // A file without probes, a missing file, and the flag outside system-wide mode.
+    let (code, _, err) = run(allocprof().args(["-d", "1s", "--probe-file", "/bin/true"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("/bin/true carries no otel_memory probes"),
+        "{err}"
+    );
+    let (code, _, err) = run(allocprof().args(["-d", "1s", "--probe-file", "/no/such.so"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("cannot read the probe file /no/such.so"),
+        "{err}"
+    );
+    let (code, _, err) = run(allocprof().args(["--pid", "1", "--probe-file", "/bin/true"]));
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
 fn unwritable_outputs_fail_before_profiling() {
     let dir = std::env::temp_dir();
     let missing = dir.join("allocprof-no-such-dir/heap.folded");
