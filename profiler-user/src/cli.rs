@@ -215,6 +215,24 @@ pub fn numbered(path: &std::path::Path, n: u32) -> PathBuf {
 }
 
 /// Refuses, as a usage error (exit 2), binary output to a terminal.
+/// Intervals that can never fire within the run are usage errors.
+pub fn refuse_interval_beyond_duration(interval: Duration, duration: Option<Duration>) {
+    if let Some(d) = duration
+        && interval > d
+    {
+        Cli::command()
+            .error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--interval {} is longer than --duration {}: no snapshot or refresh would happen in between",
+                    humantime::format_duration(interval),
+                    humantime::format_duration(d)
+                ),
+            )
+            .exit();
+    }
+}
+
 pub fn refuse_binary_to_terminal(format: Format, output: Option<&std::path::Path>) {
     use std::io::IsTerminal;
     if format.is_binary() && output.is_none() && std::io::stdout().is_terminal() {

@@ -40,9 +40,15 @@ mod exit {
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
     let command = cli.command.take();
-    if let Some(Command::Diff(args)) = &command {
+    match &command {
         // Files in, file out: no runtime, no kernel, no privileges needed.
-        return finish(commands::diff(args));
+        Some(Command::Diff(args)) => return finish(commands::diff(args)),
+        Some(Command::Record(args)) => {
+            if let Some(interval) = args.interval {
+                cli::refuse_interval_beyond_duration(interval, args.duration);
+            }
+        }
+        None => cli::refuse_interval_beyond_duration(cli.interval, cli.duration),
     }
     // Without --duration, a terminal gets the TUI (--format is then what its
     // export key writes), so only a timed run could print pprof to it.
