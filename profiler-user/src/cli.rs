@@ -215,7 +215,8 @@ pub fn numbered(path: &std::path::Path, n: u32) -> PathBuf {
 }
 
 /// Refuses, as a usage error (exit 2), binary output to a terminal.
-/// Intervals that can never fire within the run are usage errors.
+/// `record --interval` longer than `--duration` would never take a snapshot
+/// in between: a usage error.
 pub fn refuse_interval_beyond_duration(interval: Duration, duration: Option<Duration>) {
     if let Some(d) = duration
         && interval > d
@@ -224,7 +225,7 @@ pub fn refuse_interval_beyond_duration(interval: Duration, duration: Option<Dura
             .error(
                 ErrorKind::ArgumentConflict,
                 format!(
-                    "--interval {} is longer than --duration {}: no snapshot or refresh would happen in between",
+                    "--interval {} is longer than --duration {}: no snapshot would be taken in between",
                     humantime::format_duration(interval),
                     humantime::format_duration(d)
                 ),

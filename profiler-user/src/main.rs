@@ -48,7 +48,9 @@ fn main() -> ExitCode {
                 cli::refuse_interval_beyond_duration(interval, args.duration);
             }
         }
-        None => cli::refuse_interval_beyond_duration(cli.interval, cli.duration),
+        // Headless, --interval is only how often the kernel is read: a run
+        // shorter than it still reads at its start and its end.
+        None => {}
     }
     // Without --duration, a terminal gets the TUI (--format is then what its
     // export key writes), so only a timed run could print pprof to it.
