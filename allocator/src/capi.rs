@@ -196,10 +196,7 @@ unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut 
             B::malloc(size)
         }
     };
-    if weight != 0 && !p.is_null() {
-        sampled::unplaced(size, weight);
-    }
-    p
+    sampled::served_by_backend(p, size, weight)
 }
 
 /// realloc where the old block is sampled or the new size's countdown
@@ -223,22 +220,15 @@ unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -
         q
     } else if old_sampled {
         // SAFETY: plain backend allocation.
-        let q = unsafe { B::malloc(size) };
+        let q = sampled::served_by_backend(unsafe { B::malloc(size) }, size, weight);
         if q.is_null() {
             return ptr::null_mut();
-        }
-        if weight != 0 {
-            sampled::unplaced(size, weight);
         }
         q
     } else {
         // Unsampled to unsampled: the backend may resize in place.
         // SAFETY: p came from the backend.
-        let q = unsafe { B::realloc(p, size) };
-        if weight != 0 && !q.is_null() {
-            sampled::unplaced(size, weight);
-        }
-        return q;
+        return sampled::served_by_backend(unsafe { B::realloc(p, size) }, size, weight);
     };
     // SAFETY: p and q are distinct live blocks; p has at least `old` usable
     // bytes and q at least `size`.

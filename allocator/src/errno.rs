@@ -1,4 +1,5 @@
-//! Cheap access to the C `errno` for `free`, which must preserve it.
+//! Cheap access to the C `errno` for `free` and the allocation slow paths,
+//! which must leave it as they found it.
 //!
 //! glibc's `errno` is an initial-exec TLS variable of libc.so, which is
 //! always in the static TLS block: its address is the thread pointer plus
@@ -60,12 +61,7 @@ pub fn preserving<R>(f: impl FnOnce() -> R) -> R {
     // SAFETY: this thread's errno slot, valid for the thread's life.
     let saved = unsafe { *location() };
     let r = f();
-    // Recomputing the address (three instructions, no branch: the offset
-    // is known now) beats keeping it in a callee-saved register across the
-    // call: fewer pushes and pops.
-    let e = thread_pointer().wrapping_add(load_relaxed_direct!(TP_OFFSET => isize));
-    // SAFETY: as above (same thread).
-    unsafe { *(e as *mut i32) = saved };
+    restore(saved);
     r
 }
 
@@ -77,11 +73,20 @@ pub fn preserving_on_success<T>(f: impl FnOnce() -> *mut T) -> *mut T {
     let saved = unsafe { *location() };
     let p = f();
     if !p.is_null() {
-        let e = thread_pointer().wrapping_add(load_relaxed_direct!(TP_OFFSET => isize));
-        // SAFETY: as above (same thread; the offset is known now).
-        unsafe { *(e as *mut i32) = saved };
+        restore(saved);
     }
     p
+}
+
+/// Writes `saved` back to errno once [`location`] has run on this thread.
+/// Recomputing the address (three instructions, no branch: the offset is
+/// known now) beats keeping it in a callee-saved register across the
+/// caller's call: fewer pushes and pops.
+#[inline(always)]
+fn restore(saved: i32) {
+    let e = thread_pointer().wrapping_add(load_relaxed_direct!(TP_OFFSET => isize));
+    // SAFETY: this thread's errno slot (the offset is known: `location` ran).
+    unsafe { *(e as *mut i32) = saved };
 }
 
 #[cfg(test)]

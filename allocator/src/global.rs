@@ -41,12 +41,7 @@ impl<A: GlobalAlloc> SamplingAllocator<A> {
                 self.inner.alloc(layout)
             }
         };
-        // An unplaced sample is announced with a null pointer (counted as
-        // dropped, not lost).
-        if weight != 0 && !p.is_null() {
-            sampled::unplaced(layout.size(), weight);
-        }
-        p
+        sampled::served_by_backend(p, layout.size(), weight)
     }
 
     #[cold]
@@ -72,16 +67,14 @@ impl<A: GlobalAlloc> SamplingAllocator<A> {
             ptr::null_mut()
         };
         if q.is_null() {
-            q = if old_sampled {
+            let served = if old_sampled {
                 // SAFETY: valid non-zero layout.
                 unsafe { self.inner.alloc(new_layout) }
             } else {
                 // SAFETY: p came from inner with `layout`.
                 unsafe { self.inner.realloc(p, layout, new_size) }
             };
-            if weight != 0 && !q.is_null() {
-                sampled::unplaced(new_size, weight);
-            }
+            q = sampled::served_by_backend(served, new_size, weight);
             if q.is_null() || !old_sampled {
                 return q;
             }

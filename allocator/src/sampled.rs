@@ -21,7 +21,7 @@ pub struct Stats {
     /// Selected allocations that could not be placed in the sample region
     /// (region exhausted or unavailable, alignment above 128 MiB, kernel
     /// refused): served by the backend and announced with a null pointer
-    /// (see [`unplaced`]).
+    /// (see [`served_by_backend`]).
     pub unplaced_samples: u64,
     /// Sampled blocks released (free probe fired).
     pub freed: u64,
@@ -41,7 +41,7 @@ pub fn stats() -> Stats {
 
 /// Place a sampled allocation and announce it; null if it cannot be placed
 /// (counted in `unplaced_samples`; the caller allocates it from the backend
-/// and, if that succeeds, calls [`unplaced`]). With `zero` the block's
+/// and passes the result through [`served_by_backend`]). With `zero` the block's
 /// `size` bytes read as zero. errno is preserved (the region's first use
 /// and lazy mode make syscalls that may fail).
 #[inline(never)]
@@ -60,13 +60,22 @@ pub fn place(size: usize, align: usize, weight: u64, zero: bool) -> *mut u8 {
     }
 }
 
-/// A sample [`place`] could not place was served by the backend: announce
+/// The backend served `served` (`size` bytes) where the sampler had chosen
+/// the allocation (`weight` ≠ 0) but [`place`] could not place it: announce
 /// it with pointer 0, so the profiler counts its weight as dropped instead
 /// of losing it silently. (No free probe will follow: the block is not in
-/// the region.)
+/// the region.) Returns `served`.
+#[inline(always)]
+pub fn served_by_backend<T>(served: *mut T, size: usize, weight: u64) -> *mut T {
+    if weight != 0 && !served.is_null() {
+        unplaced(size, weight);
+    }
+    served
+}
+
 #[cold]
 #[inline(never)]
-pub fn unplaced(size: usize, weight: u64) {
+fn unplaced(size: usize, weight: u64) {
     usdt::alloc(0, size, weight);
 }
 

@@ -152,12 +152,7 @@ fn workload() -> Child {
 
 fn workload_with(env: &[(&str, &str)]) -> Child {
     let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
-    let child = Command::new(exe)
-        .envs(env.iter().copied())
-        .env("LD_PRELOAD", common::preload_library())
-        .env("ALLOCPROF_RATE", "64k")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+    let child = common::preloaded(Command::new(exe).envs(env.iter().copied()))
         .spawn()
         .unwrap();
     common::wait_for_mapping(child.id(), "liballocprof.so");
@@ -166,23 +161,12 @@ fn workload_with(env: &[(&str, &str)]) -> Child {
 
 /// Starts allocprof with `args` on the workload and waits until it has attached.
 fn attach(w: &Child, args: &[&str]) -> Child {
-    let mut child = allocprof()
-        .args(["--pid", &w.id().to_string()])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(
-        line.contains("attached"),
-        "allocprof did not attach: {line}"
-    );
-    // Keep draining stderr so allocprof never blocks on it.
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    child
+    common::spawn_attached(
+        allocprof()
+            .args(["--pid", &w.id().to_string()])
+            .args(args)
+            .stdout(Stdio::piped()),
+    )
 }
 
 fn go(w: &mut Child) {

@@ -29,13 +29,7 @@ struct Proc {
 
 impl Proc {
     fn spawn(mut cmd: Command) -> Proc {
-        let mut child = cmd
-            .env("LD_PRELOAD", common::preload_library())
-            .env("ALLOCPROF_RATE", common::RATE.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = common::preloaded(&mut cmd).spawn().unwrap();
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
         Proc {

@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use allocprof::{
     kernel::Limits,
@@ -23,13 +23,7 @@ const SITES: [(&str, u64, u64); 3] = [
 fn huge_and_numerous_live_blocks_within_statistical_bounds() {
     common::require_bpf();
     let exe = common::compile_c("huge_blocks.c", &[]);
-    let mut child = Command::new(exe)
-        .env("LD_PRELOAD", common::preload_library())
-        .env("ALLOCPROF_RATE", common::RATE.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::preloaded(&mut Command::new(exe)).spawn().unwrap();
     let pid = child.id();
     common::wait_for_mapping(pid, "liballocprof.so");
     let mut stdin = child.stdin.take().unwrap();

@@ -7,7 +7,7 @@ mod common;
 
 use std::{
     io::{BufRead, BufReader, Write},
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
 };
 
 const PROCESSES: usize = 50;
@@ -19,33 +19,16 @@ fn fifty_processes_started_at_once_are_all_profiled_from_their_first_allocation(
     let lib = common::preload_library();
     let exe = common::compile_c("burst.c", &[]);
     let out = common::scratch_dir("startup").join(format!("burst-{}.json", std::process::id()));
-    let mut profiler = Command::new(env!("CARGO_BIN_EXE_allocprof"))
-        .args(["-d", "8s", "-f", "json", "-o"])
-        .arg(&out)
-        .arg("--probe-file")
-        .arg(&lib)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(profiler.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    assert!(
-        line.contains("attached"),
-        "allocprof did not attach: {line}"
+    let mut profiler = common::spawn_attached(
+        Command::new(env!("CARGO_BIN_EXE_allocprof"))
+            .args(["-d", "8s", "-f", "json", "-o"])
+            .arg(&out)
+            .arg("--probe-file")
+            .arg(&lib),
     );
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
 
     let mut burst: Vec<Child> = (0..PROCESSES)
-        .map(|_| {
-            Command::new(&exe)
-                .env("LD_PRELOAD", &lib)
-                .env("ALLOCPROF_RATE", common::RATE.to_string())
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+        .map(|_| common::preloaded(&mut Command::new(&exe)).spawn().unwrap())
         .collect();
     for child in &mut burst {
         let mut ready = String::new();

@@ -9,6 +9,7 @@ use inferno::flamegraph::{
 
 use super::{Options, collapsed};
 use crate::{
+    inert::inert,
     profile::Profile,
     stats::{Quantity, human_bytes, human_count},
 };
@@ -59,7 +60,7 @@ fn default_title(profile: &Profile, value: Quantity) -> String {
         .processes
         .iter()
         .take(SHOWN)
-        .map(|p| p.label())
+        .map(|p| inert(&p.label()).into_owned())
         .collect();
     if profile.processes.len() > SHOWN {
         names.push(format!("{} more", profile.processes.len() - SHOWN));

@@ -38,7 +38,10 @@ pub use self::{
     exporter::{Exporter, file_exporter},
     state::{App, AppEvent, AppOptions, Effect},
 };
-use allocprof::session::{Session, Target};
+use allocprof::{
+    inert::inert,
+    session::{Session, Target},
+};
 
 use crate::driver::Driver;
 
@@ -91,7 +94,12 @@ async fn drive(mut session: Session, every: Duration, tx: mpsc::Sender<AppEvent>
         // every beat is a refresh.
         driver.next(&mut session).await;
         let profile = session.refresh().context("reading the kernel's maps")?;
-        let mut events: Vec<AppEvent> = session.warnings.drain(..).map(AppEvent::Warning).collect();
+        // Warnings quote paths and names the targets control.
+        let mut events: Vec<AppEvent> = session
+            .warnings
+            .drain(..)
+            .map(|w| AppEvent::Warning(inert(&w).into_owned()))
+            .collect();
         if !told_gone && !session.targets_alive() {
             told_gone = true;
             events.push(AppEvent::Info(

@@ -162,6 +162,30 @@ pub fn wait_for_mapping(pid: u32, file_name: &str) {
 /// gets samples, large enough to stay cheap.
 pub const RATE: u64 = 64 * 1024;
 
+/// `cmd` as a profiled C workload: under liballocprof.so at [`RATE`], with
+/// stdin and stdout piped for its line protocol.
+pub fn preloaded(cmd: &mut Command) -> &mut Command {
+    cmd.env("LD_PRELOAD", preload_library())
+        .env("ALLOCPROF_RATE", RATE.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+}
+
+/// Spawns allocprof as `cmd` says and returns once it reports it has
+/// attached; the rest of its stderr is drained so it never blocks on it.
+pub fn spawn_attached(cmd: &mut Command) -> Child {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("attached"),
+        "allocprof did not attach: {line}"
+    );
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    child
+}
+
 /// A workload process following the wait/allocate/"ready"/wait protocol.
 pub struct Workload {
     child: Child,
