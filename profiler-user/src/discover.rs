@@ -74,6 +74,20 @@ pub struct FileId {
     pub ino: u64,
 }
 
+impl FileId {
+    pub fn of(meta: &fs::Metadata) -> FileId {
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+
+    /// The identity of the file a path names now.
+    pub fn of_path(path: &Path) -> std::io::Result<FileId> {
+        fs::metadata(path).map(|m| FileId::of(&m))
+    }
+}
+
 /// A file a process maps, opened once and checked against the mapping.
 #[derive(Debug)]
 pub struct OpenFile {
@@ -132,10 +146,7 @@ pub fn probe_file_at(path: &Path) -> std::io::Result<Option<ProbeFile>> {
     if sites.is_empty() {
         return Ok(None);
     }
-    let id = FileId {
-        dev: meta.dev(),
-        ino: meta.ino(),
-    };
+    let id = FileId::of(&meta);
     Ok(Some(ProbeFile {
         file: Arc::new(OpenFile {
             id,

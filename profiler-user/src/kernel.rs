@@ -4,7 +4,6 @@
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
     num::NonZeroU32,
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
@@ -183,16 +182,11 @@ impl Kernel {
         site: &ProbeSite,
         scope: Scope,
     ) -> Result<(), KernelError> {
-        let id = std::fs::metadata(path)
-            .map(|m| FileId {
-                dev: m.dev(),
-                ino: m.ino(),
-            })
-            .map_err(|e| KernelError::Attach {
-                path: path.to_path_buf(),
-                offset: site.file_offset,
-                source: Box::new(e),
-            })?;
+        let id = FileId::of_path(path).map_err(|e| KernelError::Attach {
+            path: path.to_path_buf(),
+            offset: site.file_offset,
+            source: Box::new(e),
+        })?;
         self.attach_as(path, id, path, site, scope)
     }
 

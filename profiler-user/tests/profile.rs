@@ -10,6 +10,7 @@ use std::{
 };
 
 use allocprof::{
+    discover::FileId,
     kernel::Limits,
     profile::{ProcessProfile, ProcessState, Profile},
     session::{Session, Target},
@@ -202,7 +203,7 @@ fn dlopened_library_is_seen() {
         plugin_mallocs.live_bytes
     );
     assert!(
-        session.is_attached_to_file(w.pid(), &plugin),
+        session.is_attached(w.pid(), FileId::of_path(&plugin).unwrap()),
         "the library's own probes are attached"
     );
     w.exit();

@@ -1,0 +1,115 @@
+//! Which probe files are attached, and for whom: system-wide, each file
+//! once for every process; with `--pid`, per process through a live thread.
+
+use std::{path::Path, time::Instant};
+
+use super::{ArmError, KernelPort, ProcessPort, Session, Target};
+use crate::{
+    discover::{self, FileId, ProbeFile},
+    kernel::{KernelError, Scope},
+};
+
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// Attaches to the probe files `pid` maps; returns how many it carries.
+    pub(super) fn scan(&mut self, pid: u32) -> Result<usize, KernelError> {
+        let Ok(scan) = self.processes.scan(pid) else {
+            return Ok(0); // gone already
+        };
+        // Only processes that carry probes can have stacks: only theirs
+        // hold their mapped files open.
+        if !scan.probes.is_empty() {
+            self.spaces.insert(pid, scan.space);
+        }
+        let mut stale = Vec::new();
+        for file in &scan.probes {
+            stale.extend(self.attach(pid, scan.tid, file)?);
+        }
+        // Only now, so that no probe is unattached in between.
+        stale.sort_unstable();
+        stale.dedup();
+        for tid in stale {
+            self.kernel.detach_process(tid);
+        }
+        Ok(scan.probes.iter().filter(|f| !f.sites.is_empty()).count())
+    }
+
+    /// Attaches to a probe file `pid` maps; per process, through its live
+    /// thread `tid` (attached again through another when that one ends: a
+    /// per-process uprobe follows its thread's memory, which an exiting
+    /// main thread leaves behind). Returns the thread attached through
+    /// before, whose attachments the caller detaches.
+    pub(super) fn attach(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        file: &ProbeFile,
+    ) -> Result<Option<u32>, KernelError> {
+        let (scope, replaced) = match self.target {
+            Target::All => {
+                if !self.attached_files.insert(file.id()) {
+                    return Ok(None);
+                }
+                (Scope::AllProcesses, None)
+            }
+            Target::Pids(_) => match self.attached_pid_files.insert((pid, file.id()), tid) {
+                Some(old) if old == tid => return Ok(None),
+                old => (Scope::Process(tid), old),
+            },
+        };
+        self.probe_ids.insert(file.id());
+        if replaced.is_none() {
+            for problem in &file.problems {
+                self.warnings
+                    .push(format!("{}: {problem}", file.file.display.display()));
+            }
+        }
+        for site in &file.sites {
+            self.kernel.attach_file(&file.file, site, scope)?;
+        }
+        Ok(replaced)
+    }
+
+    /// System-wide mode: attaches to the probes of `path` now, so that a
+    /// process that maps it is covered from its first allocation (not from
+    /// the rescan that finds it). Returns whether it carries probes.
+    pub fn arm(&mut self, path: &Path) -> Result<bool, ArmError> {
+        let io = |source| ArmError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        };
+        let Some(file) = discover::probe_file_at(path).map_err(io)? else {
+            return Ok(false);
+        };
+        if self.target == Target::All {
+            self.attach(0, 0, &file)?;
+        }
+        Ok(true)
+    }
+
+    pub(super) fn scan_all(&mut self) {
+        for pid in self.processes.all_pids() {
+            if pid != std::process::id()
+                && let Err(e) = self.scan(pid)
+            {
+                self.warnings.push(format!("process {pid}: {e}"));
+            }
+        }
+        self.last_full_scan = Instant::now();
+    }
+
+    /// Whether the probes of file `id` are attached for `pid`.
+    pub fn is_attached(&self, pid: u32, id: FileId) -> bool {
+        match self.target {
+            Target::All => self.attached_files.contains(&id),
+            Target::Pids(_) => self.attached_pid_files.contains_key(&(pid, id)),
+        }
+    }
+
+    /// Whether every probe-carrying file `pid` maps now is attached for it.
+    pub fn is_attached_to(&mut self, pid: u32) -> bool {
+        let Ok(scan) = self.processes.scan(pid) else {
+            return false;
+        };
+        !scan.probes.is_empty() && scan.probes.iter().all(|f| self.is_attached(pid, f.id()))
+    }
+}

@@ -1,0 +1,245 @@
+//! Exec, exit and dlopen: the kernel's events and periodic rescans decide
+//! when a process image is retired (frozen as it was, its kernel state
+//! freed) and what only it needed is pruned.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Instant,
+};
+
+use profiler_common::{AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcCounters};
+
+use super::{
+    FULL_SCAN_EVERY, Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, Session, Target,
+};
+use crate::{
+    kernel::KernelSnapshot,
+    profile::{ProcessKey, ProcessState},
+    stats::Totals,
+};
+
+/// A process image that is gone, frozen as it was.
+pub(super) struct Frozen {
+    pub key: ProcessKey,
+    pub incarnation: Incarnation,
+    pub name: String,
+    pub rate: u64,
+    pub state: ProcessState,
+    pub proc: ProcCounters,
+    pub stacks: Vec<(u64, Totals)>,
+}
+
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// Handles process exits and execs reported by the kernel, and runs due
+    /// rescans. Call often (every ~50 ms): rescans after exec are time-critical.
+    ///
+    /// The work follows what changed: an exec costs a lookup of the
+    /// process's own kernel entry (most execs system-wide are of processes
+    /// without one) and one series of rescans however often it execs; the
+    /// images that went in one poll are retired together.
+    pub fn poll_events(&mut self) {
+        let now = Instant::now();
+        let mut exited = Vec::new();
+        let mut execed = Vec::new();
+        for event in self.kernel.proc_events() {
+            // Processes outside our pid namespace, or not recognised yet.
+            let Some(pid) = self.pids.local(event.pid) else {
+                continue;
+            };
+            match event.kind {
+                // The kernel reports the main thread's exit; with
+                // pthread_exit the other threads run on (then `track`
+                // notices the real exit).
+                PROC_EVENT_EXIT if !self.processes.alive(pid) => exited.push(pid),
+                PROC_EVENT_EXEC => {
+                    // The kernel bumped its generation if it tracks it.
+                    match self.kernel.process(event.pid) {
+                        Some(state) => execed.push((pid, state.generation)),
+                        // Nothing to freeze; the old image's files go.
+                        None => self.prune(pid, false),
+                    }
+                    self.rescans.insert(pid, (now, 0));
+                }
+                _ => {}
+            }
+        }
+        self.retire(&exited, &execed);
+        let mut due = Vec::new();
+        self.rescans.retain(|pid, (at, next)| {
+            let passed = RESCAN_AFTER_EXEC
+                .iter()
+                .skip(*next)
+                .take_while(|d| *at + **d <= now)
+                .count();
+            if passed > 0 {
+                due.push(*pid);
+                *next += passed;
+            }
+            *next < RESCAN_AFTER_EXEC.len()
+        });
+        due.sort_unstable();
+        for pid in due {
+            self.names.remove(&pid);
+            if let Err(e) = self.scan(pid) {
+                self.warnings.push(format!("process {pid}: {e}"));
+            }
+        }
+    }
+
+    /// Freezes the process images that exited (`exited`) or were replaced by
+    /// exec (`execed`: the pid and its new generation), frees their kernel
+    /// state, and prunes what only they needed. One snapshot per batch, and
+    /// none when no process of it has kernel state; the kernel cleanup
+    /// deletes the images' aggregates by key and walks the live samples only
+    /// if the images still had some.
+    pub(super) fn retire(&mut self, exited: &[u32], execed: &[(u32, u32)]) {
+        // pid → the generations that go: those below this one, or all.
+        let mut gone: HashMap<u32, Option<u32>> = HashMap::new();
+        for (pid, generation) in execed {
+            gone.insert(*pid, Some(*generation));
+        }
+        for pid in exited {
+            gone.insert(*pid, None);
+        }
+        if gone.is_empty() {
+            return;
+        }
+        let tracked = gone.keys().any(|pid| {
+            self.pids
+                .host(*pid)
+                .is_some_and(|host| self.kernel.process(host).is_some())
+        });
+        if tracked && let Ok(snapshot) = self.snapshot() {
+            self.freeze(&snapshot, &gone);
+        }
+        for (pid, below) in gone {
+            self.prune(pid, below.is_none());
+        }
+    }
+
+    /// The freezing half of [`Session::retire`].
+    pub(super) fn freeze(&mut self, snapshot: &KernelSnapshot, gone: &HashMap<u32, Option<u32>>) {
+        let is_gone = |pid: u32, generation: u32| {
+            gone.get(&pid)
+                .is_some_and(|below| below.is_none_or(|g| generation < g))
+        };
+        let mut images: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
+        let mut keys = Vec::new();
+        let mut live_samples = 0;
+        for (key, agg) in &snapshot.aggregates {
+            if is_gone(key.pid, key.generation) {
+                images
+                    .entry(ProcessKey {
+                        pid: key.pid,
+                        generation: key.generation,
+                    })
+                    .or_default()
+                    .push((key.stack_id, Totals::from_agg(agg)));
+                live_samples += agg.live_samples;
+                if let Some(host) = self.pids.host(key.pid) {
+                    keys.push(AggKey { pid: host, ..*key });
+                }
+            }
+        }
+        // Their stacks are normalized now, with the files they mapped; the
+        // requests keep those files open until symbolized.
+        self.request_symbols_where(snapshot, is_gone, false);
+        for (key, stacks) in images {
+            let exited = gone.get(&key.pid).is_some_and(Option::is_none);
+            // Counters are per pid, not per image: an exec'ed image keeps none.
+            let proc = if exited {
+                snapshot
+                    .processes
+                    .get(&key.pid)
+                    .copied()
+                    .unwrap_or_default()
+            } else {
+                ProcCounters::default()
+            };
+            let (name, rate) = self.identity(key.pid);
+            let frozen = Frozen {
+                key,
+                incarnation: self.incarnation(key.pid),
+                name,
+                rate,
+                state: if exited {
+                    ProcessState::Exited
+                } else {
+                    ProcessState::Replaced
+                },
+                proc,
+                stacks,
+            };
+            self.frozen.push(frozen);
+        }
+        let hosts: Vec<(u32, Option<u32>)> = gone
+            .iter()
+            .filter_map(|(pid, below)| Some((self.pids.host(*pid)?, *below)))
+            .collect();
+        self.kernel.forget_images(&hosts, &keys, live_samples > 0);
+    }
+
+    /// Drops what only a retired image needed: its address space (the new
+    /// image of an exec gets its own at the rescan) and name; for an exit,
+    /// also its pid mapping, rescans and per-process attachments.
+    pub(super) fn prune(&mut self, pid: u32, exited: bool) {
+        self.spaces.remove(&pid);
+        self.names.remove(&pid);
+        if !exited {
+            return;
+        }
+        self.pids.remove_local(pid);
+        self.rescans.remove(&pid);
+        // A process that reuses the pid is another incarnation.
+        self.incarnations.remove(&pid);
+        let mut tids = Vec::new();
+        self.attached_pid_files.retain(|(p, _), tid| {
+            if *p == pid {
+                tids.push(*tid);
+            }
+            *p != pid
+        });
+        tids.sort_unstable();
+        tids.dedup();
+        for tid in tids {
+            self.kernel.detach_process(tid);
+        }
+    }
+
+    /// Keeps the address spaces of tracked processes current and picks up
+    /// libraries they dlopen'ed.
+    pub(super) fn track(&mut self, snapshot: &KernelSnapshot) {
+        let mut pids: Vec<u32> = snapshot.processes.keys().copied().collect();
+        if let Target::Pids(targets) = &self.target {
+            pids.extend(targets);
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        let mut dead = Vec::new();
+        for pid in pids {
+            if self.processes.alive(pid) {
+                if let Err(e) = self.scan(pid) {
+                    self.warnings.push(format!("process {pid}: {e}"));
+                }
+            } else if snapshot.processes.contains_key(&pid) {
+                // Its exit event was lost (full ring buffer) or it died
+                // before we attached its exit: clean up all the same.
+                dead.push(pid);
+            }
+        }
+        // Processes scanned but never sampled have no kernel state (and no
+        // exit event): what we hold for them goes when they do.
+        dead.extend(
+            self.spaces
+                .keys()
+                .filter(|pid| !snapshot.processes.contains_key(pid))
+                .filter(|pid| !self.processes.alive(**pid))
+                .copied()
+                .collect::<Vec<_>>(),
+        );
+        self.retire(&dead, &[]);
+        if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {
+            self.scan_all();
+        }
+    }
+}

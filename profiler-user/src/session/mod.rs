@@ -1,0 +1,241 @@
+//! A profiling session: attach to the targets, follow processes as they
+//! exec, exit and dlopen, and turn the kernel's maps into a [`Profile`].
+//! Everything here is synchronous; the binary drives it from its event loop.
+//!
+//! This is the one place where a process's life is tracked. The session
+//! reads and changes the world only through [`KernelPort`] and
+//! [`ProcessPort`] (`ports.rs`), so its bookkeeping is unit-tested with
+//! fakes (`tests.rs`). By concern:
+//! - `attach.rs`: which probe files are attached, for whom;
+//! - `lifecycle.rs`: exec, exit and dlopen: retiring images (frozen as
+//!   they were), pruning what only they needed, rescans;
+//! - `namespace.rs`: the kernel's host pids turned into ours;
+//! - `symbols.rs`: stacks to the symbolizer and back, per process
+//!   incarnation (a reused pid never gets another process's names);
+//! - `profile.rs`: the [`Profile`] of live and frozen images.
+
+mod attach;
+mod lifecycle;
+mod namespace;
+mod ports;
+mod profile;
+mod symbols;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use thiserror::Error;
+
+use self::lifecycle::Frozen;
+pub use self::ports::{KernelPort, ProcessPort, Procfs};
+use crate::{
+    discover::FileId,
+    kernel::{Kernel, KernelError, Limits},
+    normalize::AddressSpace,
+    pidns::PidMap,
+    profile::Profile,
+    symbolize::{Frame, SymbolizerThread},
+};
+
+/// After an exec, the dynamic loader maps LD_PRELOAD libraries within
+/// milliseconds; look again a few times before relying on the periodic scan.
+const RESCAN_AFTER_EXEC: [Duration; 4] = [
+    Duration::from_millis(0),
+    Duration::from_millis(30),
+    Duration::from_millis(200),
+    Duration::from_secs(1),
+];
+/// System-wide, every process is rescanned this often (for dlopen).
+const FULL_SCAN_EVERY: Duration = Duration::from_secs(5);
+
+/// Which processes to profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// These processes only.
+    Pids(Vec<u32>),
+    /// Every process that carries the probes, now or later.
+    All,
+}
+
+#[derive(Debug, Error)]
+pub enum ArmError {
+    #[error("cannot read the probe file {path}: {source}")]
+    Unreadable {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("no process with pid {0}")]
+    NoSuchProcess(u32),
+    #[error(
+        "process {pid} ({name}) has no otel_memory probes: start it with \
+         LD_PRELOAD=/path/to/liballocprof.so, or build it with the allocprof Rust global \
+         allocator (allocator::SamplingAllocator)"
+    )]
+    NoProbes { pid: u32, name: String },
+    #[error("process {pid} carries otel_memory probes, but none can be attached: {problems}")]
+    UnusableProbes { pid: u32, problems: String },
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+/// A process image that is gone, frozen as it was.
+/// Which process incarnation a stack belongs to: a pid, once reused, is
+/// another process whose stack ids may coincide with the old one's.
+type Incarnation = u64;
+
+pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
+    kernel: K,
+    processes: P,
+    target: Target,
+    /// Files attached for all processes (system-wide).
+    attached_files: HashSet<FileId>,
+    /// Files attached per process (`--pid`), with the live thread the
+    /// attachment follows.
+    attached_pid_files: HashMap<(u32, FileId), u32>,
+    spaces: HashMap<u32, AddressSpace>,
+    /// Host pids (the kernel's) ↔ ours; all pids outside `kernel` are ours.
+    pids: PidMap,
+    /// The files whose probes are attached (to recognise host pids).
+    probe_ids: HashSet<FileId>,
+    /// Host pids whose process could not be told apart (warned once).
+    ambiguous: HashSet<u32>,
+    /// Name and sampling rate of live processes, read once.
+    names: HashMap<u32, (String, u64)>,
+    incarnations: HashMap<u32, Incarnation>,
+    next_incarnation: Incarnation,
+    symbols: HashMap<(Incarnation, u64), Arc<[Frame]>>,
+    pending: HashSet<(Incarnation, u64)>,
+    symbolizer: SymbolizerThread<(Incarnation, u64)>,
+    frozen: Vec<Frozen>,
+    /// Processes that exec'ed: when, and the next of `RESCAN_AFTER_EXEC`.
+    rescans: HashMap<u32, (Instant, usize)>,
+    last_full_scan: Instant,
+    started: Instant,
+    /// Problems found while attaching (shown once, e.g. unparsable notes).
+    pub warnings: Vec<String>,
+}
+
+impl Session {
+    /// Loads the kernel programs and attaches to the targets.
+    pub fn start(target: Target, limits: Limits) -> Result<Session, StartError> {
+        let processes = Procfs::default();
+        if let Target::Pids(pids) = &target {
+            for &pid in pids {
+                if !processes.alive(pid) {
+                    return Err(StartError::NoSuchProcess(pid));
+                }
+            }
+        }
+        let kernel = Kernel::load(limits, target == Target::All)?;
+        Session::with_ports(kernel, processes, PidMap::detect(), target)
+    }
+}
+
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// A session over given ports: attaches to the targets' probes now.
+    pub fn with_ports(
+        kernel: K,
+        processes: P,
+        pids: PidMap,
+        target: Target,
+    ) -> Result<Self, StartError> {
+        let mut session = Session {
+            kernel,
+            processes,
+            target: target.clone(),
+            attached_files: HashSet::new(),
+            attached_pid_files: HashMap::new(),
+            spaces: HashMap::new(),
+            pids,
+            probe_ids: HashSet::new(),
+            ambiguous: HashSet::new(),
+            names: HashMap::new(),
+            incarnations: HashMap::new(),
+            next_incarnation: 0,
+            symbols: HashMap::new(),
+            pending: HashSet::new(),
+            symbolizer: SymbolizerThread::spawn(),
+            frozen: Vec::new(),
+            rescans: HashMap::new(),
+            last_full_scan: Instant::now(),
+            started: Instant::now(),
+            warnings: Vec::new(),
+        };
+        match target {
+            Target::Pids(pids) => {
+                for pid in pids {
+                    let attached = session.scan(pid)?;
+                    if attached == 0 {
+                        let name = session.processes.name(pid).unwrap_or_default();
+                        let problems = session.warnings.join("; ");
+                        return Err(if problems.is_empty() {
+                            StartError::NoProbes { pid, name }
+                        } else {
+                            StartError::UnusableProbes { pid, problems }
+                        });
+                    }
+                }
+            }
+            Target::All => session.scan_all(),
+        }
+        Ok(session)
+    }
+
+    /// Reads the kernel's maps and builds the current profile.
+    pub fn refresh(&mut self) -> Result<Profile, KernelError> {
+        self.poll_events();
+        let snapshot = self.snapshot()?;
+        self.track(&snapshot);
+        self.request_symbols(&snapshot);
+        self.collect_symbols();
+        Ok(self.build(&snapshot))
+    }
+
+    /// The profile as of now with every stack symbolized: for a final
+    /// report or a snapshot (waits for the symbolization thread).
+    pub fn complete_profile(&mut self) -> Result<Profile, KernelError> {
+        self.refresh()?;
+        self.finish_symbols();
+        self.refresh()
+    }
+
+    /// In `--pid` mode: whether any target still runs.
+    pub fn targets_alive(&self) -> bool {
+        match &self.target {
+            Target::Pids(pids) => pids.iter().any(|&p| self.processes.alive(p)),
+            Target::All => true,
+        }
+    }
+
+    /// Number of attached probe sites.
+    pub fn attachments(&self) -> usize {
+        self.kernel.attachments()
+    }
+
+    /// How many process address spaces (and so their open files) are held.
+    pub fn held_address_spaces(&self) -> usize {
+        self.spaces.len()
+    }
+}
+
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// Whether the kernel holds state for `pid`.
+    pub fn kernel_tracks(&self, pid: u32) -> bool {
+        let Some(host) = self.pids.host(pid) else {
+            return false;
+        };
+        self.kernel.process(host).is_some()
+    }
+}

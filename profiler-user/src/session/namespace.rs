@@ -1,0 +1,96 @@
+//! The kernel reports host pids; everything past the snapshot uses the pids
+//! of allocprof's own namespace (see `pidns`).
+
+use std::collections::BTreeMap;
+
+use profiler_common::NO_STACK;
+
+use super::{KernelPort, ProcessPort, Session};
+use crate::{
+    kernel::{KernelError, KernelSnapshot},
+    pidns::{Correlation, correlate},
+};
+
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// The kernel's maps, with host pids turned into ours; processes we
+    /// cannot see (outside our pid namespace) or not recognised yet are left
+    /// out.
+    pub(super) fn snapshot(&mut self) -> Result<KernelSnapshot, KernelError> {
+        let mut snapshot = self.kernel.snapshot()?;
+        if self.pids.is_identity() {
+            return Ok(snapshot);
+        }
+        self.recognise(&snapshot);
+        let pids = &self.pids;
+        snapshot
+            .aggregates
+            .retain_mut(|(key, _)| match pids.local(key.pid) {
+                Some(local) => {
+                    key.pid = local;
+                    true
+                }
+                None => false,
+            });
+        snapshot.processes = std::mem::take(&mut snapshot.processes)
+            .into_iter()
+            .filter_map(|(host, state)| Some((pids.local(host)?, state)))
+            .collect();
+        Ok(snapshot)
+    }
+
+    /// Learns the host pids of the snapshot that are not mapped yet, by the
+    /// probe sites their stacks start at (see `pidns`).
+    pub(super) fn recognise(&mut self, snapshot: &KernelSnapshot) {
+        let mut first_frames: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for (key, _) in &snapshot.aggregates {
+            if key.stack_id == NO_STACK || self.pids.local(key.pid).is_some() {
+                continue;
+            }
+            let frames = first_frames.entry(key.pid).or_default();
+            if frames.len() < 8
+                && let Some(first) = self
+                    .kernel
+                    .stack(key.stack_id)
+                    .and_then(|s| s.first().copied())
+            {
+                frames.push(first);
+            }
+        }
+        let mut matches: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (host, addresses) in first_frames {
+            let candidates = self
+                .spaces
+                .iter()
+                .filter(|(local, _)| !self.pids.is_mapped(**local))
+                .map(|(local, space)| (*local, space));
+            match correlate(&addresses, candidates, |id| self.probe_ids.contains(&id)) {
+                Correlation::Unique(local) => matches.entry(local).or_default().push(host),
+                Correlation::Ambiguous(locals) => {
+                    self.warn_ambiguous(host, &format!("processes {locals:?}"));
+                }
+                Correlation::None => {}
+            }
+        }
+        // Both ways: two host pids that look like one of ours (a process
+        // outside our namespace with the same layout) are not told apart.
+        for (local, hosts) in matches {
+            match hosts.as_slice() {
+                [host] => self.pids.insert(*host, local),
+                _ => {
+                    for host in hosts {
+                        self.warn_ambiguous(host, &format!("process {local}"));
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn warn_ambiguous(&mut self, host: u32, which: &str) {
+        if self.ambiguous.insert(host) {
+            self.warnings.push(format!(
+                "cannot tell whether the kernel's pid {host} is {which} (the same \
+                 address-space layout); its samples are left out"
+            ));
+        }
+    }
+}

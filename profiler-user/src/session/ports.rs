@@ -1,0 +1,129 @@
+//! What a session reads and changes outside itself, as two small traits:
+//! the kernel side ([`KernelPort`], implemented by [`Kernel`]) and the
+//! processes it follows ([`ProcessPort`], implemented by [`Procfs`]). The
+//! session's bookkeeping is written against these, so it is unit-tested
+//! with fakes, without root (see `session/tests.rs`).
+
+use profiler_common::{AggKey, ProcCounters, ProcEvent};
+
+use crate::{
+    discover::{self, OpenFile, ProbeSite, Scan, Scanner},
+    kernel::{Kernel, KernelError, KernelSnapshot, Scope},
+};
+
+/// The kernel programs and maps, as the session uses them. Pids here are
+/// the kernel's (host) pids.
+pub trait KernelPort {
+    /// Attaches to a probe site of an open file (attaching twice is a no-op).
+    fn attach_file(
+        &mut self,
+        file: &OpenFile,
+        site: &ProbeSite,
+        scope: Scope,
+    ) -> Result<(), KernelError>;
+    /// Detaches every probe attached for thread `tid` alone.
+    fn detach_process(&mut self, tid: u32);
+    /// Number of attached probe sites.
+    fn attachments(&self) -> usize;
+    /// Process exit/exec events reported since the last call.
+    fn proc_events(&mut self) -> Vec<ProcEvent>;
+    /// One process's counters (a lookup, no snapshot).
+    fn process(&self, pid: u32) -> Option<ProcCounters>;
+    /// A copy of the aggregates, per-process counters and drops.
+    fn snapshot(&self) -> Result<KernelSnapshot, KernelError>;
+    /// A stack's frames, innermost first.
+    fn stack(&self, id: u64) -> Option<Vec<u64>>;
+    /// Deletes the kernel state of retired images (see [`Kernel::forget_images`]).
+    fn forget_images(
+        &mut self,
+        gone: &[(u32, Option<u32>)],
+        aggregates: &[AggKey],
+        live_samples: bool,
+    ) -> usize;
+}
+
+/// The processes a session follows, as `/proc` shows them. Pids here are
+/// those of allocprof's own pid namespace.
+pub trait ProcessPort {
+    fn alive(&self, pid: u32) -> bool;
+    /// What `pid` maps: its probe files, its address space, a live thread.
+    /// `Err` when it is gone.
+    fn scan(&mut self, pid: u32) -> std::io::Result<Scan>;
+    fn name(&self, pid: u32) -> Option<String>;
+    /// The sampling rate it runs with.
+    fn sampling_rate(&self, pid: u32) -> u64;
+    fn all_pids(&self) -> Vec<u32>;
+}
+
+impl KernelPort for Kernel {
+    fn attach_file(
+        &mut self,
+        file: &OpenFile,
+        site: &ProbeSite,
+        scope: Scope,
+    ) -> Result<(), KernelError> {
+        Kernel::attach_file(self, file, site, scope)
+    }
+
+    fn detach_process(&mut self, tid: u32) {
+        Kernel::detach_process(self, tid);
+    }
+
+    fn attachments(&self) -> usize {
+        Kernel::attachments(self)
+    }
+
+    fn proc_events(&mut self) -> Vec<ProcEvent> {
+        Kernel::proc_events(self)
+    }
+
+    fn process(&self, pid: u32) -> Option<ProcCounters> {
+        Kernel::process(self, pid)
+    }
+
+    fn snapshot(&self) -> Result<KernelSnapshot, KernelError> {
+        Kernel::snapshot(self)
+    }
+
+    fn stack(&self, id: u64) -> Option<Vec<u64>> {
+        Kernel::stack(self, id)
+    }
+
+    fn forget_images(
+        &mut self,
+        gone: &[(u32, Option<u32>)],
+        aggregates: &[AggKey],
+        live_samples: bool,
+    ) -> usize {
+        Kernel::forget_images(self, gone, aggregates, live_samples)
+    }
+}
+
+/// The real processes, through `/proc` (discovery's [`Scanner`] caches
+/// which files carry probes).
+#[derive(Default)]
+pub struct Procfs {
+    scanner: Scanner,
+}
+
+impl ProcessPort for Procfs {
+    fn alive(&self, pid: u32) -> bool {
+        discover::process_alive(pid)
+    }
+
+    fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
+        self.scanner.scan(pid)
+    }
+
+    fn name(&self, pid: u32) -> Option<String> {
+        discover::process_name(pid)
+    }
+
+    fn sampling_rate(&self, pid: u32) -> u64 {
+        discover::sampling_rate(pid)
+    }
+
+    fn all_pids(&self) -> Vec<u32> {
+        discover::all_pids()
+    }
+}

@@ -1,0 +1,98 @@
+//! Stacks to the symbolizer and back. A stack is requested once per process
+//! incarnation, normalized against the address space of the process that
+//! took it; while a live process's maps are not known yet its stacks wait
+//! (a stack normalized without them would stay unknown for good).
+
+use std::sync::Arc;
+
+use profiler_common::NO_STACK;
+
+use super::{Incarnation, KernelPort, ProcessPort, Session};
+use crate::{
+    kernel::KernelSnapshot,
+    symbolize::{Frame, Request},
+};
+
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// The incarnation of the process that has `pid` now.
+    pub(super) fn incarnation(&mut self, pid: u32) -> Incarnation {
+        let next = &mut self.next_incarnation;
+        *self.incarnations.entry(pid).or_insert_with(|| {
+            *next += 1;
+            *next
+        })
+    }
+
+    /// Requests the stacks of live images whose maps are known.
+    pub(super) fn request_symbols(&mut self, snapshot: &KernelSnapshot) {
+        self.request_symbols_where(snapshot, |_, _| true, true);
+    }
+
+    /// Requests the stacks of the images `wanted(pid, generation)` selects.
+    /// With `wait_for_maps`, those of a process whose address space is not
+    /// known yet are left for a later call; without it (images being
+    /// retired: their maps will never be known better), they go as they are.
+    pub(super) fn request_symbols_where(
+        &mut self,
+        snapshot: &KernelSnapshot,
+        wanted: impl Fn(u32, u32) -> bool,
+        wait_for_maps: bool,
+    ) {
+        let mut batch = Vec::new();
+        for (key, _) in &snapshot.aggregates {
+            if key.stack_id == NO_STACK || !wanted(key.pid, key.generation) {
+                continue;
+            }
+            let space = self.spaces.get(&key.pid);
+            if space.is_none() && wait_for_maps {
+                continue;
+            }
+            let id = (self.incarnation(key.pid), key.stack_id);
+            if self.symbols.contains_key(&id) || self.pending.contains(&id) {
+                continue;
+            }
+            let Some(addrs) = self.kernel.stack(key.stack_id) else {
+                continue;
+            };
+            let space = self.spaces.get(&key.pid);
+            let frames = addrs
+                .into_iter()
+                .map(|a| (a, space.and_then(|s| s.normalize(a))))
+                .collect();
+            self.pending.insert(id);
+            batch.push(Request { key: id, frames });
+        }
+        self.symbolizer.submit(batch);
+    }
+
+    /// Takes in what the symbolizer has finished.
+    pub(super) fn collect_symbols(&mut self) {
+        for response in self.symbolizer.ready() {
+            self.pending.remove(&response.key);
+            self.symbols.insert(response.key, response.frames.into());
+        }
+    }
+
+    /// Waits for every requested stack to be symbolized.
+    pub fn finish_symbols(&mut self) {
+        for response in self.symbolizer.wait(self.pending.len()) {
+            self.pending.remove(&response.key);
+            self.symbols.insert(response.key, response.frames.into());
+        }
+    }
+
+    /// The frames of a stack of an incarnation, or a placeholder saying why not.
+    pub(super) fn frames(&self, incarnation: Incarnation, stack_id: u64) -> Arc<[Frame]> {
+        if stack_id == NO_STACK {
+            return placeholder("[stack unavailable]");
+        }
+        match self.symbols.get(&(incarnation, stack_id)) {
+            Some(frames) => frames.clone(),
+            None => placeholder(&format!("[stack {stack_id:016x}, not yet symbolized]")),
+        }
+    }
+}
+
+fn placeholder(text: &str) -> Arc<[Frame]> {
+    Arc::from(vec![Frame::named(text)])
+}

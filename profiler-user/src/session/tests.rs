@@ -1,0 +1,536 @@
+//! The session's bookkeeping against a fake kernel and fake processes: exec,
+//! exit, pid reuse, dlopen, a stack seen before its process's maps, drops.
+//! Stacks are addresses of functions of this test binary, and every fake
+//! process has this process's real address space, so symbolization is real.
+
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, HashMap},
+    fs::File,
+    rc::Rc,
+    sync::Arc,
+};
+
+use profiler_common::{
+    AggKey, DROP_REASONS, DropReason, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcCounters, ProcEvent,
+    SampleDelta, StackAgg, UsdtSpec,
+};
+
+use super::{KernelPort, ProcessPort, Session, Target};
+use crate::{
+    discover::{FileId, OpenFile, ProbeFile, ProbeKind, ProbeSite, Scan, Scanner},
+    kernel::{KernelError, KernelSnapshot, Scope},
+    pidns::PidMap,
+    profile::{ProcessProfile, ProcessState, Profile},
+};
+
+const RATE: u64 = 512 * 1024;
+
+#[inline(never)]
+fn alpha_site() -> u64 {
+    std::hint::black_box(1)
+}
+
+#[inline(never)]
+fn beta_site() -> u64 {
+    std::hint::black_box(2)
+}
+
+/// An address inside a function of this binary (past its first byte, as a
+/// return address would be).
+fn address_in(f: fn() -> u64) -> u64 {
+    f as usize as u64 + 1
+}
+
+/// The kernel side as the session sees it: aggregates, counters, stacks and
+/// events the test sets, and what the session did to it.
+#[derive(Default)]
+struct KernelState {
+    aggregates: HashMap<AggKey, StackAgg>,
+    procs: BTreeMap<u32, ProcCounters>,
+    stacks: HashMap<u64, Vec<u64>>,
+    drops: [u64; DROP_REASONS],
+    events: Vec<ProcEvent>,
+    attached: Vec<(FileId, Scope)>,
+    detached: Vec<u32>,
+}
+
+#[derive(Clone)]
+struct FakeProcess {
+    name: String,
+    /// Whether `/proc/PID/maps` can be read yet.
+    maps_readable: bool,
+    probe_files: Vec<FileId>,
+}
+
+#[derive(Default)]
+struct WorldState {
+    kernel: KernelState,
+    processes: BTreeMap<u32, FakeProcess>,
+    scans: Vec<u32>,
+}
+
+/// One world both fakes share, so a test drives it after the session took
+/// the ports.
+#[derive(Clone, Default)]
+struct World(Rc<RefCell<WorldState>>);
+
+struct FakeKernel(World);
+
+struct FakeProcesses {
+    world: World,
+    /// Our own process: the address space every fake process has.
+    scanner: Scanner,
+    open: HashMap<FileId, Arc<ProbeFile>>,
+}
+
+impl World {
+    fn spawn(&self, pid: u32, name: &str) {
+        self.0.borrow_mut().processes.insert(
+            pid,
+            FakeProcess {
+                name: name.into(),
+                maps_readable: true,
+                probe_files: vec![probe_file_id(1)],
+            },
+        );
+    }
+
+    fn process(&self, pid: u32) -> std::cell::RefMut<'_, FakeProcess> {
+        std::cell::RefMut::map(self.0.borrow_mut(), |w| {
+            w.processes.get_mut(&pid).expect("a spawned process")
+        })
+    }
+
+    /// One sampled allocation of `size` bytes in `pid`'s current image, on
+    /// the stack `stack_id` (whose frames the kernel holds).
+    fn sample(&self, pid: u32, stack_id: u64, frames: &[u64], size: u64) {
+        let mut w = self.0.borrow_mut();
+        let k = &mut w.kernel;
+        k.stacks.insert(stack_id, frames.to_vec());
+        let proc = k.procs.entry(pid).or_default();
+        proc.alloc_events += 1;
+        proc.live_samples += 1;
+        let key = AggKey {
+            pid,
+            generation: proc.generation,
+            stack_id,
+        };
+        let weight = size.max(RATE);
+        let delta = SampleDelta::of(size, weight);
+        let agg = k.aggregates.entry(key).or_default();
+        agg.live_bytes += delta.bytes;
+        agg.alloc_bytes += delta.bytes;
+        agg.live_samples += 1;
+        agg.alloc_samples += 1;
+    }
+
+    fn exec(&self, pid: u32, new_name: &str) {
+        let mut w = self.0.borrow_mut();
+        if let Some(p) = w.kernel.procs.get_mut(&pid) {
+            p.generation += 1;
+        }
+        w.kernel.events.push(ProcEvent {
+            pid,
+            kind: PROC_EVENT_EXEC,
+        });
+        w.processes.get_mut(&pid).unwrap().name = new_name.into();
+    }
+
+    fn exit(&self, pid: u32) {
+        let mut w = self.0.borrow_mut();
+        w.processes.remove(&pid);
+        w.kernel.events.push(ProcEvent {
+            pid,
+            kind: PROC_EVENT_EXIT,
+        });
+    }
+
+    fn kernel(&self) -> std::cell::Ref<'_, KernelState> {
+        std::cell::Ref::map(self.0.borrow(), |w| &w.kernel)
+    }
+
+    fn scans_of(&self, pid: u32) -> usize {
+        self.0.borrow().scans.iter().filter(|&&p| p == pid).count()
+    }
+}
+
+fn probe_file_id(n: u64) -> FileId {
+    FileId {
+        dev: 0xfa4e,
+        ino: n,
+    }
+}
+
+impl KernelPort for FakeKernel {
+    fn attach_file(
+        &mut self,
+        file: &OpenFile,
+        _site: &ProbeSite,
+        scope: Scope,
+    ) -> Result<(), KernelError> {
+        let mut w = self.0.0.borrow_mut();
+        if !w.kernel.attached.contains(&(file.id, scope)) {
+            w.kernel.attached.push((file.id, scope));
+        }
+        Ok(())
+    }
+
+    fn detach_process(&mut self, tid: u32) {
+        let mut w = self.0.0.borrow_mut();
+        w.kernel.attached.retain(|(_, s)| *s != Scope::Process(tid));
+        w.kernel.detached.push(tid);
+    }
+
+    fn attachments(&self) -> usize {
+        self.0.kernel().attached.len()
+    }
+
+    fn proc_events(&mut self) -> Vec<ProcEvent> {
+        std::mem::take(&mut self.0.0.borrow_mut().kernel.events)
+    }
+
+    fn process(&self, pid: u32) -> Option<ProcCounters> {
+        self.0.kernel().procs.get(&pid).copied()
+    }
+
+    fn snapshot(&self) -> Result<KernelSnapshot, KernelError> {
+        let k = self.0.kernel();
+        Ok(KernelSnapshot {
+            aggregates: k.aggregates.iter().map(|(k, v)| (*k, *v)).collect(),
+            processes: k.procs.clone(),
+            drops: k.drops,
+        })
+    }
+
+    fn stack(&self, id: u64) -> Option<Vec<u64>> {
+        self.0.kernel().stacks.get(&id).cloned()
+    }
+
+    fn forget_images(
+        &mut self,
+        gone: &[(u32, Option<u32>)],
+        aggregates: &[AggKey],
+        _live_samples: bool,
+    ) -> usize {
+        let mut w = self.0.0.borrow_mut();
+        for key in aggregates {
+            w.kernel.aggregates.remove(key);
+        }
+        for (pid, below) in gone {
+            if below.is_none() {
+                w.kernel.procs.remove(pid);
+            }
+        }
+        0
+    }
+}
+
+impl ProcessPort for FakeProcesses {
+    fn alive(&self, pid: u32) -> bool {
+        self.world.0.borrow().processes.contains_key(&pid)
+    }
+
+    fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
+        self.world.0.borrow_mut().scans.push(pid);
+        let process = self.world.0.borrow().processes.get(&pid).cloned();
+        let process = process.ok_or(std::io::ErrorKind::NotFound)?;
+        if !process.maps_readable {
+            return Err(std::io::ErrorKind::PermissionDenied.into());
+        }
+        let own = self.scanner.scan(std::process::id())?;
+        let probes = process
+            .probe_files
+            .iter()
+            .map(|id| {
+                self.open
+                    .entry(*id)
+                    .or_insert_with(|| fake_probe_file(*id))
+                    .clone()
+            })
+            .collect();
+        Ok(Scan {
+            tid: pid,
+            probes,
+            space: own.space,
+        })
+    }
+
+    fn name(&self, pid: u32) -> Option<String> {
+        Some(self.world.0.borrow().processes.get(&pid)?.name.clone())
+    }
+
+    fn sampling_rate(&self, _pid: u32) -> u64 {
+        RATE
+    }
+
+    fn all_pids(&self) -> Vec<u32> {
+        self.world.0.borrow().processes.keys().copied().collect()
+    }
+}
+
+fn fake_probe_file(id: FileId) -> Arc<ProbeFile> {
+    let site = |kind| ProbeSite {
+        kind,
+        file_offset: 0x1000,
+        spec: UsdtSpec::default(),
+    };
+    Arc::new(ProbeFile {
+        file: Arc::new(OpenFile {
+            id,
+            file: File::open("/proc/self/exe").unwrap(),
+            display: format!("/fake/liballocprof-{}.so", id.ino).into(),
+        }),
+        sites: vec![site(ProbeKind::Alloc), site(ProbeKind::Free)],
+        problems: Vec::new(),
+    })
+}
+
+fn session(world: &World, target: Target) -> Session<FakeKernel, FakeProcesses> {
+    let processes = FakeProcesses {
+        world: world.clone(),
+        scanner: Scanner::default(),
+        open: HashMap::new(),
+    };
+    Session::with_ports(
+        FakeKernel(world.clone()),
+        processes,
+        PidMap::identity(),
+        target,
+    )
+    .unwrap()
+}
+
+fn images(profile: &Profile, pid: u32) -> Vec<&ProcessProfile> {
+    profile
+        .processes
+        .iter()
+        .filter(|p| p.key.pid == pid)
+        .collect()
+}
+
+fn only_image(profile: &Profile, pid: u32, state: ProcessState) -> &ProcessProfile {
+    let matching: Vec<_> = images(profile, pid)
+        .into_iter()
+        .filter(|p| p.state == state)
+        .collect();
+    assert_eq!(
+        matching.len(),
+        1,
+        "one {state:?} image of {pid} in {profile:#?}"
+    );
+    matching[0]
+}
+
+fn functions(p: &ProcessProfile) -> Vec<String> {
+    p.stacks
+        .iter()
+        .flat_map(|s| s.frames.iter().map(|f| f.function.clone()))
+        .collect()
+}
+
+fn has_function(p: &ProcessProfile, name: &str) -> bool {
+    functions(p).iter().any(|f| f.contains(name))
+}
+
+#[test]
+fn an_exit_freezes_the_image_and_frees_its_kernel_state() {
+    let world = World::default();
+    world.spawn(100, "worker");
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 4 << 20);
+    let before = s.complete_profile().unwrap();
+    let live = only_image(&before, 100, ProcessState::Live);
+    assert!(has_function(live, "alpha_site"), "{:?}", functions(live));
+    assert_eq!(s.held_address_spaces(), 1);
+
+    world.exit(100);
+    let after = s.complete_profile().unwrap();
+    let exited = only_image(&after, 100, ProcessState::Exited);
+    assert_eq!(exited.totals.live_bytes, live.totals.live_bytes);
+    assert_eq!(exited.alloc_events, 1, "counters frozen at exit");
+    assert_eq!(exited.name, "worker");
+    assert!(has_function(exited, "alpha_site"));
+    assert_eq!(images(&after, 100).len(), 1);
+    let kernel = world.kernel();
+    assert!(kernel.aggregates.is_empty(), "aggregates forgotten");
+    assert!(kernel.procs.is_empty(), "counters forgotten");
+    drop(kernel);
+    assert_eq!(s.held_address_spaces(), 0, "its address space pruned");
+}
+
+#[test]
+fn an_exec_keeps_the_old_image_apart_and_rescans_the_new_one() {
+    let world = World::default();
+    world.spawn(100, "sh");
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    s.complete_profile().unwrap();
+    let scans = world.scans_of(100);
+
+    world.exec(100, "server");
+    world.sample(100, 8, &[address_in(beta_site)], 3 << 20);
+    let p = s.complete_profile().unwrap();
+    assert!(world.scans_of(100) > scans, "rescanned after exec");
+    let old = only_image(&p, 100, ProcessState::Replaced);
+    let new = only_image(&p, 100, ProcessState::Live);
+    assert_eq!((old.key.generation, new.key.generation), (0, 1));
+    assert_eq!((old.name.as_str(), new.name.as_str()), ("sh", "server"));
+    assert!(has_function(old, "alpha_site") && !has_function(old, "beta_site"));
+    assert!(has_function(new, "beta_site") && !has_function(new, "alpha_site"));
+    assert!(new.totals.live_bytes > old.totals.live_bytes);
+    let kernel = world.kernel();
+    assert!(
+        kernel.aggregates.keys().all(|k| k.generation == 1),
+        "only the old image's aggregates are forgotten"
+    );
+    assert!(
+        kernel.procs.contains_key(&100),
+        "the process keeps its counters"
+    );
+}
+
+#[test]
+fn a_reused_pid_is_another_process_with_its_own_figures_and_names() {
+    let world = World::default();
+    world.spawn(100, "first");
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    s.complete_profile().unwrap();
+    world.exit(100);
+    s.complete_profile().unwrap();
+
+    // Another process gets pid 100, and a stack id the first one used:
+    // ids are per (pid, generation), which the new process starts over.
+    world.spawn(100, "second");
+    world.sample(100, 7, &[address_in(beta_site)], 8 << 20);
+    world.sample(100, 7, &[address_in(beta_site)], 8 << 20);
+    let p = s.complete_profile().unwrap();
+    let first = only_image(&p, 100, ProcessState::Exited);
+    let second = only_image(&p, 100, ProcessState::Live);
+    assert_eq!(
+        (first.name.as_str(), second.name.as_str()),
+        ("first", "second")
+    );
+    assert!(has_function(first, "alpha_site") && !has_function(first, "beta_site"));
+    assert!(
+        has_function(second, "beta_site") && !has_function(second, "alpha_site"),
+        "the new process's stack is symbolized for it: {:?}",
+        functions(second)
+    );
+    assert_eq!(first.totals.live_samples, 1);
+    assert_eq!(second.totals.live_samples, 2);
+}
+
+#[test]
+fn a_dlopened_probe_file_is_attached_at_the_next_refresh() {
+    for target in [Target::All, Target::Pids(vec![100])] {
+        let world = World::default();
+        world.spawn(100, "app");
+        let mut s = session(&world, target.clone());
+        world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+        s.refresh().unwrap();
+        let plugin = probe_file_id(2);
+        assert!(!s.is_attached(100, plugin));
+
+        world.process(100).probe_files.push(plugin);
+        s.refresh().unwrap();
+        assert!(s.is_attached(100, plugin), "{target:?}");
+        let scope = match target {
+            Target::All => Scope::AllProcesses,
+            Target::Pids(_) => Scope::Process(100),
+        };
+        assert!(world.kernel().attached.contains(&(plugin, scope)));
+    }
+}
+
+#[test]
+fn with_pid_an_exit_detaches_the_process_s_own_attachments() {
+    let world = World::default();
+    world.spawn(100, "app");
+    world.spawn(200, "other");
+    let mut s = session(&world, Target::Pids(vec![100, 200]));
+    assert_eq!(s.attachments(), 2);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    s.refresh().unwrap();
+
+    world.exit(100);
+    s.refresh().unwrap();
+    assert_eq!(world.kernel().detached, vec![100]);
+    assert_eq!(s.attachments(), 1, "the other target stays attached");
+    assert!(s.targets_alive());
+    world.exit(200);
+    s.refresh().unwrap();
+    assert!(!s.targets_alive());
+}
+
+#[test]
+fn a_stack_seen_before_its_process_s_maps_is_symbolized_once_they_are_known() {
+    let world = World::default();
+    world.spawn(100, "app");
+    // Armed probes fired before a scan could read the process's maps
+    // (right after exec, or /proc not readable yet).
+    world.process(100).maps_readable = false;
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    s.refresh().unwrap();
+    s.finish_symbols();
+    let early = s.refresh().unwrap();
+    let live = only_image(&early, 100, ProcessState::Live);
+    assert!(
+        functions(live)
+            .iter()
+            .all(|f| f.contains("not yet symbolized")),
+        "not symbolized without its maps: {:?}",
+        functions(live)
+    );
+
+    world.process(100).maps_readable = true;
+    let p = s.complete_profile().unwrap();
+    let live = only_image(&p, 100, ProcessState::Live);
+    assert!(has_function(live, "alpha_site"), "{:?}", functions(live));
+}
+
+#[test]
+fn drops_are_reported_per_process_and_in_total() {
+    let world = World::default();
+    world.spawn(100, "app");
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    {
+        let mut w = world.0.borrow_mut();
+        w.kernel.drops[DropReason::StackMapFull as usize] = 5;
+        w.kernel.drops[DropReason::UnmatchedFree as usize] = 2;
+        let proc = w.kernel.procs.get_mut(&100).unwrap();
+        proc.drops[DropReason::StackMapFull as usize] = 3;
+        proc.lost_live_bytes = 12345;
+    }
+    let p = s.refresh().unwrap();
+    assert_eq!(p.drops[DropReason::StackMapFull as usize], 5);
+    assert_eq!(p.drops[DropReason::UnmatchedFree as usize], 2);
+    let live = only_image(&p, 100, ProcessState::Live);
+    assert_eq!(live.drops[DropReason::StackMapFull as usize], 3);
+    assert_eq!(live.lost_live_bytes, 12345);
+
+    // Frozen with the process when it exits.
+    world.exit(100);
+    let p = s.refresh().unwrap();
+    let exited = only_image(&p, 100, ProcessState::Exited);
+    assert_eq!(exited.drops[DropReason::StackMapFull as usize], 3);
+    assert_eq!(exited.lost_live_bytes, 12345);
+}
+
+#[test]
+fn a_lost_exit_event_is_noticed_at_the_next_refresh() {
+    let world = World::default();
+    world.spawn(100, "app");
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    s.refresh().unwrap();
+    // The ring buffer was full: the exit is never reported.
+    world.exit(100);
+    world.0.borrow_mut().kernel.events.clear();
+    let p = s.refresh().unwrap();
+    only_image(&p, 100, ProcessState::Exited);
+    assert!(world.kernel().procs.is_empty());
+}
