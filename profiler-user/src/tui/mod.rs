@@ -150,7 +150,7 @@ async fn ui(
     app: &mut App,
     exporter: &Exporter,
 ) -> Result<()> {
-    terminal.draw(|f| render::draw(f, app))?;
+    render::fit_and_draw(terminal, app)?;
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(event) = next {
@@ -164,7 +164,7 @@ async fn ui(
             }
             next = rx.try_recv().ok();
         }
-        terminal.draw(|f| render::draw(f, app))?;
+        render::fit_and_draw(terminal, app)?;
     }
     Ok(())
 }

@@ -1,20 +1,36 @@
 //! The TUI's state and every transition of it: events in, state changes
 //! and commands for the run loop out. No terminal, no I/O, no clock: this is
 //! what the unit tests drive.
+//!
+//! Each view's scroll and selection is a [`TableState`] (`table`); the run
+//! loop hands it the table's height before each draw ([`App::fit_table`]),
+//! so drawing reads the state and never writes it. `columns`: the views'
+//! columns and sort orders; `search`: what a query keeps.
 
-use std::{cmp::Ordering, path::PathBuf, sync::Arc, time::Duration};
+mod columns;
+mod search;
+mod table;
+#[cfg(test)]
+pub(crate) mod tests;
+
+pub use self::{
+    columns::{Column, Sort, View},
+    search::{Search, stack_matches},
+    table::TableState,
+};
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use super::{
     exporter::ViewSelection,
     history::{GROWTH_WINDOW, History, RATE_WINDOW},
-    rows::{self, Grouping, Inputs, Row, RowId, function_of},
+    rows::{self, Grouping, Inputs, Row, RowId},
 };
-use allocprof::{
-    profile::{ProcessKey, ProcessState, Profile},
-    symbolize::Frame,
-};
+use allocprof::profile::{ProcessKey, Profile};
+use columns::compare;
+use search::{process_matches, row_matches};
 
 /// What the run loop feeds the state.
 #[derive(Debug)]
@@ -42,87 +58,6 @@ pub enum Effect {
         profile: Profile,
         selection: ViewSelection,
     },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum View {
-    Processes,
-    Stacks,
-}
-
-/// A table column; every column but `Share` (ordered as `Live`) sorts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Column {
-    Name,
-    Pid,
-    Live,
-    Share,
-    Objects,
-    AllocRate,
-    Growth,
-    Baseline,
-    Samples,
-    State,
-}
-
-impl Column {
-    pub fn title(self, view: View) -> &'static str {
-        match (self, view) {
-            (Column::Name, View::Processes) => "PROCESS",
-            (Column::Name, View::Stacks) => "ALLOCATED AT",
-            (Column::Pid, _) => "PID",
-            (Column::Live, _) => "LIVE ± 95% CI",
-            (Column::Share, _) => "%",
-            (Column::Objects, _) => "OBJECTS",
-            (Column::AllocRate, _) => "ALLOC/s",
-            (Column::Growth, _) => "GROWTH 1m",
-            (Column::Baseline, _) => "Δ BASELINE",
-            (Column::Samples, _) => "SAMPLES",
-            (Column::State, _) => "STATE",
-        }
-    }
-
-    /// The column's name in the "sort" indicator.
-    pub fn short(self) -> &'static str {
-        match self {
-            Column::Name => "name",
-            Column::Pid => "pid",
-            Column::Live | Column::Share => "live",
-            Column::Objects => "objects",
-            Column::AllocRate => "alloc/s",
-            Column::Growth => "growth",
-            Column::Baseline => "Δ baseline",
-            Column::Samples => "samples",
-            Column::State => "state",
-        }
-    }
-
-    /// Names and pids read best ascending; quantities largest first.
-    fn descending_by_default(self) -> bool {
-        !matches!(self, Column::Name | Column::Pid | Column::State)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sort {
-    pub column: Column,
-    pub descending: bool,
-}
-
-impl Sort {
-    fn by(column: Column) -> Sort {
-        Sort {
-            column,
-            descending: column.descending_by_default(),
-        }
-    }
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Search {
-    pub query: String,
-    /// Keys go to the query.
-    pub editing: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -159,14 +94,10 @@ pub struct App {
     all_rows: Vec<Row>,
     /// Rows as shown: filtered and sorted.
     rows: Vec<Row>,
-    /// Selection per view, by identity, and where it was as a fallback
-    /// for when its row disappears.
+    /// Selection per view, by identity; its table keeps where it was as a
+    /// fallback for when its row disappears, and the scroll.
     selected: [Option<RowId>; 2],
-    selected_index: [usize; 2],
-    /// First table row on screen (kept by the renderer).
-    pub offset: usize,
-    /// Table rows on screen (set by the renderer, for PageUp/PageDown).
-    pub page: usize,
+    tables: [TableState; 2],
     help: bool,
     zoom: bool,
     notice: Option<Notice>,
@@ -192,9 +123,7 @@ impl App {
             all_rows: Vec::new(),
             rows: Vec::new(),
             selected: [None, None],
-            selected_index: [0, 0],
-            offset: 0,
-            page: 10,
+            tables: [TableState::default(); 2],
             help: false,
             zoom: false,
             notice: None,
@@ -279,7 +208,12 @@ impl App {
     }
 
     pub fn selected_index(&self) -> Option<usize> {
-        (!self.rows.is_empty()).then(|| self.selected_index[self.view as usize])
+        self.table().selected(self.rows.len())
+    }
+
+    /// The shown view's scroll and selection.
+    pub fn table(&self) -> &TableState {
+        &self.tables[self.view as usize]
     }
 
     pub fn selected_row(&self) -> Option<&Row> {
@@ -370,7 +304,7 @@ impl App {
             KeyCode::Enter => match (self.view, self.selected_row().map(|r| r.id.clone())) {
                 (View::Processes, Some(RowId::Process(key))) => {
                     self.scope = Some(key);
-                    self.selected_index[View::Stacks as usize] = 0;
+                    self.tables[View::Stacks as usize].reset();
                     self.selected[View::Stacks as usize] = None;
                     self.set_view(View::Stacks);
                 }
@@ -381,18 +315,18 @@ impl App {
             KeyCode::Char('a') => {
                 if self.scope.is_some() {
                     self.scope = None;
-                    self.selected_index[View::Stacks as usize] = 0;
+                    self.tables[View::Stacks as usize].reset();
                     self.selected[View::Stacks as usize] = None;
                 }
                 self.set_view(View::Stacks);
             }
             KeyCode::Esc => self.back(),
-            KeyCode::Up | KeyCode::Char('k') => self.move_by(-1),
-            KeyCode::Down | KeyCode::Char('j') => self.move_by(1),
-            KeyCode::PageUp => self.move_by(-(self.page.max(1) as isize)),
-            KeyCode::PageDown => self.move_by(self.page.max(1) as isize),
-            KeyCode::Home => self.move_to(0),
-            KeyCode::End => self.move_to(usize::MAX),
+            KeyCode::Up | KeyCode::Char('k') => self.select(|t, len| t.select_by(-1, len)),
+            KeyCode::Down | KeyCode::Char('j') => self.select(|t, len| t.select_by(1, len)),
+            KeyCode::PageUp => self.select(TableState::page_up),
+            KeyCode::PageDown => self.select(TableState::page_down),
+            KeyCode::Home => self.select(TableState::home),
+            KeyCode::End => self.select(TableState::end),
             KeyCode::Char('s') => self.cycle_sort(1),
             KeyCode::Char('S') => self.cycle_sort(-1),
             KeyCode::Char('r') => {
@@ -405,7 +339,7 @@ impl App {
                     Grouping::Stack => Grouping::Function,
                     Grouping::Function => Grouping::Stack,
                 };
-                self.selected_index[View::Stacks as usize] = 0;
+                self.tables[View::Stacks as usize].reset();
                 self.selected[View::Stacks as usize] = None;
                 self.set_view(View::Stacks);
             }
@@ -458,7 +392,7 @@ impl App {
             self.zoom = false;
         }
         self.view = view;
-        self.offset = 0;
+        self.tables[view as usize].scroll_to_top();
         self.recompute();
     }
 
@@ -631,79 +565,42 @@ impl App {
         let found = self.selected[v]
             .as_ref()
             .and_then(|id| self.rows.iter().position(|r| r.id == *id));
+        let len = self.rows.len();
         match found {
-            Some(i) => self.selected_index[v] = i,
-            None => self.move_to(self.selected_index[v]),
+            Some(i) => {
+                self.tables[v].select(i, len);
+            }
+            None => {
+                let last = self.tables[v].last_selected();
+                self.select(|t, len| t.select(last, len));
+            }
         }
     }
 
-    fn move_by(&mut self, delta: isize) {
-        let i = self.selected_index[self.view as usize] as isize + delta;
-        self.move_to(i.max(0) as usize);
+    /// Moves the shown table's selection, and remembers the row it lands on.
+    fn select(&mut self, how: impl FnOnce(&mut TableState, usize) -> Option<usize>) {
+        let v = self.view as usize;
+        if let Some(i) = how(&mut self.tables[v], self.rows.len()) {
+            self.selected[v] = Some(self.rows[i].id.clone());
+        }
     }
 
-    fn move_to(&mut self, index: usize) {
-        let v = self.view as usize;
+    /// The table's height in rows, from the run loop before each draw:
+    /// scrolls the shown table so its selection is on screen.
+    pub fn fit_table(&mut self, page: usize) {
         if self.rows.is_empty() {
-            self.selected_index[v] = 0;
+            // Nothing to scroll.
             return;
         }
-        let i = index.min(self.rows.len() - 1);
-        self.selected_index[v] = i;
-        self.selected[v] = Some(self.rows[i].id.clone());
-    }
-}
-
-fn compare(column: Column, a: &Row, b: &Row) -> Ordering {
-    let opt = |x: Option<f64>| x.unwrap_or(f64::NEG_INFINITY);
-    match column {
-        Column::Name => a.label.to_lowercase().cmp(&b.label.to_lowercase()),
-        Column::Pid => pid(a).cmp(&pid(b)),
-        Column::Live | Column::Share => a.totals.live_bytes.total_cmp(&b.totals.live_bytes),
-        Column::Objects => a.totals.live_objects.total_cmp(&b.totals.live_objects),
-        Column::AllocRate => opt(a.alloc_rate).total_cmp(&opt(b.alloc_rate)),
-        Column::Growth => opt(a.growth).total_cmp(&opt(b.growth)),
-        Column::Baseline => opt(a.since_baseline).total_cmp(&opt(b.since_baseline)),
-        Column::Samples => a.totals.alloc_samples.cmp(&b.totals.alloc_samples),
-        Column::State => state_rank(a).cmp(&state_rank(b)),
-    }
-}
-
-fn pid(r: &Row) -> u32 {
-    match r.id {
-        RowId::Process(k) => k.pid,
-        _ => 0,
-    }
-}
-
-fn state_rank(r: &Row) -> u8 {
-    match r.process.as_ref().map(|p| p.state) {
-        Some(ProcessState::Live) | None => 0,
-        Some(ProcessState::Exited) => 1,
-        Some(ProcessState::Replaced) => 2,
-    }
-}
-
-fn process_matches(name: &str, pid: u32, query: &str) -> bool {
-    name.to_lowercase().contains(query) || pid.to_string().contains(query)
-}
-
-/// Whether a stack belongs in a search for `query` (lowercase): any of its
-/// functions by stack, its naming function by function.
-pub fn stack_matches(frames: &[Frame], grouping: Grouping, query: &str) -> bool {
-    match grouping {
-        Grouping::Stack => frames
-            .iter()
-            .any(|f| f.function.to_lowercase().contains(query)),
-        Grouping::Function => function_of(frames).to_lowercase().contains(query),
-    }
-}
-
-fn row_matches(row: &Row, grouping: Grouping, query: &str) -> bool {
-    match &row.id {
-        RowId::Process(key) => process_matches(&row.label, key.pid, query),
-        RowId::Function { name, .. } => name.to_lowercase().contains(query),
-        RowId::Stack { frames, .. } => stack_matches(frames, grouping, query),
+        let (v, len) = (self.view as usize, self.rows.len());
+        for (i, table) in self.tables.iter_mut().enumerate() {
+            // The views share the screen's table area.
+            if i == v {
+                table.fit(page, len);
+            } else {
+                table.resize(page);
+            }
+        }
     }
 }
 
@@ -714,297 +611,5 @@ pub fn format_elapsed(d: Duration) -> String {
         (0, 0, s) => format!("{s}s"),
         (0, m, s) => format!("{m}m {s:02}s"),
         (h, m, s) => format!("{h}h {m:02}m {s:02}s"),
-    }
-}
-
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::tui::rows::tests::{process, profile};
-
-    pub fn press(app: &mut App, code: KeyCode) -> Effect {
-        app.update(AppEvent::Key(KeyEvent::new(code, KeyModifiers::NONE)))
-    }
-
-    pub fn type_str(app: &mut App, s: &str) {
-        for c in s.chars() {
-            press(app, KeyCode::Char(c));
-        }
-    }
-
-    pub fn options() -> AppOptions {
-        AppOptions {
-            target: "pid 7".into(),
-            interval: Duration::from_secs(1),
-        }
-    }
-
-    /// Two processes; `leak` grows by `secs` KiB a second.
-    pub fn sample(secs: u64) -> Profile {
-        let grow = 1024.0 * secs as f64;
-        profile(
-            secs,
-            vec![
-                process(
-                    7,
-                    "server",
-                    &[
-                        (
-                            &["leak", "handle", "main"],
-                            1000.0 + grow,
-                            2000.0 + 2.0 * grow,
-                        ),
-                        (&["cache_fill", "main"], 50_000.0, 50_000.0),
-                        (
-                            &["parse", "handle", "main"],
-                            3000.0,
-                            400_000.0 * secs as f64,
-                        ),
-                    ],
-                ),
-                process(
-                    9,
-                    "worker",
-                    &[(&["cache_fill", "main"], 20_000.0, 20_000.0)],
-                ),
-            ],
-        )
-    }
-
-    fn labels(app: &App) -> Vec<&str> {
-        app.rows().iter().map(|r| r.label.as_str()).collect()
-    }
-
-    fn app_at(secs: u64) -> App {
-        let mut app = App::new(options());
-        for s in 0..=secs {
-            app.update(AppEvent::Profile(sample(s)));
-        }
-        app
-    }
-
-    #[test]
-    fn stack_view_merges_processes_sorted_by_live_bytes() {
-        let app = app_at(2);
-        assert_eq!(app.view(), View::Stacks);
-        assert_eq!(
-            labels(&app),
-            ["cache_fill ← main", "leak ← handle", "parse ← handle"]
-        );
-        assert_eq!(app.rows()[0].totals.live_bytes, 70_000.0);
-        assert_eq!(app.selected_row().unwrap().label, "cache_fill ← main");
-    }
-
-    #[test]
-    fn sort_keys_cycle_and_reverse() {
-        let mut app = app_at(2);
-        press(&mut app, KeyCode::Char('s')); // objects
-        assert_eq!(app.sort().column, Column::Objects);
-        press(&mut app, KeyCode::Char('s')); // allocation rate
-        assert_eq!(app.sort(), Sort::by(Column::AllocRate));
-        assert_eq!(labels(&app)[0], "parse ← handle");
-        press(&mut app, KeyCode::Char('s')); // back to the name
-        assert_eq!(app.sort(), Sort::by(Column::Name));
-        assert_eq!(
-            labels(&app),
-            ["cache_fill ← main", "leak ← handle", "parse ← handle"]
-        );
-        press(&mut app, KeyCode::Char('r'));
-        assert_eq!(labels(&app)[0], "parse ← handle");
-        press(&mut app, KeyCode::Char('S'));
-        assert_eq!(app.sort().column, Column::AllocRate);
-    }
-
-    #[test]
-    fn selection_follows_the_row_across_refreshes_and_sorts() {
-        let mut app = app_at(2);
-        press(&mut app, KeyCode::Down);
-        assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
-        // The leak outgrows everything: it moves to the top, selected.
-        app.update(AppEvent::Profile(sample(100)));
-        assert_eq!(app.selected_index(), Some(0));
-        assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
-        press(&mut app, KeyCode::Char('s'));
-        assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
-        press(&mut app, KeyCode::End);
-        assert_eq!(app.selected_index(), Some(2));
-        press(&mut app, KeyCode::Down);
-        assert_eq!(app.selected_index(), Some(2));
-        press(&mut app, KeyCode::Home);
-        assert_eq!(app.selected_index(), Some(0));
-        press(&mut app, KeyCode::Up);
-        assert_eq!(app.selected_index(), Some(0));
-    }
-
-    #[test]
-    fn search_filters_by_function_incrementally() {
-        let mut app = app_at(1);
-        press(&mut app, KeyCode::Char('/'));
-        type_str(&mut app, "hand");
-        // Both stacks through `handle` match, by any of their frames.
-        assert_eq!(labels(&app), ["parse ← handle", "leak ← handle"]);
-        type_str(&mut app, "x");
-        assert!(app.rows().is_empty());
-        press(&mut app, KeyCode::Backspace);
-        press(&mut app, KeyCode::Enter);
-        assert!(!app.search().editing);
-        // Keys are commands again, and the filter stays.
-        press(&mut app, KeyCode::Char('s'));
-        assert_eq!(app.sort().column, Column::Objects);
-        assert_eq!(app.rows().len(), 2);
-        press(&mut app, KeyCode::Esc);
-        assert_eq!(app.rows().len(), 3);
-        assert_eq!(app.search(), &Search::default());
-    }
-
-    #[test]
-    fn q_in_a_search_is_text_and_ctrl_c_always_quits() {
-        let mut app = app_at(1);
-        press(&mut app, KeyCode::Char('/'));
-        assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::None));
-        assert_eq!(app.search().query, "q");
-        let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
-        assert!(matches!(app.update(AppEvent::Key(ctrl_c)), Effect::Quit));
-        press(&mut app, KeyCode::Esc);
-        assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::Quit));
-        assert!(matches!(app.update(AppEvent::Quit), Effect::Quit));
-    }
-
-    #[test]
-    fn grouping_by_function_sums_stacks_through_a_function() {
-        let mut app = app_at(1);
-        press(&mut app, KeyCode::Char('g'));
-        assert_eq!(app.grouping(), Grouping::Function);
-        assert_eq!(labels(&app), ["cache_fill", "parse", "leak"]);
-        press(&mut app, KeyCode::Char('g'));
-        assert_eq!(app.grouping(), Grouping::Stack);
-    }
-
-    #[test]
-    fn processes_view_and_entering_a_process() {
-        let mut app = app_at(2);
-        press(&mut app, KeyCode::Tab);
-        assert_eq!(app.view(), View::Processes);
-        assert_eq!(labels(&app), ["server", "worker"]);
-        assert_eq!(app.rows()[0].growth, Some(2048.0));
-        press(&mut app, KeyCode::Char('j'));
-        press(&mut app, KeyCode::Enter);
-        assert_eq!(app.view(), View::Stacks);
-        assert_eq!(
-            app.scope(),
-            Some(ProcessKey {
-                pid: 9,
-                generation: 0
-            })
-        );
-        assert_eq!(labels(&app), ["cache_fill ← main"]);
-        // Esc goes back to the processes, the process still selected.
-        press(&mut app, KeyCode::Esc);
-        assert_eq!(app.view(), View::Processes);
-        assert_eq!(app.scope(), None);
-        assert_eq!(app.selected_row().unwrap().label, "worker");
-        press(&mut app, KeyCode::Char('a'));
-        assert_eq!((app.view(), app.scope()), (View::Stacks, None));
-    }
-
-    #[test]
-    fn baseline_shows_and_sorts_by_growth_since() {
-        let mut app = app_at(2);
-        press(&mut app, KeyCode::Char('b'));
-        assert!(app.columns().contains(&Column::Baseline));
-        assert_eq!(app.sort(), Sort::by(Column::Baseline));
-        assert!(app.rows().iter().all(|r| r.since_baseline == Some(0.0)));
-        for s in 3..=10 {
-            app.update(AppEvent::Profile(sample(s)));
-        }
-        assert_eq!(labels(&app)[0], "leak ← handle");
-        assert_eq!(app.rows()[0].since_baseline, Some(8.0 * 1024.0));
-        press(&mut app, KeyCode::Tab);
-        assert_eq!(app.sort(), Sort::by(Column::Baseline));
-        assert_eq!(app.rows()[0].since_baseline, Some(8.0 * 1024.0));
-        press(&mut app, KeyCode::Char('B'));
-        assert!(!app.columns().contains(&Column::Baseline));
-        assert_eq!(app.sort(), Sort::by(Column::Live));
-    }
-
-    #[test]
-    fn pause_freezes_the_view_but_not_the_history() {
-        let mut app = app_at(2);
-        press(&mut app, KeyCode::Char('p'));
-        assert!(app.paused());
-        app.update(AppEvent::Profile(sample(50)));
-        assert_eq!(app.shown().unwrap().elapsed.as_secs(), 2);
-        press(&mut app, KeyCode::Char(' '));
-        assert!(!app.paused());
-        assert_eq!(app.shown().unwrap().elapsed.as_secs(), 50);
-        assert_eq!(app.history().live_series(Duration::MAX).len(), 4);
-    }
-
-    #[test]
-    fn export_restricts_the_profile_to_the_view() {
-        let mut app = app_at(1);
-        let Effect::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
-            panic!("e exports");
-        };
-        assert_eq!(profile.processes.len(), 2);
-        assert_eq!(selection, ViewSelection::default());
-        // One process, searched.
-        press(&mut app, KeyCode::Tab);
-        press(&mut app, KeyCode::Enter);
-        press(&mut app, KeyCode::Char('/'));
-        type_str(&mut app, "leak");
-        press(&mut app, KeyCode::Enter);
-        let Effect::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
-            panic!("e exports");
-        };
-        assert_eq!(profile.processes.len(), 1);
-        assert_eq!(profile.processes[0].stacks.len(), 1);
-        assert_eq!(profile.processes[0].totals.live_bytes, 2024.0);
-        assert_eq!(selection.process.map(|k| k.pid), Some(7));
-        assert_eq!(
-            app.describe_selection(&selection),
-            "the stacks of server (7) matching \"leak\""
-        );
-        app.exported(Ok(PathBuf::from("/tmp/x.folded")), "it");
-        assert_eq!(
-            app.notice(),
-            Some(&Notice::Info("exported it to /tmp/x.folded".into()))
-        );
-        assert_eq!(app.log, ["exported it to /tmp/x.folded"]);
-    }
-
-    #[test]
-    fn help_is_closed_by_any_key_which_does_nothing_else() {
-        let mut app = app_at(1);
-        press(&mut app, KeyCode::Char('?'));
-        assert!(app.help());
-        assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::None));
-        assert!(!app.help());
-    }
-
-    #[test]
-    fn keys_before_the_first_profile_are_harmless() {
-        let mut app = App::new(options());
-        for c in "jkSsrgbBpe/x".chars() {
-            press(&mut app, KeyCode::Char(c));
-        }
-        for code in [
-            KeyCode::Esc,
-            KeyCode::Enter,
-            KeyCode::Tab,
-            KeyCode::End,
-            KeyCode::PageDown,
-        ] {
-            press(&mut app, code);
-        }
-        assert!(app.rows().is_empty());
-        assert_eq!(app.selected_index(), None);
-    }
-
-    #[test]
-    fn elapsed_reads_well() {
-        assert_eq!(format_elapsed(Duration::from_secs(42)), "42s");
-        assert_eq!(format_elapsed(Duration::from_secs(187)), "3m 07s");
-        assert_eq!(format_elapsed(Duration::from_secs(3723)), "1h 02m 03s");
     }
 }
