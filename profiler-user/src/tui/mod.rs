@@ -6,7 +6,9 @@
 //! - `state`: the state and its transitions (keys, profiles), unit-tested.
 //! - `rows`: table rows with stable identities; `history`: rates, growth,
 //!   sparkline series.
-//! - `render`: drawing; `exporter`: the `e` key's injected writer.
+//! - `render`: drawing, from `&App`: before each draw it tells the state the
+//!   table's height, the one thing of the screen the state needs (to scroll);
+//!   `exporter`: the `e` key's injected writer.
 
 pub mod exporter;
 pub mod history;

@@ -5,9 +5,12 @@
 //! Each view's scroll and selection is a [`TableState`] (`table`); the run
 //! loop hands it the table's height before each draw ([`App::fit_table`]),
 //! so drawing reads the state and never writes it. `columns`: the views'
-//! columns and sort orders; `search`: what a query keeps.
+//! columns and sort orders; `search`: what a query keeps; `export`: the `e`
+//! key. `App`'s fields group what was read (`Profiles`) apart from what the
+//! user chose to see (`Settings`) and the rows and selections they yield.
 
 mod columns;
+mod export;
 mod search;
 mod table;
 #[cfg(test)]
@@ -15,11 +18,11 @@ pub(crate) mod tests;
 
 pub use self::{
     columns::{Column, Sort, View},
-    search::{Search, stack_matches},
+    search::Search,
     table::TableState,
 };
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
@@ -30,7 +33,7 @@ use super::{
 };
 use allocprof::profile::{ProcessKey, Profile};
 use columns::compare;
-use search::{process_matches, row_matches};
+use search::row_matches;
 
 /// What the run loop feeds the state.
 #[derive(Debug)]
@@ -75,13 +78,19 @@ pub struct AppOptions {
     pub interval: Duration,
 }
 
-pub struct App {
-    pub options: AppOptions,
+/// The profiles read, and which the view shows and compares to.
+#[derive(Default)]
+struct Profiles {
     history: History,
     latest: Option<Arc<Profile>>,
     /// What the view shows: the latest profile, or the one paused on.
     shown: Option<Arc<Profile>>,
     paused: bool,
+    baseline: Option<Arc<Profile>>,
+}
+
+/// What the user chose to see: which rows, grouped and ordered how.
+struct Settings {
     view: View,
     /// The process the stack view is restricted to; `None` merges all.
     scope: Option<ProcessKey>,
@@ -89,7 +98,36 @@ pub struct App {
     process_sort: Sort,
     stack_sort: Sort,
     search: Search,
-    baseline: Option<Arc<Profile>>,
+}
+
+impl Settings {
+    /// The shown view's sort.
+    fn sort(&self) -> Sort {
+        match self.view {
+            View::Processes => self.process_sort,
+            View::Stacks => self.stack_sort,
+        }
+    }
+
+    /// The shown view's sort, to change.
+    fn sort_mut(&mut self) -> &mut Sort {
+        match self.view {
+            View::Processes => &mut self.process_sort,
+            View::Stacks => &mut self.stack_sort,
+        }
+    }
+
+    /// The search query as matched: trimmed, lowercase; `None` if empty.
+    fn query(&self) -> Option<String> {
+        let q = self.search.query.trim().to_lowercase();
+        (!q.is_empty()).then_some(q)
+    }
+}
+
+pub struct App {
+    pub options: AppOptions,
+    profiles: Profiles,
+    settings: Settings,
     /// Rows of the view before the search filter, unsorted.
     all_rows: Vec<Row>,
     /// Rows as shown: filtered and sorted.
@@ -109,17 +147,15 @@ impl App {
     pub fn new(options: AppOptions) -> App {
         App {
             options,
-            history: History::default(),
-            latest: None,
-            shown: None,
-            paused: false,
-            view: View::Stacks,
-            scope: None,
-            grouping: Grouping::Stack,
-            process_sort: Sort::by(Column::Live),
-            stack_sort: Sort::by(Column::Live),
-            search: Search::default(),
-            baseline: None,
+            profiles: Profiles::default(),
+            settings: Settings {
+                view: View::Stacks,
+                scope: None,
+                grouping: Grouping::Stack,
+                process_sort: Sort::by(Column::Live),
+                stack_sort: Sort::by(Column::Live),
+                search: Search::default(),
+            },
             all_rows: Vec::new(),
             rows: Vec::new(),
             selected: [None, None],
@@ -134,28 +170,28 @@ impl App {
     // ---- what the renderer reads ----
 
     pub fn shown(&self) -> Option<&Profile> {
-        self.shown.as_deref()
+        self.profiles.shown.as_deref()
     }
     pub fn history(&self) -> &History {
-        &self.history
+        &self.profiles.history
     }
     pub fn paused(&self) -> bool {
-        self.paused
+        self.profiles.paused
     }
     pub fn view(&self) -> View {
-        self.view
+        self.settings.view
     }
     pub fn scope(&self) -> Option<ProcessKey> {
-        self.scope
+        self.settings.scope
     }
     pub fn grouping(&self) -> Grouping {
-        self.grouping
+        self.settings.grouping
     }
     pub fn search(&self) -> &Search {
-        &self.search
+        &self.settings.search
     }
     pub fn baseline(&self) -> Option<&Profile> {
-        self.baseline.as_deref()
+        self.profiles.baseline.as_deref()
     }
     pub fn help(&self) -> bool {
         self.help
@@ -170,15 +206,12 @@ impl App {
         &self.rows
     }
     pub fn sort(&self) -> Sort {
-        match self.view {
-            View::Processes => self.process_sort,
-            View::Stacks => self.stack_sort,
-        }
+        self.settings.sort()
     }
 
     /// The view's columns, in order.
     pub fn columns(&self) -> Vec<Column> {
-        let mut cols = match self.view {
+        let mut cols = match self.settings.view {
             View::Processes => vec![
                 Column::Name,
                 Column::Pid,
@@ -197,7 +230,7 @@ impl App {
                 Column::AllocRate,
             ],
         };
-        if self.baseline.is_some() {
+        if self.profiles.baseline.is_some() {
             let at = cols
                 .iter()
                 .position(|c| *c == Column::AllocRate)
@@ -213,7 +246,7 @@ impl App {
 
     /// The shown view's scroll and selection.
     pub fn table(&self) -> &TableState {
-        &self.tables[self.view as usize]
+        &self.tables[self.settings.view as usize]
     }
 
     pub fn selected_row(&self) -> Option<&Row> {
@@ -222,7 +255,8 @@ impl App {
 
     /// The process a process row or the scope names.
     pub fn process_label(&self, key: ProcessKey) -> String {
-        self.shown
+        self.profiles
+            .shown
             .as_ref()
             .and_then(|p| p.processes.iter().find(|p| p.key == key))
             .map_or_else(|| format!("pid {}", key.pid), |p| p.label())
@@ -234,10 +268,10 @@ impl App {
         match event {
             AppEvent::Profile(profile) => {
                 let profile = Arc::new(profile);
-                self.history.record(&profile);
-                self.latest = Some(profile);
-                if !self.paused {
-                    self.shown = self.latest.clone();
+                self.profiles.history.record(&profile);
+                self.profiles.latest = Some(profile);
+                if !self.profiles.paused {
+                    self.profiles.shown = self.profiles.latest.clone();
                     self.recompute();
                 }
                 Effect::None
@@ -263,18 +297,6 @@ impl App {
         self.notice = Some(notice);
     }
 
-    /// The outcome of an export the run loop carried out.
-    pub fn exported(&mut self, result: anyhow::Result<PathBuf>, what: &str) {
-        self.notice = Some(match result {
-            Ok(path) => {
-                let text = format!("exported {what} to {}", path.display());
-                self.log.push(text.clone());
-                Notice::Info(text)
-            }
-            Err(e) => Notice::Error(format!("export failed: {e:#}")),
-        });
-    }
-
     fn key(&mut self, key: KeyEvent) -> Effect {
         if key.kind == KeyEventKind::Release {
             return Effect::None;
@@ -288,22 +310,25 @@ impl App {
             self.help = false;
             return Effect::None;
         }
-        if self.search.editing && self.search_key(key) {
+        if self.settings.search.editing && self.search_key(key) {
             return Effect::None;
         }
         match key.code {
             KeyCode::Char('q') => return Effect::Quit,
             KeyCode::Char('?') => self.help = true,
             KeyCode::Tab | KeyCode::BackTab => {
-                let view = match self.view {
+                let view = match self.settings.view {
                     View::Processes => View::Stacks,
                     View::Stacks => View::Processes,
                 };
                 self.set_view(view);
             }
-            KeyCode::Enter => match (self.view, self.selected_row().map(|r| r.id.clone())) {
+            KeyCode::Enter => match (
+                self.settings.view,
+                self.selected_row().map(|r| r.id.clone()),
+            ) {
                 (View::Processes, Some(RowId::Process(key))) => {
-                    self.scope = Some(key);
+                    self.settings.scope = Some(key);
                     self.tables[View::Stacks as usize].reset();
                     self.selected[View::Stacks as usize] = None;
                     self.set_view(View::Stacks);
@@ -313,8 +338,8 @@ impl App {
             },
             KeyCode::Char('d') => self.zoom = !self.zoom,
             KeyCode::Char('a') => {
-                if self.scope.is_some() {
-                    self.scope = None;
+                if self.settings.scope.is_some() {
+                    self.settings.scope = None;
                     self.tables[View::Stacks as usize].reset();
                     self.selected[View::Stacks as usize] = None;
                 }
@@ -330,12 +355,12 @@ impl App {
             KeyCode::Char('s') => self.cycle_sort(1),
             KeyCode::Char('S') => self.cycle_sort(-1),
             KeyCode::Char('r') => {
-                let sort = self.sort_mut();
+                let sort = self.settings.sort_mut();
                 sort.descending = !sort.descending;
                 self.arrange();
             }
             KeyCode::Char('g') => {
-                self.grouping = match self.grouping {
+                self.settings.grouping = match self.settings.grouping {
                     Grouping::Stack => Grouping::Function,
                     Grouping::Function => Grouping::Stack,
                 };
@@ -343,7 +368,7 @@ impl App {
                 self.selected[View::Stacks as usize] = None;
                 self.set_view(View::Stacks);
             }
-            KeyCode::Char('/') => self.search.editing = true,
+            KeyCode::Char('/') => self.settings.search.editing = true,
             KeyCode::Char('b') => self.mark_baseline(),
             KeyCode::Char('B') => self.clear_baseline(),
             KeyCode::Char('p' | ' ') => self.toggle_pause(),
@@ -358,13 +383,13 @@ impl App {
     fn search_key(&mut self, key: KeyEvent) -> bool {
         match key.code {
             KeyCode::Char(c) if !key.modifiers.contains(KeyModifiers::CONTROL) => {
-                self.search.query.push(c);
+                self.settings.search.query.push(c);
             }
             KeyCode::Backspace => {
-                self.search.query.pop();
+                self.settings.search.query.pop();
             }
-            KeyCode::Enter => self.search.editing = false,
-            KeyCode::Esc => self.search = Search::default(),
+            KeyCode::Enter => self.settings.search.editing = false,
+            KeyCode::Esc => self.settings.search = Search::default(),
             _ => return false,
         }
         self.arrange();
@@ -375,32 +400,25 @@ impl App {
     fn back(&mut self) {
         if self.zoom {
             self.zoom = false;
-        } else if !self.search.query.is_empty() {
-            self.search = Search::default();
+        } else if !self.settings.search.query.is_empty() {
+            self.settings.search = Search::default();
             self.arrange();
-        } else if let (View::Stacks, Some(key)) = (self.view, self.scope) {
-            self.scope = None;
+        } else if let (View::Stacks, Some(key)) = (self.settings.view, self.settings.scope) {
+            self.settings.scope = None;
             self.selected[View::Processes as usize] = Some(RowId::Process(key));
             self.set_view(View::Processes);
         }
     }
 
     fn set_view(&mut self, view: View) {
-        if view != self.view {
+        if view != self.settings.view {
             // Process names and function names are different searches.
-            self.search = Search::default();
+            self.settings.search = Search::default();
             self.zoom = false;
         }
-        self.view = view;
+        self.settings.view = view;
         self.tables[view as usize].scroll_to_top();
         self.recompute();
-    }
-
-    fn sort_mut(&mut self) -> &mut Sort {
-        match self.view {
-            View::Processes => &mut self.process_sort,
-            View::Stacks => &mut self.stack_sort,
-        }
     }
 
     fn cycle_sort(&mut self, step: isize) {
@@ -417,22 +435,22 @@ impl App {
         };
         let i = columns.iter().position(|c| *c == current).unwrap_or(0) as isize;
         let next = columns[(i + step).rem_euclid(columns.len() as isize) as usize];
-        *self.sort_mut() = Sort::by(next);
+        *self.settings.sort_mut() = Sort::by(next);
         self.arrange();
     }
 
     fn mark_baseline(&mut self) {
-        let Some(shown) = self.shown.clone() else {
+        let Some(shown) = self.profiles.shown.clone() else {
             self.notice = Some(Notice::Warning(
                 "no profile yet to mark a baseline on".into(),
             ));
             return;
         };
         let at = format_elapsed(shown.elapsed);
-        self.baseline = Some(shown);
+        self.profiles.baseline = Some(shown);
         // Leak hunting wants the growers on top.
-        self.process_sort = Sort::by(Column::Baseline);
-        self.stack_sort = Sort::by(Column::Baseline);
+        self.settings.process_sort = Sort::by(Column::Baseline);
+        self.settings.stack_sort = Sort::by(Column::Baseline);
         self.notice = Some(Notice::Info(format!(
             "baseline marked at {at}: Δ BASELINE is the growth since, rows sorted by it \
              (b: mark again, B: clear)"
@@ -441,10 +459,13 @@ impl App {
     }
 
     fn clear_baseline(&mut self) {
-        if self.baseline.take().is_none() {
+        if self.profiles.baseline.take().is_none() {
             return;
         }
-        for sort in [&mut self.process_sort, &mut self.stack_sort] {
+        for sort in [
+            &mut self.settings.process_sort,
+            &mut self.settings.stack_sort,
+        ] {
             if sort.column == Column::Baseline {
                 *sort = Sort::by(Column::Live);
             }
@@ -454,71 +475,16 @@ impl App {
     }
 
     fn toggle_pause(&mut self) {
-        self.paused = !self.paused;
-        if self.paused {
+        self.profiles.paused = !self.profiles.paused;
+        if self.profiles.paused {
             self.notice = Some(Notice::Info(
                 "paused: the view is frozen, profiling goes on (p: resume)".into(),
             ));
         } else {
             self.notice = None;
-            self.shown = self.latest.clone();
+            self.profiles.shown = self.profiles.latest.clone();
             self.recompute();
         }
-    }
-
-    fn export(&mut self) -> Effect {
-        let Some(shown) = self.shown.as_deref() else {
-            self.notice = Some(Notice::Warning("nothing to export yet".into()));
-            return Effect::None;
-        };
-        let mut profile = shown.clone();
-        let query = self.query();
-        let scope = match self.view {
-            View::Stacks => self.scope,
-            View::Processes => None,
-        };
-        if let Some(key) = scope {
-            profile.processes.retain(|p| p.key == key);
-        }
-        if let Some(q) = &query {
-            match self.view {
-                View::Processes => profile
-                    .processes
-                    .retain(|p| process_matches(&p.name, p.key.pid, q)),
-                View::Stacks => {
-                    for p in &mut profile.processes {
-                        p.stacks
-                            .retain(|s| stack_matches(&s.frames, self.grouping, q));
-                        p.totals = p.stacks.iter().map(|s| s.totals).sum();
-                    }
-                    profile.processes.retain(|p| !p.stacks.is_empty());
-                }
-            }
-        }
-        Effect::Export {
-            profile,
-            selection: ViewSelection {
-                process: scope,
-                filter: query,
-            },
-        }
-    }
-
-    /// What an export of `selection` contains, for the status line.
-    pub fn describe_selection(&self, selection: &ViewSelection) -> String {
-        let mut what = match selection.process {
-            Some(key) => format!("the stacks of {}", self.process_label(key)),
-            None => "the stacks of all processes".to_string(),
-        };
-        if let Some(q) = &selection.filter {
-            what.push_str(&format!(" matching \"{q}\""));
-        }
-        what
-    }
-
-    fn query(&self) -> Option<String> {
-        let q = self.search.query.trim().to_lowercase();
-        (!q.is_empty()).then_some(q)
     }
 
     // ---- rows and selection ----
@@ -526,27 +492,35 @@ impl App {
     /// Rebuilds the rows from the shown profile (view, scope, grouping,
     /// profile or baseline changed).
     fn recompute(&mut self) {
-        let Some(current) = self.shown.clone() else {
+        let Some(current) = self.profiles.shown.clone() else {
             return;
         };
         let now = current.elapsed;
         let inputs = Inputs {
             current: &current,
-            rate_ref: self.history.reference(now, RATE_WINDOW).map(|p| &**p),
-            growth_ref: self.history.reference(now, GROWTH_WINDOW).map(|p| &**p),
-            baseline: self.baseline.as_deref(),
+            rate_ref: self
+                .profiles
+                .history
+                .reference(now, RATE_WINDOW)
+                .map(|p| &**p),
+            growth_ref: self
+                .profiles
+                .history
+                .reference(now, GROWTH_WINDOW)
+                .map(|p| &**p),
+            baseline: self.profiles.baseline.as_deref(),
         };
-        self.all_rows = match self.view {
+        self.all_rows = match self.settings.view {
             View::Processes => rows::process_rows(inputs),
-            View::Stacks => rows::stack_rows(inputs, self.scope, self.grouping),
+            View::Stacks => rows::stack_rows(inputs, self.settings.scope, self.settings.grouping),
         };
         self.arrange();
     }
 
     /// Filters and sorts the rows, and finds the selected row again.
     fn arrange(&mut self) {
-        let query = self.query();
-        let grouping = self.grouping;
+        let query = self.settings.query();
+        let grouping = self.settings.grouping;
         let mut shown: Vec<Row> = self
             .all_rows
             .iter()
@@ -561,7 +535,7 @@ impl App {
                 .then_with(|| a.id.cmp(&b.id))
         });
         self.rows = shown;
-        let v = self.view as usize;
+        let v = self.settings.view as usize;
         let found = self.selected[v]
             .as_ref()
             .and_then(|id| self.rows.iter().position(|r| r.id == *id));
@@ -579,7 +553,7 @@ impl App {
 
     /// Moves the shown table's selection, and remembers the row it lands on.
     fn select(&mut self, how: impl FnOnce(&mut TableState, usize) -> Option<usize>) {
-        let v = self.view as usize;
+        let v = self.settings.view as usize;
         if let Some(i) = how(&mut self.tables[v], self.rows.len()) {
             self.selected[v] = Some(self.rows[i].id.clone());
         }
@@ -592,7 +566,7 @@ impl App {
             // Nothing to scroll.
             return;
         }
-        let (v, len) = (self.view as usize, self.rows.len());
+        let (v, len) = (self.settings.view as usize, self.rows.len());
         for (i, table) in self.tables.iter_mut().enumerate() {
             // The views share the screen's table area.
             if i == v {

@@ -16,7 +16,7 @@ pub(super) fn process_matches(name: &str, pid: u32, query: &str) -> bool {
 
 /// Whether a stack belongs in a search for `query` (lowercase): any of its
 /// functions by stack, its naming function by function.
-pub fn stack_matches(frames: &[Frame], grouping: Grouping, query: &str) -> bool {
+pub(super) fn stack_matches(frames: &[Frame], grouping: Grouping, query: &str) -> bool {
     match grouping {
         Grouping::Stack => frames
             .iter()

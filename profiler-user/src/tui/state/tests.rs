@@ -1,5 +1,7 @@
 //! The state's transitions, driven key by key and profile by profile.
 
+use std::path::PathBuf;
+
 use super::*;
 use crate::tui::rows::tests::{process, profile};
 
