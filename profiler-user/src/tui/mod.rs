@@ -6,7 +6,9 @@
 //! - `state`: the state and its transitions (keys, profiles), unit-tested.
 //! - `rows`: table rows with stable identities; `history`: rates, growth,
 //!   sparkline series.
-//! - `render`: drawing; `exporter`: the `e` key's injected writer.
+//! - `render`: drawing, from `&App`: before each draw it tells the state the
+//!   table's height, the one thing of the screen the state needs (to scroll);
+//!   `exporter`: the `e` key's injected writer.
 
 pub mod exporter;
 pub mod history;
@@ -150,7 +152,7 @@ async fn ui(
     app: &mut App,
     exporter: &Exporter,
 ) -> Result<()> {
-    terminal.draw(|f| render::draw(f, app))?;
+    render::fit_and_draw(terminal, app)?;
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(event) = next {
@@ -164,7 +166,7 @@ async fn ui(
             }
             next = rx.try_recv().ok();
         }
-        terminal.draw(|f| render::draw(f, app))?;
+        render::fit_and_draw(terminal, app)?;
     }
     Ok(())
 }

@@ -1,0 +1,171 @@
+//! The detail pane: the selected process, or the selected stack's frames.
+
+use profiler_common::DropReason;
+use ratatui::{
+    Frame,
+    layout::Rect,
+    style::{Color, Style},
+    text::{Line, Span},
+    widgets::{Block, Paragraph},
+};
+
+use super::{BOLD, DIM, GROWING};
+use crate::tui::{
+    rows::{RowId, stack_label},
+    state::App,
+};
+use allocprof::{
+    inert::inert,
+    profile::ProcessProfile,
+    stats::{Totals, human_bytes, human_count},
+    symbolize::{Frame as StackFrame, is_allocator_frame, is_library_frame, most_informative},
+};
+
+pub(super) fn detail(frame: &mut Frame, app: &App, area: Rect) {
+    let block = Block::bordered().border_style(DIM);
+    let Some(row) = app.selected_row() else {
+        frame.render_widget(block.title(" Detail "), area);
+        return;
+    };
+    let (title, lines) = match &row.id {
+        RowId::Process(key) => {
+            let p = app
+                .shown()
+                .and_then(|p| p.processes.iter().find(|p| p.key == *key));
+            (
+                format!(" Process {} ", app.process_label(*key)),
+                p.map(process_detail).unwrap_or_default(),
+            )
+        }
+        RowId::Stack { .. } => (
+            format!(" Stack: {} ", row.label),
+            stack_detail(&row.frames, app.zoom()),
+        ),
+        RowId::Function { .. } => {
+            let mut lines = vec![Line::styled(
+                format!("heaviest stack through {}:", row.label),
+                DIM,
+            )];
+            lines.extend(stack_detail(&row.frames, app.zoom()));
+            (format!(" Function: {} ", row.label), lines)
+        }
+    };
+    let block = block.title(Line::styled(title, BOLD)).title_bottom(
+        Line::styled(
+            if app.zoom() {
+                " Esc/d: smaller "
+            } else {
+                " Enter/d: larger "
+            },
+            DIM,
+        )
+        .right_aligned(),
+    );
+    frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+/// Frames innermost first: the naming frame bold, the standard library and
+/// the allocator dimmed, inlined calls marked.
+fn stack_detail(frames: &[StackFrame], full_paths: bool) -> Vec<Line<'static>> {
+    let naming = most_informative(frames).map(std::ptr::from_ref::<StackFrame>);
+    frames
+        .iter()
+        .map(|f| {
+            let style = if Some(std::ptr::from_ref::<StackFrame>(f)) == naming {
+                BOLD.fg(Color::White)
+            } else if is_library_frame(f) || is_allocator_frame(f) {
+                DIM
+            } else {
+                Style::new()
+            };
+            let mut spans = vec![Span::styled(inert(&f.function).into_owned(), style)];
+            if f.inlined {
+                spans.push(Span::styled(" (inlined)", Style::new().fg(Color::Magenta)));
+            }
+            match (&f.location, &f.module) {
+                (Some(loc), _) => spans.push(Span::styled(
+                    format!(
+                        "  {}",
+                        inert(&if full_paths {
+                            loc.clone()
+                        } else {
+                            short_path(loc)
+                        })
+                    ),
+                    Style::new().fg(Color::Blue),
+                )),
+                (None, Some(module)) => spans.push(Span::styled(
+                    format!("  [{}]", inert(&short_path(module))),
+                    DIM,
+                )),
+                (None, None) => {}
+            }
+            Line::from(spans)
+        })
+        .collect()
+}
+
+/// The last two components of a path: enough to recognise a file.
+fn short_path(path: &str) -> String {
+    let parts: Vec<&str> = path.rsplitn(3, '/').collect();
+    match parts.as_slice() {
+        [last, parent, _] => format!("{parent}/{last}"),
+        _ => path.to_string(),
+    }
+}
+
+fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
+    let t: &Totals = &p.totals;
+    let mut lines = vec![
+        Line::from(vec![
+            Span::raw(format!("pid {} · ", p.key.pid)),
+            Span::raw(p.state.describe()),
+            Span::styled(
+                format!(
+                    " · sampling rate {}",
+                    if p.rate == 0 {
+                        "off".into()
+                    } else {
+                        human_bytes(p.rate as f64)
+                    }
+                ),
+                DIM,
+            ),
+        ]),
+        Line::from(vec![
+            Span::raw("live "),
+            Span::styled(human_bytes(t.live_bytes), BOLD),
+            Span::styled(format!(" ± {}", human_bytes(t.live_ci95())), DIM),
+            Span::raw(format!(" in {} objects", human_count(t.live_objects))),
+        ]),
+        Line::from(format!(
+            "allocated {} ± {} since attach ({} samples)",
+            human_bytes(t.alloc_bytes),
+            human_bytes(t.alloc_ci95()),
+            human_count(t.alloc_samples as f64)
+        )),
+        Line::from(format!(
+            "sampled events: {} allocs, {} frees · dropped {}",
+            human_count(p.alloc_events as f64),
+            human_count(p.free_events as f64),
+            p.dropped()
+        )),
+    ];
+    for reason in DropReason::ALL {
+        let n = p.drops[reason as usize];
+        if n > 0 {
+            lines.push(Line::styled(
+                format!("  {n} dropped: {}", reason.describe()),
+                Style::new().fg(GROWING),
+            ));
+        }
+    }
+    lines.push(Line::styled("top stacks (Enter: all of them):", DIM));
+    for s in p.stacks.iter().take(5) {
+        lines.push(Line::from(vec![
+            Span::raw(format!("  {:>10}  ", human_bytes(s.totals.live_bytes))),
+            Span::raw(stack_label(&s.frames)),
+        ]));
+    }
+    lines
+}

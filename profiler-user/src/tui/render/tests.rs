@@ -1,0 +1,370 @@
+//! Snapshots of the screen (ratatui's `TestBackend`) for the states the
+//! keys lead to.
+
+use crossterm::event::KeyCode;
+use ratatui::{Terminal, backend::TestBackend, buffer::Buffer};
+
+use super::{footer::KEYS, *};
+use crate::tui::state::{
+    AppEvent, Notice,
+    tests::{options, press, sample},
+};
+use allocprof::symbolize::Frame as StackFrame;
+
+/// The screen as text, one line per row, trailing spaces trimmed.
+fn text(buffer: &Buffer) -> String {
+    let area = buffer.area;
+    let mut out = String::new();
+    for y in 0..area.height {
+        let mut line = String::new();
+        for x in 0..area.width {
+            line.push_str(buffer[(x, y)].symbol());
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn screen(app: &mut App, width: u16, height: u16) -> (String, Buffer) {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    fit_and_draw(&mut terminal, app).unwrap();
+    let buffer = terminal.backend().buffer().clone();
+    (text(&buffer), buffer)
+}
+
+fn app_at(secs: u64) -> App {
+    let mut app = App::new(options());
+    for s in 0..=secs {
+        app.update(AppEvent::Profile(sample(s)));
+    }
+    app
+}
+
+#[test]
+fn stack_view_snapshot() {
+    let mut app = app_at(3);
+    let (text, buffer) = screen(&mut app, 80, 24);
+    let expected = " allocprof  pid 7 · 2 processes · live heap 75.3 KiB ± 5.3 KiB · 3s
+ sampled 0 events/s · drops 0 · sampling rate 512.0 KiB · refresh 1s
+┌ Processes   Stacks  all processes · by stack ────────── 3 rows · sort live ▼ ┐
+│  ALLOCATED AT                       LIVE ± 95% CI ▼   % ▼   OBJECTS   ALLOC/s│
+│▶ cache_fill ← main               68.4 KiB ± 5.1 KiB 90.8%      1094       0 B│
+│  leak ← handle                    4.0 KiB ± 1.2 KiB  5.3%        64   2.0 KiB│
+│  parse ← handle                   2.9 KiB ± 1.0 KiB  3.9%        47 390.6 KiB│
+│                                                                              │
+│                                                                              │
+│                                                                              │
+│                                                                              │
+│                                                                              │
+│                                                                              │
+└──────────────────────────────────────────────────────────────────────────────┘
+┌ Stack: cache_fill ← main ────────────────────┐┌ History ─────────────────────┐
+│cache_fill  src/work.c:10                     ││live heap 75.3 KiB +3.0 KiB/1m│
+│main  src/work.c:4                            ││▇▇▇█                          │
+│                                              ││████                          │
+│                                              ││████                          │
+│                                              ││cache_fill ← ma… 68.4 KiB · 3s│
+│                                              ││████                          │
+│                                              ││████                          │
+└───────────────────────────── Enter/d: larger ┘└──────────────────────────────┘
+                                                                 ?:help  q:quit
+";
+    assert_eq!(text, expected, "\n{text}");
+    // The selected row is highlighted, the naming frame bold.
+    assert!(buffer[(3, 4)].modifier.contains(Modifier::BOLD));
+    assert_eq!(buffer[(3, 4)].bg, Color::Indexed(236));
+    assert_eq!(buffer[(3, 5)].bg, Color::Reset);
+    assert!(buffer[(1, 15)].modifier.contains(Modifier::BOLD));
+    // Growth is red.
+    assert_eq!(buffer[(71, 15)].fg, GROWING);
+}
+
+#[test]
+fn lost_live_bytes_show_the_live_heap_as_a_lower_bound() {
+    let mut app = App::new(options());
+    let mut profile = sample(0);
+    profile.processes[0].lost_live_bytes = 2 << 20;
+    app.update(AppEvent::Profile(profile));
+    let (text, _) = screen(&mut app, 120, 24);
+    let header: Vec<&str> = text.lines().take(2).collect();
+    assert!(header[0].contains("live heap ≥ "), "{text}");
+    assert!(
+        header[1].contains("(up to 2.0 MiB untracked live)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn hostile_names_are_shown_inert() {
+    let mut app = App::new(options());
+    let mut profile = sample(0);
+    profile.processes[0].name = "\u{1b}]0;x\u{7}".into();
+    app.update(AppEvent::Profile(profile));
+    press(&mut app, KeyCode::Tab);
+    let (text, _) = screen(&mut app, 120, 30);
+    assert!(text.contains("\\x1b]0;x\\x07"), "{text}");
+}
+
+#[test]
+fn process_view_has_a_row_per_process_with_growth_and_state() {
+    let mut app = app_at(3);
+    press(&mut app, KeyCode::Tab);
+    press(&mut app, KeyCode::Char('s')); // by pid, ascending
+    press(&mut app, KeyCode::Char('s')); // back to live
+    let (text, _) = screen(&mut app, 120, 30);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[3].contains("PROCESS")
+            && lines[3].contains("PID")
+            && lines[3].contains("LIVE ± 95% CI")
+            && lines[3].contains("OBJECTS")
+            && lines[3].contains("ALLOC/s")
+            && lines[3].contains("GROWTH 1m")
+            && lines[3].contains("SAMPLES")
+            && lines[3].contains("STATE"),
+        "{text}"
+    );
+    assert!(lines[4].starts_with("│▶ server"), "{text}");
+    assert!(lines[4].contains("55.7 KiB ± 4.6 KiB"), "{text}");
+    assert!(lines[4].contains("+3.0 KiB"), "{text}");
+    assert!(
+        lines[4].trim_end_matches('│').trim_end().ends_with("live"),
+        "{text}"
+    );
+    assert!(lines[5].starts_with("│  worker"), "{text}");
+    // The detail pane describes the process and its top stacks.
+    assert!(text.contains("Process server (7)"), "{text}");
+    assert!(
+        text.contains("sampled events: 10 allocs, 5 frees · dropped 0"),
+        "{text}"
+    );
+    assert!(text.contains("48.8 KiB  cache_fill ← main"), "{text}");
+    // Narrow: less important columns go, the name stays readable.
+    let (narrow, _) = screen(&mut app, 60, 20);
+    assert!(narrow.contains("▶ server"), "{narrow}");
+    assert!(!narrow.contains("SAMPLES"), "{narrow}");
+}
+
+#[test]
+fn sorting_marks_the_column_and_reorders() {
+    let mut app = app_at(3);
+    for _ in 0..3 {
+        press(&mut app, KeyCode::Char('s'));
+    }
+    let (text, _) = screen(&mut app, 80, 24);
+    assert!(text.contains("ALLOCATED AT ▲"), "{text}");
+    assert!(text.contains("sort name ▲"), "{text}");
+    let at = |s: &str| text.find(s).unwrap();
+    assert!(at("cache_fill ← main") < at("leak ← handle"));
+    assert!(at("leak ← handle") < at("parse ← handle"));
+}
+
+#[test]
+fn baseline_and_pause_show_as_badges_and_a_column() {
+    let mut app = app_at(3);
+    press(&mut app, KeyCode::Char('b'));
+    for s in 4..=6 {
+        app.update(AppEvent::Profile(sample(s)));
+    }
+    press(&mut app, KeyCode::Char('p'));
+    let (text, buffer) = screen(&mut app, 120, 30);
+    let first = text.lines().next().unwrap();
+    assert!(first.ends_with("PAUSED   BASELINE @3s"), "{text}");
+    assert!(text.contains("Δ BASELINE ▼"), "{text}");
+    let leak = text.lines().nth(4).unwrap();
+    assert!(
+        leak.starts_with("│  leak ← handle"),
+        "the grower is on top:\n{text}"
+    );
+    assert!(leak.contains("+3.0 KiB"), "{text}");
+    assert!(text.contains("paused: the view is frozen"), "{text}");
+    let badge = first.find("PAUSED").unwrap();
+    let x = first[..badge].chars().count() as u16;
+    assert_eq!(buffer[(x, 0)].bg, Color::Yellow);
+}
+
+#[test]
+fn grouping_by_function_and_search() {
+    let mut app = app_at(3);
+    press(&mut app, KeyCode::Char('g'));
+    press(&mut app, KeyCode::Char('/'));
+    for c in "lea".chars() {
+        press(&mut app, KeyCode::Char(c));
+    }
+    let (text, _) = screen(&mut app, 80, 24);
+    assert!(text.contains("all processes · by function"), "{text}");
+    assert!(text.contains("/lea"), "{text}");
+    assert!(text.contains("1 row · sort live ▼"), "{text}");
+    assert!(text.contains("│▶ leak "), "{text}");
+    assert!(text.contains("Function: leak"), "{text}");
+    assert!(text.contains("heaviest stack through leak:"), "{text}");
+    assert!(text.contains(" /lea█  Enter: keep · Esc: clear"), "{text}");
+    press(&mut app, KeyCode::Char('x'));
+    let (text, _) = screen(&mut app, 80, 24);
+    assert!(
+        text.contains("no row matches the search (Esc clears it)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn detail_shows_locations_inlined_and_library_frames() {
+    let mut app = App::new(options());
+    let mut p = sample(1);
+    let frames: Vec<StackFrame> = vec![
+        StackFrame {
+            function: "alloc::raw_vec::finish_grow".into(),
+            location: Some("/rustc/abc/library/alloc/src/raw_vec.rs:1".into()),
+            module: Some("/usr/bin/app".into()),
+            inlined: false,
+        },
+        StackFrame {
+            function: "app::index::insert".into(),
+            location: Some("/home/me/app/src/index.rs:42".into()),
+            module: Some("/usr/bin/app".into()),
+            inlined: true,
+        },
+        StackFrame {
+            function: "app::main".into(),
+            location: Some("/home/me/app/src/main.rs:7".into()),
+            module: Some("/usr/bin/app".into()),
+            inlined: false,
+        },
+        StackFrame {
+            function: "__libc_start_call_main".into(),
+            location: None,
+            module: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
+            inlined: false,
+        },
+    ];
+    p.processes[0].stacks[0].frames = frames.into();
+    p.processes[0].stacks[0].totals.live_bytes = 1e9;
+    app.update(AppEvent::Profile(p));
+    let (text, buffer) = screen(&mut app, 100, 30);
+    assert!(
+        text.contains("Stack: app::index::insert ← app::main"),
+        "{text}"
+    );
+    assert!(
+        text.contains("app::index::insert (inlined)  src/index.rs:42"),
+        "{text}"
+    );
+    assert!(
+        text.contains("__libc_start_call_main  [x86_64-linux-gnu/libc.so.6]"),
+        "{text}"
+    );
+    let y = text
+        .lines()
+        .position(|l| l.contains("│alloc::raw_vec::finish_grow"))
+        .unwrap() as u16;
+    assert_eq!(
+        buffer[(1, y)].fg,
+        Color::DarkGray,
+        "library frames are dimmed"
+    );
+    assert!(buffer[(1, y + 1)].modifier.contains(Modifier::BOLD));
+    // Enlarged, the detail shows full paths.
+    press(&mut app, KeyCode::Enter);
+    let (text, _) = screen(&mut app, 100, 30);
+    assert!(text.contains("/home/me/app/src/index.rs:42"), "{text}");
+    assert!(text.contains("Esc/d: smaller"), "{text}");
+}
+
+#[test]
+fn the_selection_stays_on_screen() {
+    let mut app = App::new(options());
+    let mut p = sample(1);
+    p.processes[0].stacks = (0..100)
+        .map(|i| allocprof::profile::StackProfile {
+            frames: crate::tui::rows::tests::frames(&[&format!("f{i:03}"), "main"]),
+            totals: crate::tui::rows::tests::totals(1e6 - f64::from(i), 0.0),
+        })
+        .collect();
+    app.update(AppEvent::Profile(p));
+    let selected_line = |app: &mut App| {
+        let (text, _) = screen(app, 80, 24);
+        let line = text.lines().find(|l| l.contains('▶')).map(str::to_string);
+        let label = app.selected_row().unwrap().label.clone();
+        assert!(
+            line.as_deref().is_some_and(|l| l.contains(&label)),
+            "{label} is not on screen:\n{text}"
+        );
+        label
+    };
+    press(&mut app, KeyCode::End);
+    assert_eq!(selected_line(&mut app), "cache_fill ← main");
+    press(&mut app, KeyCode::PageUp);
+    assert_eq!(app.selected_index(), Some(100 - app.table().page()));
+    selected_line(&mut app);
+    press(&mut app, KeyCode::Home);
+    assert_eq!(selected_line(&mut app), "f000 ← main");
+    press(&mut app, KeyCode::PageDown);
+    selected_line(&mut app);
+}
+
+#[test]
+fn help_lists_every_key_even_at_the_minimum_size() {
+    let mut app = app_at(1);
+    press(&mut app, KeyCode::Char('?'));
+    for (w, h) in [(80, 24), (MIN_WIDTH, MIN_HEIGHT)] {
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("Keys"), "{text}");
+        for (key, description) in KEYS {
+            let line = text
+                .lines()
+                .find(|l| l.contains(&format!("│ {key} ")))
+                .unwrap_or_else(|| panic!("{key} missing at {w}×{h}:\n{text}"));
+            let start: String = description.chars().take(20).collect();
+            assert!(line.contains(&start), "{key} at {w}×{h}:\n{text}");
+        }
+    }
+}
+
+#[test]
+fn a_small_terminal_gets_a_message_not_garbage() {
+    let mut app = app_at(1);
+    for (w, h) in [(MIN_WIDTH - 1, 30), (120, MIN_HEIGHT - 1), (20, 5)] {
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("Terminal too small"), "{w}×{h}:\n{text}");
+        if w >= 40 {
+            assert!(text.contains(&format!("{w}×{h}")), "{text}");
+            assert!(text.contains("needs at least 60×15"), "{text}");
+        }
+        assert!(!text.contains("allocprof  pid"), "{text}");
+    }
+}
+
+#[test]
+fn before_the_first_profile() {
+    let mut app = App::new(options());
+    app.set_notice(Notice::Info("attached 2 probe sites".into()));
+    let (text, _) = screen(&mut app, 80, 24);
+    assert!(
+        text.starts_with(" allocprof  pid 7 · waiting for the first refresh…"),
+        "{text}"
+    );
+    assert!(text.contains(" attached 2 probe sites"), "{text}");
+    app.update(AppEvent::Profile(crate::tui::rows::tests::profile(
+        1,
+        vec![],
+    )));
+    let (text, _) = screen(&mut app, 80, 24);
+    assert!(text.contains("0 processes"), "{text}");
+    assert!(text.contains("no sampled allocations yet"), "{text}");
+}
+
+#[test]
+fn drops_and_several_rates_show_in_the_header() {
+    let mut app = App::new(options());
+    let mut p = sample(1);
+    p.drops[0] = 3;
+    p.processes[1].rate = 65_536;
+    app.update(AppEvent::Profile(p));
+    let (text, buffer) = screen(&mut app, 80, 24);
+    let second = text.lines().nth(1).unwrap();
+    assert!(second.contains("drops 3"), "{text}");
+    assert!(second.contains("rates 64.0 KiB, 512.0 KiB"), "{text}");
+    let x = second[..second.find("drops 3").unwrap()].chars().count() as u16 + 6;
+    assert_eq!(buffer[(x, 1)].fg, GROWING);
+}

@@ -1,0 +1,589 @@
+//! The TUI's state and every transition of it: events in, state changes
+//! and commands for the run loop out. No terminal, no I/O, no clock: this is
+//! what the unit tests drive.
+//!
+//! Each view's scroll and selection is a [`TableState`] (`table`); the run
+//! loop hands it the table's height before each draw ([`App::fit_table`]),
+//! so drawing reads the state and never writes it. `columns`: the views'
+//! columns and sort orders; `search`: what a query keeps; `export`: the `e`
+//! key. `App`'s fields group what was read (`Profiles`) apart from what the
+//! user chose to see (`Settings`) and the rows and selections they yield.
+
+mod columns;
+mod export;
+mod search;
+mod table;
+#[cfg(test)]
+pub(crate) mod tests;
+
+pub use self::{
+    columns::{Column, Sort, View},
+    search::Search,
+    table::TableState,
+};
+
+use std::{sync::Arc, time::Duration};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+
+use super::{
+    exporter::ViewSelection,
+    history::{GROWTH_WINDOW, History, RATE_WINDOW},
+    rows::{self, Grouping, Inputs, Row, RowId},
+};
+use allocprof::profile::{ProcessKey, Profile};
+use columns::compare;
+use search::row_matches;
+
+/// What the run loop feeds the state.
+#[derive(Debug)]
+pub enum AppEvent {
+    /// A fresh profile from the session.
+    Profile(Profile),
+    Key(KeyEvent),
+    /// The terminal changed size (the next draw adapts).
+    Resize,
+    /// Something the user should know (shown in the status line, and
+    /// printed again on exit).
+    Warning(String),
+    Info(String),
+    /// SIGINT, SIGTERM, SIGHUP: leave as `q` would.
+    Quit,
+}
+
+/// What the run loop must do after an event (the state machine's only output).
+#[derive(Debug)]
+pub enum Effect {
+    None,
+    Quit,
+    /// Write this profile (the current view, already restricted to it).
+    Export {
+        profile: Profile,
+        selection: ViewSelection,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    Info(String),
+    Warning(String),
+    Error(String),
+}
+
+/// Fixed facts about the session, for the header.
+#[derive(Clone, Debug)]
+pub struct AppOptions {
+    /// What is profiled: `pid 1234`, `all processes`.
+    pub target: String,
+    pub interval: Duration,
+}
+
+/// The profiles read, and which the view shows and compares to.
+#[derive(Default)]
+struct Profiles {
+    history: History,
+    latest: Option<Arc<Profile>>,
+    /// What the view shows: the latest profile, or the one paused on.
+    shown: Option<Arc<Profile>>,
+    paused: bool,
+    baseline: Option<Arc<Profile>>,
+}
+
+/// What the user chose to see: which rows, grouped and ordered how.
+struct Settings {
+    view: View,
+    /// The process the stack view is restricted to; `None` merges all.
+    scope: Option<ProcessKey>,
+    grouping: Grouping,
+    process_sort: Sort,
+    stack_sort: Sort,
+    search: Search,
+}
+
+impl Settings {
+    /// The shown view's sort.
+    fn sort(&self) -> Sort {
+        match self.view {
+            View::Processes => self.process_sort,
+            View::Stacks => self.stack_sort,
+        }
+    }
+
+    /// The shown view's sort, to change.
+    fn sort_mut(&mut self) -> &mut Sort {
+        match self.view {
+            View::Processes => &mut self.process_sort,
+            View::Stacks => &mut self.stack_sort,
+        }
+    }
+
+    /// The search query as matched: trimmed, lowercase; `None` if empty.
+    fn query(&self) -> Option<String> {
+        let q = self.search.query.trim().to_lowercase();
+        (!q.is_empty()).then_some(q)
+    }
+}
+
+pub struct App {
+    pub options: AppOptions,
+    profiles: Profiles,
+    settings: Settings,
+    /// Rows of the view before the search filter, unsorted.
+    all_rows: Vec<Row>,
+    /// Rows as shown: filtered and sorted.
+    rows: Vec<Row>,
+    /// Selection per view, by identity; its table keeps where it was as a
+    /// fallback for when its row disappears, and the scroll.
+    selected: [Option<RowId>; 2],
+    tables: [TableState; 2],
+    help: bool,
+    zoom: bool,
+    notice: Option<Notice>,
+    /// Printed on exit: the terminal's history outlives the status line.
+    pub log: Vec<String>,
+}
+
+impl App {
+    pub fn new(options: AppOptions) -> App {
+        App {
+            options,
+            profiles: Profiles::default(),
+            settings: Settings {
+                view: View::Stacks,
+                scope: None,
+                grouping: Grouping::Stack,
+                process_sort: Sort::by(Column::Live),
+                stack_sort: Sort::by(Column::Live),
+                search: Search::default(),
+            },
+            all_rows: Vec::new(),
+            rows: Vec::new(),
+            selected: [None, None],
+            tables: [TableState::default(); 2],
+            help: false,
+            zoom: false,
+            notice: None,
+            log: Vec::new(),
+        }
+    }
+
+    // ---- what the renderer reads ----
+
+    pub fn shown(&self) -> Option<&Profile> {
+        self.profiles.shown.as_deref()
+    }
+    pub fn history(&self) -> &History {
+        &self.profiles.history
+    }
+    pub fn paused(&self) -> bool {
+        self.profiles.paused
+    }
+    pub fn view(&self) -> View {
+        self.settings.view
+    }
+    pub fn scope(&self) -> Option<ProcessKey> {
+        self.settings.scope
+    }
+    pub fn grouping(&self) -> Grouping {
+        self.settings.grouping
+    }
+    pub fn search(&self) -> &Search {
+        &self.settings.search
+    }
+    pub fn baseline(&self) -> Option<&Profile> {
+        self.profiles.baseline.as_deref()
+    }
+    pub fn help(&self) -> bool {
+        self.help
+    }
+    pub fn zoom(&self) -> bool {
+        self.zoom
+    }
+    pub fn notice(&self) -> Option<&Notice> {
+        self.notice.as_ref()
+    }
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+    pub fn sort(&self) -> Sort {
+        self.settings.sort()
+    }
+
+    /// The view's columns, in order.
+    pub fn columns(&self) -> Vec<Column> {
+        let mut cols = match self.settings.view {
+            View::Processes => vec![
+                Column::Name,
+                Column::Pid,
+                Column::Live,
+                Column::Objects,
+                Column::AllocRate,
+                Column::Growth,
+                Column::Samples,
+                Column::State,
+            ],
+            View::Stacks => vec![
+                Column::Name,
+                Column::Live,
+                Column::Share,
+                Column::Objects,
+                Column::AllocRate,
+            ],
+        };
+        if self.profiles.baseline.is_some() {
+            let at = cols
+                .iter()
+                .position(|c| *c == Column::AllocRate)
+                .map_or(cols.len(), |i| i + 1);
+            cols.insert(at, Column::Baseline);
+        }
+        cols
+    }
+
+    pub fn selected_index(&self) -> Option<usize> {
+        self.table().selected(self.rows.len())
+    }
+
+    /// The shown view's scroll and selection.
+    pub fn table(&self) -> &TableState {
+        &self.tables[self.settings.view as usize]
+    }
+
+    pub fn selected_row(&self) -> Option<&Row> {
+        self.selected_index().and_then(|i| self.rows.get(i))
+    }
+
+    /// The process a process row or the scope names.
+    pub fn process_label(&self, key: ProcessKey) -> String {
+        self.profiles
+            .shown
+            .as_ref()
+            .and_then(|p| p.processes.iter().find(|p| p.key == key))
+            .map_or_else(|| format!("pid {}", key.pid), |p| p.label())
+    }
+
+    // ---- transitions ----
+
+    pub fn update(&mut self, event: AppEvent) -> Effect {
+        match event {
+            AppEvent::Profile(profile) => {
+                let profile = Arc::new(profile);
+                self.profiles.history.record(&profile);
+                self.profiles.latest = Some(profile);
+                if !self.profiles.paused {
+                    self.profiles.shown = self.profiles.latest.clone();
+                    self.recompute();
+                }
+                Effect::None
+            }
+            AppEvent::Key(key) => self.key(key),
+            AppEvent::Resize => Effect::None,
+            AppEvent::Warning(text) => {
+                self.log.push(format!("warning: {text}"));
+                self.notice = Some(Notice::Warning(text));
+                Effect::None
+            }
+            AppEvent::Info(text) => {
+                self.log.push(text.clone());
+                self.notice = Some(Notice::Info(text));
+                Effect::None
+            }
+            AppEvent::Quit => Effect::Quit,
+        }
+    }
+
+    /// Shows `notice` in the status line (until the next one).
+    pub fn set_notice(&mut self, notice: Notice) {
+        self.notice = Some(notice);
+    }
+
+    fn key(&mut self, key: KeyEvent) -> Effect {
+        if key.kind == KeyEventKind::Release {
+            return Effect::None;
+        }
+        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+        if ctrl && matches!(key.code, KeyCode::Char('c' | 'C')) {
+            return Effect::Quit;
+        }
+        if self.help {
+            // Any key closes the help; it does nothing else.
+            self.help = false;
+            return Effect::None;
+        }
+        if self.settings.search.editing && self.search_key(key) {
+            return Effect::None;
+        }
+        match key.code {
+            KeyCode::Char('q') => return Effect::Quit,
+            KeyCode::Char('?') => self.help = true,
+            KeyCode::Tab | KeyCode::BackTab => {
+                let view = match self.settings.view {
+                    View::Processes => View::Stacks,
+                    View::Stacks => View::Processes,
+                };
+                self.set_view(view);
+            }
+            KeyCode::Enter => match (
+                self.settings.view,
+                self.selected_row().map(|r| r.id.clone()),
+            ) {
+                (View::Processes, Some(RowId::Process(key))) => {
+                    self.settings.scope = Some(key);
+                    self.tables[View::Stacks as usize].reset();
+                    self.selected[View::Stacks as usize] = None;
+                    self.set_view(View::Stacks);
+                }
+                (View::Stacks, _) => self.zoom = !self.zoom,
+                _ => {}
+            },
+            KeyCode::Char('d') => self.zoom = !self.zoom,
+            KeyCode::Char('a') => {
+                if self.settings.scope.is_some() {
+                    self.settings.scope = None;
+                    self.tables[View::Stacks as usize].reset();
+                    self.selected[View::Stacks as usize] = None;
+                }
+                self.set_view(View::Stacks);
+            }
+            KeyCode::Esc => self.back(),
+            KeyCode::Up | KeyCode::Char('k') => self.select(|t, len| t.select_by(-1, len)),
+            KeyCode::Down | KeyCode::Char('j') => self.select(|t, len| t.select_by(1, len)),
+            KeyCode::PageUp => self.select(TableState::page_up),
+            KeyCode::PageDown => self.select(TableState::page_down),
+            KeyCode::Home => self.select(TableState::home),
+            KeyCode::End => self.select(TableState::end),
+            KeyCode::Char('s') => self.cycle_sort(1),
+            KeyCode::Char('S') => self.cycle_sort(-1),
+            KeyCode::Char('r') => {
+                let sort = self.settings.sort_mut();
+                sort.descending = !sort.descending;
+                self.arrange();
+            }
+            KeyCode::Char('g') => {
+                self.settings.grouping = match self.settings.grouping {
+                    Grouping::Stack => Grouping::Function,
+                    Grouping::Function => Grouping::Stack,
+                };
+                self.tables[View::Stacks as usize].reset();
+                self.selected[View::Stacks as usize] = None;
+                self.set_view(View::Stacks);
+            }
+            KeyCode::Char('/') => self.settings.search.editing = true,
+            KeyCode::Char('b') => self.mark_baseline(),
+            KeyCode::Char('B') => self.clear_baseline(),
+            KeyCode::Char('p' | ' ') => self.toggle_pause(),
+            KeyCode::Char('e') => return self.export(),
+            _ => {}
+        }
+        Effect::None
+    }
+
+    /// A key while the search query is edited; false if it is not for the
+    /// query (navigation keys keep working).
+    fn search_key(&mut self, key: KeyEvent) -> bool {
+        match key.code {
+            KeyCode::Char(c) if !key.modifiers.contains(KeyModifiers::CONTROL) => {
+                self.settings.search.query.push(c);
+            }
+            KeyCode::Backspace => {
+                self.settings.search.query.pop();
+            }
+            KeyCode::Enter => self.settings.search.editing = false,
+            KeyCode::Esc => self.settings.search = Search::default(),
+            _ => return false,
+        }
+        self.arrange();
+        true
+    }
+
+    /// Esc: one step back (detail zoom, search, scope), never a quit.
+    fn back(&mut self) {
+        if self.zoom {
+            self.zoom = false;
+        } else if !self.settings.search.query.is_empty() {
+            self.settings.search = Search::default();
+            self.arrange();
+        } else if let (View::Stacks, Some(key)) = (self.settings.view, self.settings.scope) {
+            self.settings.scope = None;
+            self.selected[View::Processes as usize] = Some(RowId::Process(key));
+            self.set_view(View::Processes);
+        }
+    }
+
+    fn set_view(&mut self, view: View) {
+        if view != self.settings.view {
+            // Process names and function names are different searches.
+            self.settings.search = Search::default();
+            self.zoom = false;
+        }
+        self.settings.view = view;
+        self.tables[view as usize].scroll_to_top();
+        self.recompute();
+    }
+
+    fn cycle_sort(&mut self, step: isize) {
+        let columns: Vec<Column> = self
+            .columns()
+            .into_iter()
+            .filter(|c| *c != Column::Share)
+            .collect();
+        let current = self.sort().column;
+        let current = if current == Column::Share {
+            Column::Live
+        } else {
+            current
+        };
+        let i = columns.iter().position(|c| *c == current).unwrap_or(0) as isize;
+        let next = columns[(i + step).rem_euclid(columns.len() as isize) as usize];
+        *self.settings.sort_mut() = Sort::by(next);
+        self.arrange();
+    }
+
+    fn mark_baseline(&mut self) {
+        let Some(shown) = self.profiles.shown.clone() else {
+            self.notice = Some(Notice::Warning(
+                "no profile yet to mark a baseline on".into(),
+            ));
+            return;
+        };
+        let at = format_elapsed(shown.elapsed);
+        self.profiles.baseline = Some(shown);
+        // Leak hunting wants the growers on top.
+        self.settings.process_sort = Sort::by(Column::Baseline);
+        self.settings.stack_sort = Sort::by(Column::Baseline);
+        self.notice = Some(Notice::Info(format!(
+            "baseline marked at {at}: Δ BASELINE is the growth since, rows sorted by it \
+             (b: mark again, B: clear)"
+        )));
+        self.recompute();
+    }
+
+    fn clear_baseline(&mut self) {
+        if self.profiles.baseline.take().is_none() {
+            return;
+        }
+        for sort in [
+            &mut self.settings.process_sort,
+            &mut self.settings.stack_sort,
+        ] {
+            if sort.column == Column::Baseline {
+                *sort = Sort::by(Column::Live);
+            }
+        }
+        self.notice = Some(Notice::Info("baseline cleared".into()));
+        self.recompute();
+    }
+
+    fn toggle_pause(&mut self) {
+        self.profiles.paused = !self.profiles.paused;
+        if self.profiles.paused {
+            self.notice = Some(Notice::Info(
+                "paused: the view is frozen, profiling goes on (p: resume)".into(),
+            ));
+        } else {
+            self.notice = None;
+            self.profiles.shown = self.profiles.latest.clone();
+            self.recompute();
+        }
+    }
+
+    // ---- rows and selection ----
+
+    /// Rebuilds the rows from the shown profile (view, scope, grouping,
+    /// profile or baseline changed).
+    fn recompute(&mut self) {
+        let Some(current) = self.profiles.shown.clone() else {
+            return;
+        };
+        let now = current.elapsed;
+        let inputs = Inputs {
+            current: &current,
+            rate_ref: self
+                .profiles
+                .history
+                .reference(now, RATE_WINDOW)
+                .map(|p| &**p),
+            growth_ref: self
+                .profiles
+                .history
+                .reference(now, GROWTH_WINDOW)
+                .map(|p| &**p),
+            baseline: self.profiles.baseline.as_deref(),
+        };
+        self.all_rows = match self.settings.view {
+            View::Processes => rows::process_rows(inputs),
+            View::Stacks => rows::stack_rows(inputs, self.settings.scope, self.settings.grouping),
+        };
+        self.arrange();
+    }
+
+    /// Filters and sorts the rows, and finds the selected row again.
+    fn arrange(&mut self) {
+        let query = self.settings.query();
+        let grouping = self.settings.grouping;
+        let mut shown: Vec<Row> = self
+            .all_rows
+            .iter()
+            .filter(|r| query.as_deref().is_none_or(|q| row_matches(r, grouping, q)))
+            .cloned()
+            .collect();
+        let sort = self.sort();
+        shown.sort_by(|a, b| {
+            let o = compare(sort.column, a, b);
+            let o = if sort.descending { o.reverse() } else { o };
+            o.then_with(|| b.totals.live_bytes.total_cmp(&a.totals.live_bytes))
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        self.rows = shown;
+        let v = self.settings.view as usize;
+        let found = self.selected[v]
+            .as_ref()
+            .and_then(|id| self.rows.iter().position(|r| r.id == *id));
+        let len = self.rows.len();
+        match found {
+            Some(i) => {
+                self.tables[v].select(i, len);
+            }
+            None => {
+                let last = self.tables[v].last_selected();
+                self.select(|t, len| t.select(last, len));
+            }
+        }
+    }
+
+    /// Moves the shown table's selection, and remembers the row it lands on.
+    fn select(&mut self, how: impl FnOnce(&mut TableState, usize) -> Option<usize>) {
+        let v = self.settings.view as usize;
+        if let Some(i) = how(&mut self.tables[v], self.rows.len()) {
+            self.selected[v] = Some(self.rows[i].id.clone());
+        }
+    }
+
+    /// The table's height in rows, from the run loop before each draw:
+    /// scrolls the shown table so its selection is on screen.
+    pub fn fit_table(&mut self, page: usize) {
+        if self.rows.is_empty() {
+            // Nothing to scroll.
+            return;
+        }
+        let (v, len) = (self.settings.view as usize, self.rows.len());
+        for (i, table) in self.tables.iter_mut().enumerate() {
+            // The views share the screen's table area.
+            if i == v {
+                table.fit(page, len);
+            } else {
+                table.resize(page);
+            }
+        }
+    }
+}
+
+/// `42s`, `3m 07s`, `1h 02m 03s`.
+pub fn format_elapsed(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, (s / 60) % 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m {s:02}s"),
+        (h, m, s) => format!("{h}h {m:02}m {s:02}s"),
+    }
+}

@@ -1,0 +1,292 @@
+//! The state's transitions, driven key by key and profile by profile.
+
+use std::path::PathBuf;
+
+use super::*;
+use crate::tui::rows::tests::{process, profile};
+
+pub fn press(app: &mut App, code: KeyCode) -> Effect {
+    app.update(AppEvent::Key(KeyEvent::new(code, KeyModifiers::NONE)))
+}
+
+pub fn type_str(app: &mut App, s: &str) {
+    for c in s.chars() {
+        press(app, KeyCode::Char(c));
+    }
+}
+
+pub fn options() -> AppOptions {
+    AppOptions {
+        target: "pid 7".into(),
+        interval: Duration::from_secs(1),
+    }
+}
+
+/// Two processes; `leak` grows by `secs` KiB a second.
+pub fn sample(secs: u64) -> Profile {
+    let grow = 1024.0 * secs as f64;
+    profile(
+        secs,
+        vec![
+            process(
+                7,
+                "server",
+                &[
+                    (
+                        &["leak", "handle", "main"],
+                        1000.0 + grow,
+                        2000.0 + 2.0 * grow,
+                    ),
+                    (&["cache_fill", "main"], 50_000.0, 50_000.0),
+                    (
+                        &["parse", "handle", "main"],
+                        3000.0,
+                        400_000.0 * secs as f64,
+                    ),
+                ],
+            ),
+            process(
+                9,
+                "worker",
+                &[(&["cache_fill", "main"], 20_000.0, 20_000.0)],
+            ),
+        ],
+    )
+}
+
+fn labels(app: &App) -> Vec<&str> {
+    app.rows().iter().map(|r| r.label.as_str()).collect()
+}
+
+fn app_at(secs: u64) -> App {
+    let mut app = App::new(options());
+    for s in 0..=secs {
+        app.update(AppEvent::Profile(sample(s)));
+    }
+    app
+}
+
+#[test]
+fn stack_view_merges_processes_sorted_by_live_bytes() {
+    let app = app_at(2);
+    assert_eq!(app.view(), View::Stacks);
+    assert_eq!(
+        labels(&app),
+        ["cache_fill ← main", "leak ← handle", "parse ← handle"]
+    );
+    assert_eq!(app.rows()[0].totals.live_bytes, 70_000.0);
+    assert_eq!(app.selected_row().unwrap().label, "cache_fill ← main");
+}
+
+#[test]
+fn sort_keys_cycle_and_reverse() {
+    let mut app = app_at(2);
+    press(&mut app, KeyCode::Char('s')); // objects
+    assert_eq!(app.sort().column, Column::Objects);
+    press(&mut app, KeyCode::Char('s')); // allocation rate
+    assert_eq!(app.sort(), Sort::by(Column::AllocRate));
+    assert_eq!(labels(&app)[0], "parse ← handle");
+    press(&mut app, KeyCode::Char('s')); // back to the name
+    assert_eq!(app.sort(), Sort::by(Column::Name));
+    assert_eq!(
+        labels(&app),
+        ["cache_fill ← main", "leak ← handle", "parse ← handle"]
+    );
+    press(&mut app, KeyCode::Char('r'));
+    assert_eq!(labels(&app)[0], "parse ← handle");
+    press(&mut app, KeyCode::Char('S'));
+    assert_eq!(app.sort().column, Column::AllocRate);
+}
+
+#[test]
+fn selection_follows_the_row_across_refreshes_and_sorts() {
+    let mut app = app_at(2);
+    press(&mut app, KeyCode::Down);
+    assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
+    // The leak outgrows everything: it moves to the top, selected.
+    app.update(AppEvent::Profile(sample(100)));
+    assert_eq!(app.selected_index(), Some(0));
+    assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
+    press(&mut app, KeyCode::Char('s'));
+    assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
+    press(&mut app, KeyCode::End);
+    assert_eq!(app.selected_index(), Some(2));
+    press(&mut app, KeyCode::Down);
+    assert_eq!(app.selected_index(), Some(2));
+    press(&mut app, KeyCode::Home);
+    assert_eq!(app.selected_index(), Some(0));
+    press(&mut app, KeyCode::Up);
+    assert_eq!(app.selected_index(), Some(0));
+}
+
+#[test]
+fn search_filters_by_function_incrementally() {
+    let mut app = app_at(1);
+    press(&mut app, KeyCode::Char('/'));
+    type_str(&mut app, "hand");
+    // Both stacks through `handle` match, by any of their frames.
+    assert_eq!(labels(&app), ["parse ← handle", "leak ← handle"]);
+    type_str(&mut app, "x");
+    assert!(app.rows().is_empty());
+    press(&mut app, KeyCode::Backspace);
+    press(&mut app, KeyCode::Enter);
+    assert!(!app.search().editing);
+    // Keys are commands again, and the filter stays.
+    press(&mut app, KeyCode::Char('s'));
+    assert_eq!(app.sort().column, Column::Objects);
+    assert_eq!(app.rows().len(), 2);
+    press(&mut app, KeyCode::Esc);
+    assert_eq!(app.rows().len(), 3);
+    assert_eq!(app.search(), &Search::default());
+}
+
+#[test]
+fn q_in_a_search_is_text_and_ctrl_c_always_quits() {
+    let mut app = app_at(1);
+    press(&mut app, KeyCode::Char('/'));
+    assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::None));
+    assert_eq!(app.search().query, "q");
+    let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
+    assert!(matches!(app.update(AppEvent::Key(ctrl_c)), Effect::Quit));
+    press(&mut app, KeyCode::Esc);
+    assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::Quit));
+    assert!(matches!(app.update(AppEvent::Quit), Effect::Quit));
+}
+
+#[test]
+fn grouping_by_function_sums_stacks_through_a_function() {
+    let mut app = app_at(1);
+    press(&mut app, KeyCode::Char('g'));
+    assert_eq!(app.grouping(), Grouping::Function);
+    assert_eq!(labels(&app), ["cache_fill", "parse", "leak"]);
+    press(&mut app, KeyCode::Char('g'));
+    assert_eq!(app.grouping(), Grouping::Stack);
+}
+
+#[test]
+fn processes_view_and_entering_a_process() {
+    let mut app = app_at(2);
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.view(), View::Processes);
+    assert_eq!(labels(&app), ["server", "worker"]);
+    assert_eq!(app.rows()[0].growth, Some(2048.0));
+    press(&mut app, KeyCode::Char('j'));
+    press(&mut app, KeyCode::Enter);
+    assert_eq!(app.view(), View::Stacks);
+    assert_eq!(
+        app.scope(),
+        Some(ProcessKey {
+            pid: 9,
+            generation: 0
+        })
+    );
+    assert_eq!(labels(&app), ["cache_fill ← main"]);
+    // Esc goes back to the processes, the process still selected.
+    press(&mut app, KeyCode::Esc);
+    assert_eq!(app.view(), View::Processes);
+    assert_eq!(app.scope(), None);
+    assert_eq!(app.selected_row().unwrap().label, "worker");
+    press(&mut app, KeyCode::Char('a'));
+    assert_eq!((app.view(), app.scope()), (View::Stacks, None));
+}
+
+#[test]
+fn baseline_shows_and_sorts_by_growth_since() {
+    let mut app = app_at(2);
+    press(&mut app, KeyCode::Char('b'));
+    assert!(app.columns().contains(&Column::Baseline));
+    assert_eq!(app.sort(), Sort::by(Column::Baseline));
+    assert!(app.rows().iter().all(|r| r.since_baseline == Some(0.0)));
+    for s in 3..=10 {
+        app.update(AppEvent::Profile(sample(s)));
+    }
+    assert_eq!(labels(&app)[0], "leak ← handle");
+    assert_eq!(app.rows()[0].since_baseline, Some(8.0 * 1024.0));
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.sort(), Sort::by(Column::Baseline));
+    assert_eq!(app.rows()[0].since_baseline, Some(8.0 * 1024.0));
+    press(&mut app, KeyCode::Char('B'));
+    assert!(!app.columns().contains(&Column::Baseline));
+    assert_eq!(app.sort(), Sort::by(Column::Live));
+}
+
+#[test]
+fn pause_freezes_the_view_but_not_the_history() {
+    let mut app = app_at(2);
+    press(&mut app, KeyCode::Char('p'));
+    assert!(app.paused());
+    app.update(AppEvent::Profile(sample(50)));
+    assert_eq!(app.shown().unwrap().elapsed.as_secs(), 2);
+    press(&mut app, KeyCode::Char(' '));
+    assert!(!app.paused());
+    assert_eq!(app.shown().unwrap().elapsed.as_secs(), 50);
+    assert_eq!(app.history().live_series(Duration::MAX).len(), 4);
+}
+
+#[test]
+fn export_restricts_the_profile_to_the_view() {
+    let mut app = app_at(1);
+    let Effect::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
+        panic!("e exports");
+    };
+    assert_eq!(profile.processes.len(), 2);
+    assert_eq!(selection, ViewSelection::default());
+    // One process, searched.
+    press(&mut app, KeyCode::Tab);
+    press(&mut app, KeyCode::Enter);
+    press(&mut app, KeyCode::Char('/'));
+    type_str(&mut app, "leak");
+    press(&mut app, KeyCode::Enter);
+    let Effect::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
+        panic!("e exports");
+    };
+    assert_eq!(profile.processes.len(), 1);
+    assert_eq!(profile.processes[0].stacks.len(), 1);
+    assert_eq!(profile.processes[0].totals.live_bytes, 2024.0);
+    assert_eq!(selection.process.map(|k| k.pid), Some(7));
+    assert_eq!(
+        app.describe_selection(&selection),
+        "the stacks of server (7) matching \"leak\""
+    );
+    app.exported(Ok(PathBuf::from("/tmp/x.folded")), "it");
+    assert_eq!(
+        app.notice(),
+        Some(&Notice::Info("exported it to /tmp/x.folded".into()))
+    );
+    assert_eq!(app.log, ["exported it to /tmp/x.folded"]);
+}
+
+#[test]
+fn help_is_closed_by_any_key_which_does_nothing_else() {
+    let mut app = app_at(1);
+    press(&mut app, KeyCode::Char('?'));
+    assert!(app.help());
+    assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::None));
+    assert!(!app.help());
+}
+
+#[test]
+fn keys_before_the_first_profile_are_harmless() {
+    let mut app = App::new(options());
+    for c in "jkSsrgbBpe/x".chars() {
+        press(&mut app, KeyCode::Char(c));
+    }
+    for code in [
+        KeyCode::Esc,
+        KeyCode::Enter,
+        KeyCode::Tab,
+        KeyCode::End,
+        KeyCode::PageDown,
+    ] {
+        press(&mut app, code);
+    }
+    assert!(app.rows().is_empty());
+    assert_eq!(app.selected_index(), None);
+}
+
+#[test]
+fn elapsed_reads_well() {
+    assert_eq!(format_elapsed(Duration::from_secs(42)), "42s");
+    assert_eq!(format_elapsed(Duration::from_secs(187)), "3m 07s");
+    assert_eq!(format_elapsed(Duration::from_secs(3723)), "1h 02m 03s");
+}
