@@ -191,7 +191,11 @@ fn leak_estimate(profile: &Profile, pid: u32) -> f64 {
 fn wait_for(file: &Path, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     while !file.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", file.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            file.display()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

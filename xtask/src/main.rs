@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object|fuzz>`.
+//! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object|fuzz|soak>`.
 
 mod bench_alloc;
 mod bench_pipeline;
@@ -8,6 +8,7 @@ mod fuzz;
 mod packages;
 mod setup;
 mod shell;
+mod soak;
 #[cfg(test)]
 mod tidy;
 mod toolchain;
@@ -47,6 +48,15 @@ enum Command {
     },
     /// Rebuild the committed eBPF object and record the digest of its inputs.
     EbpfObject,
+    /// The long soak: system-wide profiling of a churn and a slow leak, its
+    /// figures recorded in docs/reliability.md.
+    Soak {
+        #[arg(long, default_value_t = 60)]
+        minutes: u32,
+        /// Seconds between the snapshots checked.
+        #[arg(long, default_value_t = 60)]
+        interval: u32,
+    },
     /// Fuzz the USDT note parser with cargo-fuzz on the pinned nightly.
     Fuzz {
         /// How long to fuzz, in seconds.
@@ -84,6 +94,10 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::EbpfObject => ebpf_object::refresh(&root),
         Command::Fuzz { seconds } => fuzz::run(&root, seconds),
+        Command::Soak { minutes, interval } => {
+            packages::ensure_test_packages()?;
+            soak::run(&root, minutes, interval)
+        }
     }
 }
 

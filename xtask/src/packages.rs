@@ -18,6 +18,8 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
         "/usr/include/x86_64-linux-gnu/sys/sdt.h",
     ),
     ("tmux", "/usr/bin/tmux"),
+    // The soak test reads the kernel's table occupancy with it.
+    ("bpftool", "/usr/sbin/bpftool"),
     // `go tool pprof` opens allocprof's pprof exports in the tests.
     ("golang-go", "/usr/bin/go"),
     // rsvg-convert renders the flamegraph exports in the tests.
@@ -31,7 +33,6 @@ const BENCH_PACKAGES: &[(&str, &str)] = &[
     ),
     ("libjemalloc2", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
     ("hyperfine", "/usr/bin/hyperfine"),
-    ("bpftool", "/usr/sbin/bpftool"),
 ];
 
 pub fn ensure_test_packages() -> Result<()> {
