@@ -125,9 +125,9 @@ fn a_churn_and_a_slow_leak_stay_bounded_and_unbiased() {
         assert_eq!(truth, (leaked * LEAK_SIZE) as f64);
         readings.push(Reading {
             at: started.elapsed(),
-            rss_kib: rss_kib(profiler.id()),
-            cpu_ticks: cpu_ticks(profiler.id()),
-            tables: TABLES.iter().map(|t| table_entries(t)).collect(),
+            rss_kib: common::memory_kib(profiler.id(), "VmRSS"),
+            cpu_ticks: common::cpu_ticks(profiler.id()),
+            tables: TABLES.iter().map(|t| common::table_entries(t)).collect(),
             leaked,
             estimate,
             sigma,
@@ -198,49 +198,6 @@ fn wait_for(file: &Path, timeout: Duration) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/PID/status")
-}
-
-/// User plus system CPU time, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after_name.split(' ').collect();
-    // Fields 14 and 15 of stat(5), counted from the state (field 3).
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
-/// Entries in the newest kernel map of that name (this test's allocprof
-/// loaded its maps last: test binaries run one after another).
-fn table_entries(name: &str) -> usize {
-    let bpftool = |args: &[&str]| -> serde_json::Value {
-        let out = Command::new("bpftool")
-            .args(args)
-            .output()
-            .expect("bpftool reads the kernel's map occupancy (apt-get install bpftool)");
-        assert!(out.status.success(), "bpftool {args:?} failed");
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let maps = bpftool(&["map", "show", "-j"]);
-    let id = maps
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["name"] == name)
-        .filter_map(|m| m["id"].as_u64())
-        .max()
-        .unwrap_or_else(|| panic!("no kernel map {name}"));
-    bpftool(&["map", "dump", "id", &id.to_string(), "-j"])
-        .as_array()
-        .map_or(0, Vec::len)
 }
 
 fn table(seconds: u64, interval: u64, readings: &[Reading], churn: &str) -> String {

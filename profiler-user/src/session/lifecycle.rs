@@ -3,7 +3,7 @@
 //! freed) and what only it needed is pruned.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     time::Instant,
 };
 
@@ -170,13 +170,39 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 proc,
                 stacks,
             };
-            self.frozen.push(frozen);
+            self.frozen.push_back(frozen);
         }
+        self.drop_oldest_frozen();
         let hosts: Vec<(u32, Option<u32>)> = gone
             .iter()
             .filter_map(|(pid, below)| Some((self.pids.host(*pid)?, *below)))
             .collect();
         self.kernel.forget_images(&hosts, &keys, live_samples > 0);
+    }
+
+    /// Keeps at most `max_frozen` frozen images: the oldest go, with their
+    /// names (said once).
+    fn drop_oldest_frozen(&mut self) {
+        let excess = self.frozen.len().saturating_sub(self.max_frozen);
+        if excess == 0 {
+            return;
+        }
+        let gone: HashSet<Incarnation> =
+            self.frozen.drain(..excess).map(|f| f.incarnation).collect();
+        let current: HashSet<Incarnation> = self.incarnations.values().copied().collect();
+        let kept: HashSet<Incarnation> = self.frozen.iter().map(|f| f.incarnation).collect();
+        // An exec'ed process's incarnation lives on in its new image.
+        let unused =
+            |i: &Incarnation| gone.contains(i) && !current.contains(i) && !kept.contains(i);
+        self.symbols.retain(|(i, _), _| !unused(i));
+        if self.dropped_images == 0 {
+            self.warnings.push(format!(
+                "more than {} process images have exited or exec'ed: the oldest are no \
+                 longer shown",
+                self.max_frozen
+            ));
+        }
+        self.dropped_images += excess as u64;
     }
 
     /// Drops what only a retired image needed: its address space (the new

@@ -24,7 +24,7 @@ mod symbols;
 mod tests;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -52,6 +52,9 @@ const RESCAN_AFTER_EXEC: [Duration; 4] = [
 ];
 /// System-wide, every process is rescanned this often (for dlopen).
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(5);
+/// Exited and replaced images kept, so a long system-wide run over
+/// short-lived processes holds bounded memory; the oldest go first.
+const MAX_FROZEN_IMAGES: usize = 10_000;
 
 /// Which processes to profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,7 +121,11 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     symbols: HashMap<(Incarnation, u64), Arc<[Frame]>>,
     pending: HashSet<(Incarnation, u64)>,
     symbolizer: SymbolizerThread<(Incarnation, u64)>,
-    frozen: Vec<Frozen>,
+    /// Oldest first.
+    frozen: VecDeque<Frozen>,
+    max_frozen: usize,
+    /// Frozen images dropped to keep `max_frozen`.
+    dropped_images: u64,
     /// Processes that exec'ed: when, and the next of `RESCAN_AFTER_EXEC`.
     rescans: HashMap<u32, (Instant, usize)>,
     last_full_scan: Instant,
@@ -167,7 +174,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             symbols: HashMap::new(),
             pending: HashSet::new(),
             symbolizer: SymbolizerThread::spawn(),
-            frozen: Vec::new(),
+            frozen: VecDeque::new(),
+            max_frozen: MAX_FROZEN_IMAGES,
+            dropped_images: 0,
             rescans: HashMap::new(),
             last_full_scan: Instant::now(),
             started: Instant::now(),

@@ -534,3 +534,32 @@ fn a_lost_exit_event_is_noticed_at_the_next_refresh() {
     only_image(&p, 100, ProcessState::Exited);
     assert!(world.kernel().procs.is_empty());
 }
+
+#[test]
+fn the_oldest_frozen_images_go_past_the_cap() {
+    let world = World::default();
+    let mut s = session(&world, Target::All);
+    s.max_frozen = 3;
+    for pid in 100..105 {
+        world.spawn(pid, &format!("job{pid}"));
+        world.sample(pid, 7, &[address_in(alpha_site)], 1 << 20);
+        s.complete_profile().unwrap();
+        world.exit(pid);
+        s.refresh().unwrap();
+    }
+    let p = s.complete_profile().unwrap();
+    let mut pids: Vec<u32> = p.processes.iter().map(|p| p.key.pid).collect();
+    pids.sort_unstable();
+    assert_eq!(pids, vec![102, 103, 104], "the newest three are kept");
+    assert_eq!(s.symbols.len(), 3, "the names of dropped images go too");
+    assert_eq!(s.dropped_images, 2);
+    assert_eq!(
+        s.warnings
+            .iter()
+            .filter(|w| w.contains("no longer shown"))
+            .count(),
+        1,
+        "said once: {:?}",
+        s.warnings
+    );
+}

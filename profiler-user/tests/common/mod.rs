@@ -278,3 +278,47 @@ pub fn process(
         .find(|p| p.key.pid == pid)
         .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"))
 }
+
+/// Resident memory of a process, from `/proc/PID/status` (`field`: `VmRSS`, `VmHWM`), in KiB.
+pub fn memory_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// User plus system CPU time, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    // Fields 14 and 15 of stat(5), counted from the state (field 3).
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Entries in the newest kernel map of that name (this test's allocprof
+/// loaded its maps last: test binaries run one after another).
+pub fn table_entries(name: &str) -> usize {
+    let bpftool = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new("bpftool")
+            .args(args)
+            .output()
+            .expect("bpftool reads the kernel's map occupancy (apt-get install bpftool)");
+        assert!(out.status.success(), "bpftool {args:?} failed");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let maps = bpftool(&["map", "show", "-j"]);
+    let id = maps
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["name"] == name)
+        .filter_map(|m| m["id"].as_u64())
+        .max()
+        .unwrap_or_else(|| panic!("no kernel map {name}"));
+    bpftool(&["map", "dump", "id", &id.to_string(), "-j"])
+        .as_array()
+        .map_or(0, Vec::len)
+}
