@@ -30,6 +30,7 @@ const INITIAL_LEAK: u64 = 256;
 const CHURN_RING: u64 = 4096;
 /// Kernel tables whose occupancy is recorded.
 const TABLES: [&str; 4] = ["LIVE", "AGGS", "STACKS", "PROCS"];
+const MIB: f64 = 1_048_576.0;
 
 fn env_seconds(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -236,14 +237,14 @@ fn table(seconds: u64, interval: u64, readings: &[Reading], churn: &str) -> Stri
     }
     t += &format!(
         "| leak truth | {:.2} MiB | {:.2} MiB |\n",
-        (start.leaked * LEAK_SIZE) as f64 / (1 << 20) as f64,
-        (end.leaked * LEAK_SIZE) as f64 / (1 << 20) as f64
+        (start.leaked * LEAK_SIZE) as f64 / MIB,
+        (end.leaked * LEAK_SIZE) as f64 / MIB
     );
     t += &format!(
         "| leak estimate (z) | {:.2} MiB ({:+.2}) | {:.2} MiB ({:+.2}) |\n",
-        start.estimate / (1 << 20) as f64,
+        start.estimate / MIB,
         start.z(),
-        end.estimate / (1 << 20) as f64,
+        end.estimate / MIB,
         end.z()
     );
     let worst = readings.iter().map(|r| r.z().abs()).fold(0.0, f64::max);
