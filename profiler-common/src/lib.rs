@@ -4,6 +4,7 @@
 #![no_std]
 
 pub mod rate;
+pub mod unwind;
 pub mod usdt;
 
 pub use usdt::{MAX_USDT_ARGS, UsdtArg, UsdtArgKind, UsdtSpec};
@@ -284,6 +285,12 @@ mod pod {
     unsafe impl aya::Pod for ProcEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for UsdtSpec {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::unwind::UnwindRow {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::unwind::UnwindMapping {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::unwind::ProcUnwind {}
 }
 
 #[cfg(test)]

@@ -1,0 +1,119 @@
+//! Compiled call-frame information: how the kernel finds a frame's caller in
+//! code built without frame pointers. User space compiles each mapped file's
+//! `.eh_frame` / `.debug_frame` into a table of [`UnwindRow`]s sorted by
+//! address (as the OpenTelemetry eBPF profiler's "stack deltas" and the
+//! Parca agent's tables); the kernel looks a pc up by binary search and
+//! applies the row. x86-64 only: the return address is always at CFA − 8.
+
+/// How to find the CFA (the caller's stack pointer before the call) for the
+/// code from [`UnwindRow::pc`] up to the next row's address.
+pub mod cfa {
+    /// No rule the kernel can apply (no CFI, a DWARF expression, an
+    /// unsupported register): the walk ends with a truncation marker.
+    pub const UNKNOWN: u8 = 0;
+    /// CFA = rsp + offset.
+    pub const RSP: u8 = 1;
+    /// CFA = rbp + offset.
+    pub const RBP: u8 = 2;
+    /// A PLT stub: CFA = rsp + offset, plus 8 once the stub has pushed
+    /// (`(rip & 15) >= 11`), the one DWARF expression compilers emit for PLTs.
+    pub const PLT: u8 = 3;
+    /// The outermost frame (the return address is undefined, as in `_start`):
+    /// the stack is complete.
+    pub const END: u8 = 4;
+}
+
+/// Where the caller's rbp is.
+pub mod rbp {
+    /// rbp is unchanged (the callee did not save it, or has restored it).
+    pub const SAME: u8 = 0;
+    /// Saved at CFA + `rbp_offset`.
+    pub const AT_CFA: u8 = 1;
+}
+
+/// One row of a compiled unwind table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    /// First address the row covers, in the file's virtual address space
+    /// (ELF `p_vaddr`s); it covers everything below the next row's `pc`.
+    pub pc: u64,
+    pub cfa_offset: i32,
+    pub rbp_offset: i16,
+    /// One of [`cfa`].
+    pub cfa_rule: u8,
+    /// One of [`rbp`].
+    pub rbp_rule: u8,
+}
+
+/// Executable mappings with unwind tables per process (sorted by start).
+pub const MAX_UNWIND_MAPPINGS: usize = 256;
+
+/// One executable mapping of a process and its file's table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    pub start: u64,
+    pub end: u64,
+    /// What to subtract from an address to get the file's virtual address.
+    pub bias: u64,
+    /// The file's rows: `UNWIND_ROWS[rows_start .. rows_start + rows_len]`.
+    pub rows_start: u32,
+    pub rows_len: u32,
+}
+
+/// Every mapping with an unwind table of one process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcUnwind {
+    pub len: u32,
+    pub _pad: u32,
+    pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
+}
+
+impl Default for ProcUnwind {
+    fn default() -> Self {
+        ProcUnwind {
+            len: 0,
+            _pad: 0,
+            mappings: [UnwindMapping::default(); MAX_UNWIND_MAPPINGS],
+        }
+    }
+}
+
+/// A frame address the kernel appends when a walk stops early because a pc
+/// had no rule it could apply: user space shows a truncation marker naming
+/// the file of the frame before it. No user-space code lives this high.
+pub const TRUNCATED_FRAME: u64 = 0xffff_ffff_ffff_fff0;
+
+/// Index of the last row whose `pc` is at or below `pc`, in rows sorted by
+/// `pc` (what the kernel's binary search computes; `None` below the first).
+pub fn find_row(rows: &[UnwindRow], pc: u64) -> Option<usize> {
+    let after = rows.partition_point(|r| r.pc <= pc);
+    after.checked_sub(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_have_no_padding() {
+        assert_eq!(size_of::<UnwindRow>(), 16);
+        assert_eq!(size_of::<UnwindMapping>(), 32);
+        assert_eq!(size_of::<ProcUnwind>(), 8 + 32 * MAX_UNWIND_MAPPINGS);
+    }
+
+    #[test]
+    fn a_pc_finds_the_row_that_covers_it() {
+        let row = |pc| UnwindRow {
+            pc,
+            ..UnwindRow::default()
+        };
+        let rows = [row(0x10), row(0x20), row(0x30)];
+        assert_eq!(find_row(&rows, 0x0f), None);
+        assert_eq!(find_row(&rows, 0x10), Some(0));
+        assert_eq!(find_row(&rows, 0x2f), Some(1));
+        assert_eq!(find_row(&rows, 0x1000), Some(2));
+    }
+}
