@@ -10,6 +10,7 @@
 mod maps;
 mod probes;
 mod process;
+mod unwind;
 mod usdt;
 
 #[cfg(not(test))]

@@ -8,6 +8,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     AggKey, DROP_REASONS, LiveKey, LiveSample, ProcCounters, StackAgg, StackTrace, UsdtSpec,
+    unwind::{ProcUnwind, UnwindRow},
 };
 
 /// Argument descriptions, indexed by the uprobe's attach cookie.
@@ -43,6 +44,18 @@ pub static PROCS: HashMap<u32, ProcCounters> = HashMap::with_max_entries(16_384,
 /// Drops by `DropReason`, for events that could not be tied to a process too.
 #[map]
 pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_REASONS as u32, 0);
+
+/// Compiled unwind tables of every file with one, back to back (each
+/// file's range is named by the `UnwindMapping`s that use it). Its size is
+/// the cap on unwind-table memory (16 bytes a row).
+#[map]
+pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1 << 20, 0);
+
+/// Per process (host pid): its executable mappings with unwind tables.
+/// Processes without an entry are walked by frame pointers.
+#[map]
+pub static UNWIND_PROCS: HashMap<u32, ProcUnwind> =
+    HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
 
 /// Exit and exec of processes, so that user space cleans up and rescans.
 #[map]

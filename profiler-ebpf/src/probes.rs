@@ -208,25 +208,32 @@ impl ClaimCounter for MapCounter<'_> {
 }
 
 fn take_stack_claimed(ctx: &ProbeContext) -> Result<u64, DropReason> {
+    // With unwind tables, the walk writes the scratch's frames itself.
+    let walked = crate::unwind::walk(ctx, current_pid());
     let scratch = STACK_SCRATCH
         .get_ptr_mut(0)
         .ok_or(DropReason::StackFailed)?;
     // SAFETY: a per-CPU map value, ours alone while this program runs.
     let trace: &mut StackTrace = unsafe { &mut *scratch };
     let size = size_of_val(&trace.frames) as u32;
-    // SAFETY: the helper writes at most `size` bytes into `frames`.
-    let written = unsafe {
-        bpf_get_stack(
-            ctx.as_ptr(),
-            trace.frames.as_mut_ptr().cast(),
-            size,
-            u64::from(BPF_F_USER_STACK),
-        )
+    let len = match walked {
+        Some(len) => len.min(MAX_STACK_DEPTH),
+        None => {
+            // SAFETY: the helper writes at most `size` bytes into `frames`.
+            let written = unsafe {
+                bpf_get_stack(
+                    ctx.as_ptr(),
+                    trace.frames.as_mut_ptr().cast(),
+                    size,
+                    u64::from(BPF_F_USER_STACK),
+                )
+            };
+            if written <= 0 {
+                return Err(DropReason::StackFailed);
+            }
+            (written as usize / 8).min(MAX_STACK_DEPTH)
+        }
     };
-    if written <= 0 {
-        return Err(DropReason::StackFailed);
-    }
-    let len = (written as usize / 8).min(MAX_STACK_DEPTH);
     trace.len = len as u64;
     let mut hash = STACK_HASH_SEED;
     for i in 0..MAX_STACK_DEPTH {

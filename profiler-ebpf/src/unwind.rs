@@ -1,0 +1,233 @@
+//! The user stack walked with compiled call-frame information (see
+//! `profiler_common::unwind`), for processes user space has given tables:
+//! code built without frame pointers unwinds whole. A pc outside every
+//! table falls back to one frame-pointer step; a pc whose rule cannot be
+//! applied ends the walk with `TRUNCATED_FRAME`, never with garbage.
+
+use aya_ebpf::{
+    cty::c_void,
+    helpers::{bpf_probe_read_user, generated::bpf_loop},
+    programs::ProbeContext,
+};
+use profiler_common::{
+    MAX_STACK_DEPTH,
+    unwind::{
+        MAX_UNWIND_MAPPINGS, ProcUnwind, TRUNCATED_FRAME, UnwindMapping, UnwindRow, cfa, rbp,
+    },
+};
+
+use crate::maps::{STACK_SCRATCH, UNWIND_PROCS, UNWIND_ROWS};
+
+/// Binary search steps over a process's mappings (2^9 > MAX_UNWIND_MAPPINGS).
+const MAPPING_STEPS: usize = 9;
+/// Binary search steps over one file's rows (tables hold < 2^24 rows).
+const ROW_STEPS: usize = 24;
+/// How far above the stack pointer a frame pointer may point to be trusted.
+const MAX_FRAME_SPAN: u64 = 8 << 20;
+
+/// Walks the current user stack into `STACK_SCRATCH` with the tables of
+/// `pid`. `None` when the process has no tables (the caller walks frame
+/// pointers). One frame per `bpf_loop` iteration: the verifier checks the
+/// step once, not once per frame.
+#[inline(always)]
+pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
+    // SAFETY: only whether the entry exists; the step looks it up itself.
+    unsafe { UNWIND_PROCS.get(&pid) }?;
+    // SAFETY: the context of a uprobe is its pt_regs; constant-offset reads.
+    let regs = unsafe { &*ctx.regs };
+    let mut walk = Walk {
+        pid,
+        _pad: 0,
+        pc: regs.rip,
+        sp: regs.rsp,
+        bp: regs.rbp,
+        len: 0,
+    };
+    // SAFETY: the callback is a BPF subprogram taking (index, &mut Walk);
+    // `walk` outlives the call.
+    unsafe {
+        bpf_loop(
+            MAX_STACK_DEPTH as u32,
+            unwind_step as *mut c_void,
+            (&raw mut walk).cast(),
+            0,
+        )
+    };
+    Some(walk.len as usize)
+}
+
+/// The state of a walk, carried between `bpf_loop` iterations (scalars
+/// only: map values are looked up again in each step).
+#[repr(C)]
+struct Walk {
+    pid: u32,
+    _pad: u32,
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    len: u64,
+}
+
+const CONTINUE: i64 = 0;
+const STOP: i64 = 1;
+
+/// One frame: records `pc`, then finds its caller.
+#[inline(never)]
+extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `walk` passed its own `Walk` as the loop's context.
+    let walk = unsafe { &mut *ctx.cast::<Walk>() };
+    let Some(trace) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return STOP;
+    };
+    // SAFETY: a per-CPU map value, claimed by the caller for this walk.
+    let trace = unsafe { &mut *trace };
+    // SAFETY: as above; only read.
+    let Some(proc) = (unsafe { UNWIND_PROCS.get(&walk.pid) }) else {
+        return STOP;
+    };
+    let i = index as usize;
+    if i >= MAX_STACK_DEPTH {
+        return STOP;
+    }
+    let pc = walk.pc;
+    trace.frames[i] = pc;
+    walk.len = index + 1;
+    // A return address points after its call: look up the call itself.
+    let at = if i == 0 { pc } else { pc.wrapping_sub(1) };
+    let step = match find_mapping(proc, at) {
+        Some(m) => match find_row(m, at.wrapping_sub(m.bias)) {
+            Some(row) => apply(&row, pc, walk.sp, walk.bp),
+            None => Step::Truncated,
+        },
+        None => frame_pointer_step(walk.sp, walk.bp),
+    };
+    match step {
+        Step::Caller { pc, sp, bp } if pc != 0 => {
+            (walk.pc, walk.sp, walk.bp) = (pc, sp, bp);
+            CONTINUE
+        }
+        Step::Caller { .. } | Step::End => STOP,
+        Step::Truncated => {
+            let next = i + 1;
+            // Reloaded, so the bound is checked on the register the store
+            // indexes by (the compiler would otherwise test a copy, which
+            // the verifier does not connect to it).
+            // SAFETY: a read of a local.
+            let slot = unsafe { core::ptr::read_volatile(&next) };
+            if let Some(frame) = trace.frames.get_mut(slot) {
+                *frame = TRUNCATED_FRAME;
+                walk.len = slot as u64 + 1;
+            }
+            STOP
+        }
+    }
+}
+
+enum Step {
+    Caller {
+        pc: u64,
+        sp: u64,
+        bp: u64,
+    },
+    /// The outermost frame: the stack is complete.
+    End,
+    /// No rule could be applied.
+    Truncated,
+}
+
+#[inline(always)]
+fn apply(row: &UnwindRow, pc: u64, sp: u64, bp: u64) -> Step {
+    let base = match row.cfa_rule {
+        cfa::RSP => sp,
+        cfa::RBP => bp,
+        cfa::PLT => sp.wrapping_add(if pc & 15 >= 11 { 8 } else { 0 }),
+        cfa::END => return Step::End,
+        _ => return Step::Truncated,
+    };
+    let cfa = base.wrapping_add(row.cfa_offset as i64 as u64);
+    let Some(ra) = read_user(cfa.wrapping_sub(8)) else {
+        return Step::Truncated;
+    };
+    let bp = if row.rbp_rule == rbp::AT_CFA {
+        match read_user(cfa.wrapping_add(row.rbp_offset as i64 as u64)) {
+            Some(v) => v,
+            None => return Step::Truncated,
+        }
+    } else {
+        bp
+    };
+    Step::Caller {
+        pc: ra,
+        sp: cfa,
+        bp,
+    }
+}
+
+/// Code without a table (JIT code, a file whose table did not fit): one
+/// step by frame pointer, if rbp looks like one.
+#[inline(always)]
+fn frame_pointer_step(sp: u64, bp: u64) -> Step {
+    if bp < sp || bp - sp > MAX_FRAME_SPAN || bp & 7 != 0 {
+        return Step::Truncated;
+    }
+    match (read_user(bp.wrapping_add(8)), read_user(bp)) {
+        (Some(ra), Some(saved_bp)) => Step::Caller {
+            pc: ra,
+            sp: bp.wrapping_add(16),
+            bp: saved_bp,
+        },
+        _ => Step::Truncated,
+    }
+}
+
+/// The mapping whose range holds `addr` (mappings sorted by start).
+#[inline(always)]
+fn find_mapping(proc: &ProcUnwind, addr: u64) -> Option<&UnwindMapping> {
+    let (mut lo, mut hi) = (0usize, (proc.len as usize).min(MAX_UNWIND_MAPPINGS));
+    for _ in 0..MAPPING_STEPS {
+        if lo >= hi {
+            break;
+        }
+        let mid = (lo + (hi - lo) / 2) & (MAX_UNWIND_MAPPINGS - 1);
+        let m = &proc.mappings[mid];
+        if addr < m.start {
+            hi = mid;
+        } else if addr >= m.end {
+            lo = mid + 1;
+        } else {
+            return Some(m);
+        }
+    }
+    None
+}
+
+/// The last row at or below `vaddr` in the mapping's file table.
+#[inline(always)]
+fn find_row(m: &UnwindMapping, vaddr: u64) -> Option<UnwindRow> {
+    // Invariant: rows[lo].pc <= vaddr < rows[hi].pc (rows past the end as +inf).
+    let first = *UNWIND_ROWS.get(m.rows_start)?;
+    if m.rows_len == 0 || vaddr < first.pc {
+        return None;
+    }
+    let (mut lo, mut hi) = (0u32, m.rows_len);
+    for _ in 0..ROW_STEPS {
+        if hi - lo <= 1 {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        let row = UNWIND_ROWS.get(m.rows_start.wrapping_add(mid))?;
+        if row.pc <= vaddr {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    UNWIND_ROWS.get(m.rows_start.wrapping_add(lo)).copied()
+}
+
+#[inline(always)]
+fn read_user(addr: u64) -> Option<u64> {
+    // SAFETY: the helper copies from user memory and reports a fault instead
+    // of taking it.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
