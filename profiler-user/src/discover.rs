@@ -206,6 +206,8 @@ pub struct MapsEntry {
     /// The path, without a ` (deleted)` suffix; empty for anonymous memory.
     pub path: String,
     pub deleted: bool,
+    /// Mapped executable (`x` in the permissions): code a pc can be in.
+    pub executable: bool,
 }
 
 impl MapsEntry {
@@ -231,7 +233,7 @@ fn parse_maps_line(line: &str) -> Option<MapsEntry> {
     // address perms offset dev inode path
     let mut fields = line.splitn(6, ' ');
     let range = fields.next()?;
-    let _perms = fields.next()?;
+    let perms = fields.next()?;
     let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
     let (major, minor) = fields.next()?.split_once(':')?;
     let inode = fields.next()?.parse().ok()?;
@@ -252,6 +254,7 @@ fn parse_maps_line(line: &str) -> Option<MapsEntry> {
         inode,
         path: path.to_string(),
         deleted,
+        executable: perms.as_bytes().get(2) == Some(&b'x'),
     })
 }
 

@@ -18,6 +18,7 @@ use aya::{
 use profiler_common::{
     AggKey, DROP_REASONS, LiveKey, LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace,
     UsdtSpec,
+    unwind::{ProcUnwind, UnwindRow},
 };
 use thiserror::Error;
 
@@ -42,6 +43,8 @@ pub struct Limits {
     pub max_stacks: u32,
     pub max_aggregates: u32,
     pub max_processes: u32,
+    /// Rows of compiled unwind tables, for all files (16 bytes each).
+    pub max_unwind_rows: u32,
 }
 
 impl Default for Limits {
@@ -52,6 +55,7 @@ impl Default for Limits {
             max_stacks: 65_536,
             max_aggregates: 65_536,
             max_processes: 16_384,
+            max_unwind_rows: 1 << 20,
         }
     }
 }
@@ -107,6 +111,9 @@ pub struct Kernel {
     procs: HashMap<MapData, u32, ProcCounters>,
     drops: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
+    unwind_rows: Array<MapData, UnwindRow>,
+    unwind_procs: HashMap<MapData, u32, ProcUnwind>,
+    max_unwind_rows: u32,
 }
 
 /// An attachment: which file (by identity), which probe, where, for whom.
@@ -138,6 +145,7 @@ impl Kernel {
             .map_max_entries("STACKS", limits.max_stacks)
             .map_max_entries("AGGS", limits.max_aggregates)
             .map_max_entries("PROCS", limits.max_processes)
+            .map_max_entries("UNWIND_ROWS", limits.max_unwind_rows)
             .override_global("MAX_LIVE_PER_PROCESS", &limits.max_live_per_process, true)
             .override_global("REPORT_ALL_EXECS", &report_all, true)
             .load(object)
@@ -160,6 +168,10 @@ impl Kernel {
         let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(map_err("DROPS"))?;
         let events =
             RingBuf::try_from(take(&mut ebpf, "PROC_EVENTS")?).map_err(map_err("PROC_EVENTS"))?;
+        let unwind_rows =
+            Array::try_from(take(&mut ebpf, "UNWIND_ROWS")?).map_err(map_err("UNWIND_ROWS"))?;
+        let unwind_procs = HashMap::try_from(take(&mut ebpf, "UNWIND_PROCS")?)
+            .map_err(map_err("UNWIND_PROCS"))?;
         Ok(Kernel {
             ebpf,
             specs,
@@ -172,6 +184,9 @@ impl Kernel {
             procs,
             drops,
             events,
+            unwind_rows,
+            unwind_procs,
+            max_unwind_rows: limits.max_unwind_rows,
         })
     }
 
@@ -369,6 +384,34 @@ impl Kernel {
     /// The kernel's state of one process (a map lookup, no snapshot).
     pub fn process(&self, pid: u32) -> Option<ProcCounters> {
         self.procs.get(&pid, 0).ok()
+    }
+
+    /// How many unwind rows the kernel holds at most (for all files).
+    pub fn unwind_capacity(&self) -> u32 {
+        self.max_unwind_rows
+    }
+
+    /// Writes unwind rows at `start` (a range the caller allocated).
+    pub fn write_unwind_rows(&mut self, start: u32, rows: &[UnwindRow]) -> Result<(), KernelError> {
+        for (i, row) in rows.iter().enumerate() {
+            self.unwind_rows
+                .set(start + i as u32, row, 0)
+                .map_err(map_err("UNWIND_ROWS"))?;
+        }
+        Ok(())
+    }
+
+    /// Gives process `pid` (host) its mappings with unwind tables: its
+    /// stacks are walked with them from now on.
+    pub fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError> {
+        self.unwind_procs
+            .insert(pid, table, 0)
+            .map_err(map_err("UNWIND_PROCS"))
+    }
+
+    /// Back to frame pointers for `pid` (it exec'ed or exited).
+    pub fn clear_process_unwind(&mut self, pid: u32) {
+        let _ = self.unwind_procs.remove(&pid);
     }
 
     /// The process exit/exec events reported since the last call.

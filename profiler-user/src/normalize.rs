@@ -23,6 +23,7 @@ pub struct Mapping {
     pub start: u64,
     pub end: u64,
     pub offset: u64,
+    pub executable: bool,
     pub file: Arc<MappedFile>,
 }
 
@@ -69,6 +70,7 @@ impl AddressSpace {
                 start: entry.start,
                 end: entry.end,
                 offset: entry.offset,
+                executable: entry.executable,
                 file,
             });
         }
@@ -95,6 +97,11 @@ impl AddressSpace {
 
     pub fn is_empty(&self) -> bool {
         self.mappings.is_empty()
+    }
+
+    /// The file-backed mappings, sorted by address.
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
     }
 }
 

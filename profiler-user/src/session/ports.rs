@@ -4,7 +4,10 @@
 //! session's bookkeeping is written against these, so it is unit-tested
 //! with fakes, without root (see `session/tests.rs`).
 
-use profiler_common::{AggKey, ProcCounters, ProcEvent};
+use profiler_common::{
+    AggKey, ProcCounters, ProcEvent,
+    unwind::{ProcUnwind, UnwindRow},
+};
 
 use crate::{
     discover::{self, OpenFile, ProbeSite, Scan, Scanner},
@@ -40,6 +43,14 @@ pub trait KernelPort {
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize;
+    /// Rows the kernel's unwind-table array holds.
+    fn unwind_capacity(&self) -> u32;
+    /// Writes unwind rows at `start`.
+    fn write_unwind_rows(&mut self, start: u32, rows: &[UnwindRow]) -> Result<(), KernelError>;
+    /// The executable mappings with unwind tables of process `pid`.
+    fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError>;
+    /// Process `pid` is walked by frame pointers again.
+    fn clear_process_unwind(&mut self, pid: u32);
 }
 
 /// The processes a session follows, as `/proc` shows them. Pids here are
@@ -96,6 +107,22 @@ impl KernelPort for Kernel {
         live_samples: bool,
     ) -> usize {
         Kernel::forget_images(self, gone, aggregates, live_samples)
+    }
+
+    fn unwind_capacity(&self) -> u32 {
+        Kernel::unwind_capacity(self)
+    }
+
+    fn write_unwind_rows(&mut self, start: u32, rows: &[UnwindRow]) -> Result<(), KernelError> {
+        Kernel::write_unwind_rows(self, start, rows)
+    }
+
+    fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError> {
+        Kernel::set_process_unwind(self, pid, table)
+    }
+
+    fn clear_process_unwind(&mut self, pid: u32) {
+        Kernel::clear_process_unwind(self, pid);
     }
 }
 
