@@ -14,4 +14,5 @@ pub mod report;
 pub mod session;
 pub mod stats;
 pub mod symbolize;
+pub mod unwind;
 pub mod usdt;
