@@ -19,6 +19,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // hold their mapped files open.
         if !scan.probes.is_empty() {
             self.spaces.insert(pid, scan.space);
+            self.unwind_process(pid);
         }
         let mut stale = Vec::new();
         for file in &scan.probes {

@@ -52,6 +52,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 // notices the real exit).
                 PROC_EVENT_EXIT if !self.processes.alive(pid) => exited.push(pid),
                 PROC_EVENT_EXEC => {
+                    // The old image's tables would walk the new one wrong.
+                    self.forget_tables(pid);
                     // The kernel bumped its generation if it tracks it.
                     match self.kernel.process(event.pid) {
                         Some(state) => execed.push((pid, state.generation)),
@@ -209,6 +211,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// image of an exec gets its own at the rescan) and name; for an exit,
     /// also its pid mapping, rescans and per-process attachments.
     pub(super) fn prune(&mut self, pid: u32, exited: bool) {
+        self.forget_tables(pid);
         self.spaces.remove(&pid);
         self.names.remove(&pid);
         if !exited {
@@ -264,6 +267,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .collect::<Vec<_>>(),
         );
         self.retire(&dead, &[]);
+        self.release_tables();
         if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {
             self.scan_all();
         }

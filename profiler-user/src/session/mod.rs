@@ -12,7 +12,8 @@
 //! - `namespace.rs`: the kernel's host pids turned into ours;
 //! - `symbols.rs`: stacks to the symbolizer and back, per process
 //!   incarnation (a reused pid never gets another process's names);
-//! - `profile.rs`: the [`Profile`] of live and frozen images.
+//! - `profile.rs`: the [`Profile`] of live and frozen images;
+//! - `unwinding.rs`: which processes the kernel walks with unwind tables.
 
 mod attach;
 mod lifecycle;
@@ -22,6 +23,7 @@ mod profile;
 mod symbols;
 #[cfg(test)]
 mod tests;
+mod unwinding;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -29,6 +31,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use profiler_common::unwind::ProcUnwind;
 use thiserror::Error;
 
 use self::lifecycle::Frozen;
@@ -40,6 +43,7 @@ use crate::{
     pidns::PidMap,
     profile::Profile,
     symbolize::{Frame, SymbolizerThread},
+    unwind::tables::UnwindTables,
 };
 
 /// After an exec, the dynamic loader maps LD_PRELOAD libraries within
@@ -130,6 +134,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     rescans: HashMap<u32, (Instant, usize)>,
     last_full_scan: Instant,
     started: Instant,
+    /// Unwind tables of the files processes map executable.
+    unwind: UnwindTables,
+    /// What each process's kernel unwind entry holds (to skip rewrites).
+    unwound: HashMap<u32, ProcUnwind>,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
     pub warnings: Vec<String>,
 }
@@ -158,7 +166,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         pids: PidMap,
         target: Target,
     ) -> Result<Self, StartError> {
+        let unwind = UnwindTables::new(kernel.unwind_capacity(), crate::unwind::tables::compile);
         let mut session = Session {
+            unwind,
+            unwound: HashMap::new(),
             kernel,
             processes,
             target: target.clone(),

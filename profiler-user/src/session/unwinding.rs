@@ -41,7 +41,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// Builds `pid`'s kernel entry from the tables ready now.
-    fn give_tables(&mut self, pid: u32) {
+    pub(super) fn give_tables(&mut self, pid: u32) {
         let (Some(space), Some(host)) = (self.spaces.get(&pid), self.pids.host(pid)) else {
             return;
         };

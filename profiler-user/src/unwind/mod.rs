@@ -1,10 +1,23 @@
-//! Whole user stacks in code built without frame pointers: each mapped
-//! file's call-frame information compiled into an unwind table
-//! (`profiler_common::unwind`), loaded into the kernel, and per process the
-//! executable mappings that use them. The kernel walks with them
-//! (`profiler-ebpf/src/unwind.rs`).
-//! - `pool.rs`: ranges of the kernel's one row array, per file.
-//! - `tables.rs`: a file's table from compile to kernel to release.
+//! Whole user stacks in code built without frame pointers (issue 11).
+//!
+//! [`compile`](compile_file) turns a file's call-frame information
+//! (`.eh_frame`, `.debug_frame`) into the sorted [`UnwindRow`] table of
+//! `profiler_common::unwind` that the kernel walks; [`unwind`] is that walk
+//! on the host, the exact algorithm the kernel runs, so the tables are tested
+//! against real stacks without BPF. Those two are pure: no aya, no `/proc`.
+//! `tables.rs` takes each file's table from compile (on its own thread) to
+//! the kernel's row array (ranges from `pool.rs`) and releases it when no
+//! process maps the file.
+//!
+//! [`UnwindRow`]: profiler_common::unwind::UnwindRow
 
+mod compile;
 pub mod pool;
+mod simulate;
 pub mod tables;
+
+pub use compile::{
+    CompileError, ErrorKind, Limits, LoadSegment, TableStats, UnwindTable, compile_elf,
+    compile_file, compile_open_file,
+};
+pub use simulate::{Mapping, Regs, Stop, Walk, unwind};

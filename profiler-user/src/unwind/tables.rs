@@ -7,15 +7,13 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fs::File,
-    os::unix::fs::FileExt,
     sync::{Arc, mpsc},
     thread,
 };
 
 use profiler_common::unwind::{UnwindMapping, UnwindRow};
 
-use super::pool::RowPool;
+use super::{LoadSegment, UnwindTable, pool::RowPool};
 use crate::{
     discover::{FileId, OpenFile},
     normalize::Mapping,
@@ -25,20 +23,13 @@ use crate::{
 /// (one map update each): a large table loads over several polls.
 const ROWS_PER_STEP: usize = 16_384;
 
-/// Compiles a file's table: its rows, sorted by address.
-pub type Compile = fn(&File) -> Result<Vec<UnwindRow>, String>;
+/// Compiles a file's table (see [`super::compile_open_file`]).
+pub type Compile = fn(&OpenFile) -> Result<UnwindTable, String>;
 
-/// Where a PT_LOAD segment's bytes are in the file and in its addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Segment {
-    pub offset: u64,
-    pub vaddr: u64,
-    pub filesz: u64,
-}
-
-struct Compiled {
-    rows: Vec<UnwindRow>,
-    segments: Vec<Segment>,
+/// The real compiler, with the default limits.
+pub fn compile(file: &OpenFile) -> Result<UnwindTable, String> {
+    super::compile_open_file(&file.file, &file.display, &super::Limits::default())
+        .map_err(|e| e.kind.to_string())
 }
 
 enum FileTable {
@@ -47,12 +38,12 @@ enum FileTable {
         start: u32,
         rows: Vec<UnwindRow>,
         written: usize,
-        segments: Vec<Segment>,
+        loads: Vec<LoadSegment>,
     },
     Ready {
         start: u32,
         len: u32,
-        segments: Vec<Segment>,
+        loads: Vec<LoadSegment>,
     },
     /// Not built or did not fit: said once, not tried again.
     Unavailable,
@@ -67,7 +58,7 @@ pub struct UnwindTables {
     pool: RowPool,
     files: HashMap<FileId, FileTable>,
     requests: mpsc::Sender<(FileId, Arc<OpenFile>)>,
-    responses: mpsc::Receiver<(FileId, Result<Compiled, String>)>,
+    responses: mpsc::Receiver<(FileId, Result<UnwindTable, String>)>,
     problems: Vec<String>,
     names: HashMap<FileId, String>,
 }
@@ -81,12 +72,7 @@ impl UnwindTables {
             .name("unwind-tables".into())
             .spawn(move || {
                 for (id, file) in req_rx {
-                    let compiled = compile(&file.file).and_then(|rows| {
-                        Ok(Compiled {
-                            segments: load_segments(&file.file)?,
-                            rows,
-                        })
-                    });
+                    let compiled = compile(&file);
                     if resp_tx.send((id, compiled)).is_err() {
                         return;
                     }
@@ -128,7 +114,7 @@ impl UnwindTables {
                         start,
                         rows: c.rows,
                         written: 0,
-                        segments: c.segments,
+                        loads: c.loads,
                     },
                     None => {
                         let why = format!(
@@ -150,7 +136,7 @@ impl UnwindTables {
                 start,
                 rows,
                 written,
-                segments,
+                loads,
             } = table
             else {
                 continue;
@@ -176,7 +162,7 @@ impl UnwindTables {
                 *table = FileTable::Ready {
                     start: *start,
                     len: rows.len() as u32,
-                    segments: std::mem::take(segments),
+                    loads: std::mem::take(loads),
                 };
                 ready = true;
             }
@@ -194,27 +180,13 @@ impl UnwindTables {
     /// The kernel's view of one executable mapping, if its file's table is ready.
     pub fn mapping(&self, m: &Mapping) -> Option<UnwindMapping> {
         let file = m.file.open.as_ref()?;
-        let FileTable::Ready {
-            start,
-            len,
-            segments,
-        } = self.files.get(&file.id)?
-        else {
+        let FileTable::Ready { start, len, loads } = self.files.get(&file.id)? else {
             return None;
         };
-        let segment = segments
-            .iter()
-            .find(|s| m.offset >= s.offset & !0xfff && m.offset < s.offset + s.filesz)?;
-        // vaddr = addr - m.start + m.offset + (s.vaddr - s.offset)
-        let bias = m
-            .start
-            .wrapping_sub(m.offset)
-            .wrapping_add(segment.offset)
-            .wrapping_sub(segment.vaddr);
         Some(UnwindMapping {
             start: m.start,
             end: m.end,
-            bias,
+            bias: bias(loads, m.start, m.offset)?,
             rows_start: *start,
             rows_len: *len,
         })
@@ -250,50 +222,32 @@ impl UnwindTables {
     }
 }
 
-/// Most program headers read: real files have about a dozen.
-const MAX_PROGRAM_HEADERS: u16 = 512;
-
-/// The PT_LOAD segments of an ELF64 little-endian file, by bounded reads.
-pub fn load_segments(file: &File) -> Result<Vec<Segment>, String> {
-    let mut header = [0u8; 64];
-    file.read_exact_at(&mut header, 0)
-        .map_err(|e| format!("reading its ELF header: {e}"))?;
-    if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
-        return Err("not a 64-bit little-endian ELF file".into());
-    }
-    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
-    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
-    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let phoff = u64_at(&header, 32);
-    let phentsize = u16_at(&header, 54);
-    let phnum = u16_at(&header, 56);
-    if phentsize != 56 || phnum > MAX_PROGRAM_HEADERS {
-        return Err(format!("unexpected program headers ({phnum} of {phentsize} bytes)"));
-    }
-    let mut table = vec![0u8; usize::from(phnum) * 56];
-    file.read_exact_at(&mut table, phoff)
-        .map_err(|e| format!("reading its program headers: {e}"))?;
-    const PT_LOAD: u32 = 1;
-    Ok(table
-        .chunks_exact(56)
-        .filter(|ph| u32_at(ph, 0) == PT_LOAD)
-        .map(|ph| Segment {
-            offset: u64_at(ph, 8),
-            vaddr: u64_at(ph, 16),
-            filesz: u64_at(ph, 32),
-        })
-        .collect())
+/// What to subtract from an address in a mapping at `start` of file
+/// offset `offset` to get the file's virtual address: through the PT_LOAD
+/// holding that offset (a mapping starts at the page holding the segment's
+/// first byte, so its offset may be below the segment's).
+pub fn bias(loads: &[LoadSegment], start: u64, offset: u64) -> Option<u64> {
+    let load = loads
+        .iter()
+        .find(|l| offset >= l.offset & !0xfff && offset < l.offset + l.filesz.max(1))?;
+    let vaddr = offset.wrapping_add(load.vaddr).wrapping_sub(load.offset);
+    Some(start.wrapping_sub(vaddr))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use super::*;
 
     #[test]
-    fn our_own_executable_has_an_executable_load_segment() {
+    fn a_mapping_of_our_own_code_has_a_bias_that_finds_our_functions() {
         let exe = File::open("/proc/self/exe").unwrap();
-        let segments = load_segments(&exe).unwrap();
-        let here = our_own_executable_has_an_executable_load_segment as *const () as u64;
+        let table =
+            super::super::compile_open_file(&exe, "self".as_ref(), &super::super::Limits::default())
+                .unwrap();
+        let here = a_mapping_of_our_own_code_has_a_bias_that_finds_our_functions as *const ()
+            as u64;
         let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
         let m = space
             .mappings()
@@ -301,21 +255,13 @@ mod tests {
             .find(|m| m.start <= here && here < m.end)
             .unwrap();
         assert!(m.executable);
-        assert!(
-            segments
-                .iter()
-                .any(|s| m.offset >= s.offset & !0xfff && m.offset < s.offset + s.filesz),
-            "{segments:?} vs offset {:#x}",
-            m.offset
+        let bias = bias(&table.loads, m.start, m.offset).expect("a PT_LOAD holds our code");
+        let row = profiler_common::unwind::find_row(&table.rows, here - bias).unwrap();
+        assert_eq!(
+            table.rows[row].cfa_rule,
+            profiler_common::unwind::cfa::RSP,
+            "a function's first instruction: CFA = rsp + 8"
         );
-    }
-
-    #[test]
-    fn garbage_is_not_an_elf_file() {
-        let dir = std::env::temp_dir().join(format!("unwind-garbage-{}", std::process::id()));
-        std::fs::write(&dir, b"not an elf file at all, not at all, no").unwrap();
-        let f = File::open(&dir).unwrap();
-        assert!(load_segments(&f).is_err());
-        std::fs::remove_file(&dir).unwrap();
+        assert_eq!(table.rows[row].cfa_offset, 8);
     }
 }
