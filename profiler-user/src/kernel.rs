@@ -170,8 +170,8 @@ impl Kernel {
             RingBuf::try_from(take(&mut ebpf, "PROC_EVENTS")?).map_err(map_err("PROC_EVENTS"))?;
         let unwind_rows =
             Array::try_from(take(&mut ebpf, "UNWIND_ROWS")?).map_err(map_err("UNWIND_ROWS"))?;
-        let unwind_procs = HashMap::try_from(take(&mut ebpf, "UNWIND_PROCS")?)
-            .map_err(map_err("UNWIND_PROCS"))?;
+        let unwind_procs =
+            HashMap::try_from(take(&mut ebpf, "UNWIND_PROCS")?).map_err(map_err("UNWIND_PROCS"))?;
         Ok(Kernel {
             ebpf,
             specs,

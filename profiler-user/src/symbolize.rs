@@ -17,6 +17,8 @@ use blazesym::symbolize::{
     source::{Elf, Source},
 };
 
+use profiler_common::unwind::TRUNCATED_FRAME;
+
 use crate::{
     discover::OpenFile,
     normalize::{FileAddr, MappedFile},
@@ -216,6 +218,18 @@ impl UsedFiles {
     }
 }
 
+/// The frame that ends a walk the kernel could not continue: which file's
+/// code had no unwind rule it could apply.
+fn truncation_marker(last: Option<&FileAddr>) -> Frame {
+    Frame::named(match last {
+        Some(at) => format!(
+            "[truncated: no unwind info for {}]",
+            basename(&at.file.path)
+        ),
+        None => "[truncated: no unwind info]".to_string(),
+    })
+}
+
 /// Symbolizes one stack, innermost first.
 pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>)]) -> Vec<Frame> {
     // Group frames by file: one blazesym call per file.
@@ -272,7 +286,13 @@ pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>
         }
     }
     let mut out = Vec::with_capacity(frames.len());
+    let mut previous: Option<&FileAddr> = None;
     for (((addr, at), sym), failure) in frames.iter().zip(symbolized).zip(failures) {
+        if *addr == TRUNCATED_FRAME {
+            out.push(truncation_marker(previous));
+            continue;
+        }
+        previous = at.as_ref();
         match (sym, failure) {
             (Some(expanded), _) => out.extend(expanded),
             (None, Some(reason)) => {

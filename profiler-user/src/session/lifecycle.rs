@@ -38,6 +38,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// without one) and one series of rescans however often it execs; the
     /// images that went in one poll are retired together.
     pub fn poll_events(&mut self) {
+        self.load_tables();
         let now = Instant::now();
         let mut exited = Vec::new();
         let mut execed = Vec::new();

@@ -14,6 +14,7 @@ use std::{
 use profiler_common::{
     AggKey, DROP_REASONS, DropReason, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcCounters, ProcEvent,
     SampleDelta, StackAgg, UsdtSpec,
+    unwind::{ProcUnwind, UnwindRow},
 };
 
 use super::{KernelPort, ProcessPort, Session, Target};
@@ -53,6 +54,9 @@ struct KernelState {
     events: Vec<ProcEvent>,
     attached: Vec<(FileId, Scope)>,
     detached: Vec<u32>,
+    unwind_rows: HashMap<u32, UnwindRow>,
+    unwind_procs: HashMap<u32, ProcUnwind>,
+    unwind_cleared: Vec<u32>,
 }
 
 #[derive(Clone)]
@@ -223,6 +227,34 @@ impl KernelPort for FakeKernel {
             }
         }
         0
+    }
+
+    fn unwind_capacity(&self) -> u32 {
+        1 << 20
+    }
+
+    fn write_unwind_rows(&mut self, start: u32, rows: &[UnwindRow]) -> Result<(), KernelError> {
+        let mut w = self.0.0.borrow_mut();
+        for (i, row) in rows.iter().enumerate() {
+            w.kernel.unwind_rows.insert(start + i as u32, *row);
+        }
+        Ok(())
+    }
+
+    fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError> {
+        self.0
+            .0
+            .borrow_mut()
+            .kernel
+            .unwind_procs
+            .insert(pid, *table);
+        Ok(())
+    }
+
+    fn clear_process_unwind(&mut self, pid: u32) {
+        let mut w = self.0.0.borrow_mut();
+        w.kernel.unwind_procs.remove(&pid);
+        w.kernel.unwind_cleared.push(pid);
     }
 }
 
@@ -562,4 +594,63 @@ fn the_oldest_frozen_images_go_past_the_cap() {
         "said once: {:?}",
         s.warnings
     );
+}
+
+/// Waits (bounded) until `pid` has the table of this test binary's code.
+fn wait_for_tables(s: &mut Session<FakeKernel, FakeProcesses>, world: &World, pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let here = address_in(alpha_site);
+    let has_ours = |world: &World| {
+        world.kernel().unwind_procs.get(&pid).is_some_and(|t| {
+            t.mappings[..t.len as usize]
+                .iter()
+                .any(|m| m.start <= here && here < m.end)
+        })
+    };
+    while !has_ours(world) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no unwind tables for {pid}: {:?}",
+            s.warnings
+        );
+        s.poll_events();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_process_gets_the_tables_of_its_code_and_loses_them_at_exec_and_exit() {
+    let world = World::default();
+    world.spawn(100, "app");
+    let mut s = session(&world, Target::All);
+    wait_for_tables(&mut s, &world, 100);
+    let here = address_in(alpha_site);
+    {
+        let k = world.kernel();
+        let table = k.unwind_procs[&100];
+        let m = table.mappings[..table.len as usize]
+            .iter()
+            .find(|m| m.start <= here && here < m.end)
+            .expect("our code's mapping has a table");
+        let rows: Vec<UnwindRow> = (m.rows_start..m.rows_start + m.rows_len)
+            .map(|i| k.unwind_rows[&i])
+            .collect();
+        let row = profiler_common::unwind::find_row(&rows, here - 1 - m.bias).unwrap();
+        assert_ne!(
+            rows[row].cfa_rule,
+            profiler_common::unwind::cfa::UNKNOWN,
+            "our function has a rule"
+        );
+    }
+    world.exec(100, "other");
+    s.poll_events();
+    assert!(
+        world.kernel().unwind_cleared.contains(&100),
+        "the old image's tables go at exec"
+    );
+    // The new image (the same files here) gets them again from its scan.
+    wait_for_tables(&mut s, &world, 100);
+    world.exit(100);
+    s.refresh().unwrap();
+    assert!(world.kernel().unwind_procs.is_empty(), "and at exit");
 }

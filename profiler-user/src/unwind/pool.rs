@@ -77,7 +77,11 @@ mod tests {
     #[test]
     fn released_ranges_merge_with_their_neighbours() {
         let mut pool = RowPool::new(90);
-        let (a, b, c) = (pool.alloc(30).unwrap(), pool.alloc(30).unwrap(), pool.alloc(30).unwrap());
+        let (a, b, c) = (
+            pool.alloc(30).unwrap(),
+            pool.alloc(30).unwrap(),
+            pool.alloc(30).unwrap(),
+        );
         pool.release(a, 30);
         pool.release(c, 30);
         assert_eq!(pool.alloc(60), None, "two holes of 30, not one of 60");

@@ -108,8 +108,13 @@ impl UnwindTables {
                 continue; // released meanwhile
             }
             let table = match compiled {
-                Ok(c) if c.rows.is_empty() => self.unavailable(id, "it has no call-frame information"),
-                Ok(c) => match u32::try_from(c.rows.len()).ok().and_then(|n| self.pool.alloc(n)) {
+                Ok(c) if c.rows.is_empty() => {
+                    self.unavailable(id, "it has no call-frame information")
+                }
+                Ok(c) => match u32::try_from(c.rows.len())
+                    .ok()
+                    .and_then(|n| self.pool.alloc(n))
+                {
                     Some(start) => FileTable::Writing {
                         start,
                         rows: c.rows,
@@ -172,8 +177,9 @@ impl UnwindTables {
 
     fn unavailable(&mut self, id: FileId, why: &str) -> FileTable {
         let name = self.names.get(&id).map_or("?", String::as_str);
-        self.problems
-            .push(format!("no unwind table for {name}: {why}; its frames are walked by frame pointers"));
+        self.problems.push(format!(
+            "no unwind table for {name}: {why}; its frames are walked by frame pointers"
+        ));
         FileTable::Unavailable
     }
 
@@ -222,13 +228,15 @@ impl UnwindTables {
     }
 }
 
-/// What to subtract from an address in a mapping at `start` of file
-/// offset `offset` to get the file's virtual address: through the PT_LOAD
-/// holding that offset (a mapping starts at the page holding the segment's
-/// first byte, so its offset may be below the segment's).
+/// What to subtract from an address in an executable mapping at `start` of
+/// file offset `offset` to get the file's virtual address: through the
+/// executable PT_LOAD holding that offset (a mapping starts at the page
+/// holding the segment's first byte, so its offset may be below the
+/// segment's, in a page the segment before it shares).
 pub fn bias(loads: &[LoadSegment], start: u64, offset: u64) -> Option<u64> {
     let load = loads
         .iter()
+        .filter(|l| l.executable)
         .find(|l| offset >= l.offset & !0xfff && offset < l.offset + l.filesz.max(1))?;
     let vaddr = offset.wrapping_add(load.vaddr).wrapping_sub(load.offset);
     Some(start.wrapping_sub(vaddr))
@@ -243,11 +251,14 @@ mod tests {
     #[test]
     fn a_mapping_of_our_own_code_has_a_bias_that_finds_our_functions() {
         let exe = File::open("/proc/self/exe").unwrap();
-        let table =
-            super::super::compile_open_file(&exe, "self".as_ref(), &super::super::Limits::default())
-                .unwrap();
-        let here = a_mapping_of_our_own_code_has_a_bias_that_finds_our_functions as *const ()
-            as u64;
+        let table = super::super::compile_open_file(
+            &exe,
+            "self".as_ref(),
+            &super::super::Limits::default(),
+        )
+        .unwrap();
+        let here =
+            a_mapping_of_our_own_code_has_a_bias_that_finds_our_functions as *const () as u64;
         let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
         let m = space
             .mappings()
