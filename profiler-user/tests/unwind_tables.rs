@@ -189,6 +189,34 @@ fn unwind_dump(dir: &Path) -> (Vec<Frame>, Stop) {
     (frames, walk.stop)
 }
 
+/// The frames a frame-pointer walk of the dump finds (what `bpf_get_stack`
+/// would give): the pc, then `[rbp + 8]` along the `[rbp]` chain.
+fn frame_pointer_frames(dir: &Path) -> usize {
+    let regs_text = fs::read_to_string(dir.join("regs")).unwrap();
+    let reg = |name: &str| {
+        let value = regs_text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap();
+        u64::from_str_radix(value, 16).unwrap()
+    };
+    let (rsp, mut rbp) = (reg("rsp"), reg("rbp"));
+    let stack = fs::read(dir.join("stack")).unwrap();
+    let read = |addr: u64| {
+        let at = usize::try_from(addr.checked_sub(rsp)?).ok()?;
+        Some(u64::from_le_bytes(stack.get(at..at + 8)?.try_into().ok()?))
+    };
+    let mut frames = 1;
+    while let (Some(ra), Some(next)) = (read(rbp.wrapping_add(8)), read(rbp)) {
+        if ra == 0 || next <= rbp || frames == 127 {
+            break;
+        }
+        frames += 1;
+        rbp = next;
+    }
+    frames
+}
+
 fn check_chain(exe: &Path, frames: &[Frame], stop: Stop) {
     let exe = exe.to_str().unwrap();
     let shown: Vec<String> = frames
@@ -256,6 +284,13 @@ fn whole_stack_without_frame_pointers() {
     let (exe, dir) = run_workload("nofp", NOFP);
     let (frames, stop) = unwind_dump(&dir);
     check_chain(&exe, &frames, stop);
+    // The point of the tables: frame pointers alone see (almost) nothing here.
+    let by_fp = frame_pointer_frames(&dir);
+    println!("frame pointers alone: {by_fp} frames");
+    assert!(
+        by_fp < 10,
+        "a frame-pointer walk found {by_fp} frames in -fomit-frame-pointer code"
+    );
 }
 
 #[test]
@@ -266,6 +301,13 @@ fn whole_stack_with_frame_pointers() {
     );
     let (frames, stop) = unwind_dump(&dir);
     check_chain(&exe, &frames, stop);
+    // The control: frame pointers alone reach main here too.
+    let by_fp = frame_pointer_frames(&dir);
+    println!("frame pointers alone: {by_fp} frames");
+    assert!(
+        by_fp >= 104,
+        "a frame-pointer walk found only {by_fp} frames"
+    );
 }
 
 /// Compiles one real file, prints its figures, checks the table's shape.
@@ -288,6 +330,15 @@ fn compile_real(label: &str, path: &Path) {
         s.unused_fdes,
         s.bytes_read / 1024,
         took.as_secs_f64() * 1e3
+    );
+    let mut by_rule = [0usize; 5];
+    for row in &table.rows {
+        by_rule[usize::from(row.cfa_rule).min(4)] += 1;
+    }
+    println!(
+        "  rows by CFA rule: rsp {}, rbp {}, plt {}, end {}, unknown {} (gaps, signal \
+         trampolines, expressions)",
+        by_rule[1], by_rule[2], by_rule[3], by_rule[4], by_rule[0]
     );
     assert!(
         s.rows > 100 && s.fdes > 10,

@@ -105,16 +105,22 @@ pub struct UnwindTable {
 impl UnwindTable {
     /// The bias of a mapping of this file at `start` with file offset
     /// `offset` (as `/proc/PID/maps` gives them): address − bias = file
-    /// virtual address. `None` if no `PT_LOAD` contains `offset`.
+    /// virtual address. The segment is the one whose pages hold `offset`
+    /// (a mapping starts at its segment's `p_offset` rounded down to a
+    /// 4 KiB page), an executable one first when two share a page (as
+    /// lld lays them out); `None` if no `PT_LOAD` holds `offset`.
     pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
-        let load = self
-            .loads
-            .iter()
-            .find(|l| offset >= l.offset && offset - l.offset < l.filesz.max(1))?;
+        let holds = |l: &&LoadSegment| {
+            offset >= l.offset & !PAGE_MASK && offset < l.offset.saturating_add(l.filesz.max(1))
+        };
+        let load = (self.loads.iter().filter(|l| l.executable).find(holds))
+            .or_else(|| self.loads.iter().find(holds))?;
         let vaddr = offset.wrapping_sub(load.offset).wrapping_add(load.vaddr);
         Some(start.wrapping_sub(vaddr))
     }
 }
+
+const PAGE_MASK: u64 = 0xfff;
 
 /// Why a file has no table.
 #[derive(Debug, Error)]

@@ -406,6 +406,29 @@ fn bias_comes_from_the_segment_holding_the_offset() {
         Some(0x7f00_1000 - 0x401000)
     );
     assert_eq!(table.bias(0x7f00_0000, 0x9000), None);
+    // Segments that do not start on a page (lld; or GNU ld's data): the
+    // mapping starts at the page holding p_offset; an executable segment
+    // sharing that page with a read-only one is the one meant.
+    let table = UnwindTable {
+        loads: vec![
+            LoadSegment {
+                offset: 0,
+                vaddr: 0,
+                filesz: 0x5c8,
+                memsz: 0x5c8,
+                executable: false,
+            },
+            LoadSegment {
+                offset: 0x5d0,
+                vaddr: 0x15d0,
+                filesz: 0x800,
+                memsz: 0x800,
+                executable: true,
+            },
+        ],
+        ..UnwindTable::default()
+    };
+    assert_eq!(table.bias(0x7f00_1000, 0), Some(0x7f00_0000));
 }
 
 proptest! {
