@@ -312,6 +312,28 @@ fn whole_stack_with_frame_pointers() {
     );
 }
 
+#[test]
+fn whole_stack_from_debug_frame() {
+    // No .eh_frame for the workload's own code (only crt's, for _start):
+    // its CFI is in .debug_frame alone.
+    let (exe, dir) = run_workload(
+        "debug-frame",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-fno-inline",
+            "-g",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+        ],
+    );
+    let stats = compile_file(&exe, &Limits::default()).unwrap().stats;
+    println!("{stats:?}");
+    assert!(stats.debug_frame_fdes >= 6, "{stats:?}");
+    let (frames, stop) = unwind_dump(&dir);
+    check_chain(&exe, &frames, stop);
+}
+
 /// Compiles one real file, prints its figures, checks the table's shape.
 fn compile_real(label: &str, path: &Path) {
     let path = fs::canonicalize(path).unwrap();

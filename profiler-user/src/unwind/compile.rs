@@ -58,7 +58,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_rows: 1 << 22,
+            max_rows: 1 << 21,
             max_read: 256 << 20,
         }
     }
@@ -307,9 +307,13 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
 
     let mut stats = TableStats::default();
     let mut fdes = Vec::new();
-    // Raw rows kept in memory before merging: bounded, and far above what
-    // any file that fits `max_rows` after merging produces.
-    let mut budget = limits.max_rows.saturating_mul(4).saturating_add(1024);
+    // Raw rows (24 bytes each) and FDEs kept before merging: bounded (every
+    // FDE has a row). Merging rarely removes more than it adds (one gap row
+    // per FDE), so a file over this is over `max_rows` too.
+    let mut budget = limits
+        .max_rows
+        .saturating_add(limits.max_rows / 4)
+        .saturating_add(1024);
     if let Some(s) = &eh_frame {
         let mut section = EhFrame::new(&s.data, LittleEndian);
         section.set_address_size(8);
@@ -534,6 +538,10 @@ fn collect_fdes<'a, S: UnwindSection<R<'a>>>(
         }
         let mut rows = Vec::new();
         if fde.is_signal_trampoline() {
+            if *budget == 0 {
+                return Err(over_budget(out, 0, limits));
+            }
+            *budget -= 1;
             rows.push((start, UNKNOWN));
         } else {
             let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
@@ -545,11 +553,7 @@ fn collect_fdes<'a, S: UnwindSection<R<'a>>>(
                 match table.next_row() {
                     Ok(Some(row)) => {
                         if *budget == 0 {
-                            return Err(ErrorKind::TooManyRows {
-                                rows: out.iter().map(|f| f.rows.len()).sum::<usize>() + rows.len(),
-                                at_least: true,
-                                limit: limits.max_rows,
-                            });
+                            return Err(over_budget(out, rows.len(), limits));
                         }
                         *budget -= 1;
                         rows.push((row.start_address(), rule_of(row, section)));
@@ -569,6 +573,14 @@ fn collect_fdes<'a, S: UnwindSection<R<'a>>>(
         out.push(Fde { start, end, rows });
     }
     Ok(())
+}
+
+fn over_budget(fdes: &[Fde], more: usize, limits: &Limits) -> ErrorKind {
+    ErrorKind::TooManyRows {
+        rows: fdes.iter().map(|f| f.rows.len()).sum::<usize>() + more,
+        at_least: true,
+        limit: limits.max_rows,
+    }
 }
 
 /// `DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_lit11; DW_OP_ge;

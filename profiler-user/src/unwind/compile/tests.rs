@@ -332,6 +332,22 @@ fn too_many_rows_is_an_error_naming_the_file_and_count() {
         "{message}"
     );
     assert!(matches!(err.kind, ErrorKind::TooManyRows { rows: 20, .. }));
+    // Far over: refused while reading, before the rows are all in memory.
+    let fdes = (0..2000).map(|i| (TEXT + 0x20 * i, 0x10, vec![])).collect();
+    let data = elf(&[(".eh_frame", &eh_frame(cie(), fdes))]);
+    let err = compile_elf(&data, Path::new("/usr/lib/big.so"), &limits).unwrap_err();
+    assert!(
+        matches!(
+            err.kind,
+            ErrorKind::TooManyRows {
+                at_least: true,
+                limit: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("or more rows"), "{err}");
 }
 
 #[test]
