@@ -6,7 +6,9 @@
 //! is checked against the file's length; gimli parses the CFI with checked
 //! reads. A malformed CIE or FDE skips that FDE (counted in
 //! [`TableStats::skipped_fdes`]); only a file that is not a readable x86-64
-//! ELF, or a table over [`Limits::max_rows`], is an error.
+//! ELF, or a table over [`Limits::max_rows`], is an error. (An entry whose
+//! length header is broken ends its section: nothing after it can be found;
+//! it counts as one skipped FDE.)
 //!
 //! How each CFI row becomes an [`UnwindRow`]:
 //! - CFA = rsp + off → [`cfa::RSP`]; rbp + off → [`cfa::RBP`]; the PLT
@@ -22,7 +24,7 @@
 //! Assembling the table: FDEs are sorted by start address; each FDE's rows
 //! are followed by an `UNKNOWN` row at its end, so a pc between FDEs finds no
 //! rule rather than the previous function's. Overlapping FDEs (rare: hand-written
-//! assembly, stale FDEs): the one that starts later wins from its start on,
+//! assembly): the one that starts later wins from its start on,
 //! the earlier one is cut there (equal starts: the narrower wins); where the
 //! later one ends, the table says `UNKNOWN` even if the earlier one extended
 //! further. `.debug_frame` FDEs are used only where no `.eh_frame` FDE
@@ -350,14 +352,19 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
             }
         }
     }
-    // Code lives in executable segments; FDEs elsewhere are stale.
-    let exec: Vec<(u64, u64)> = loads
+    // Code lives in executable segments; FDEs elsewhere are stale. (A
+    // binary search: a hostile file may have 65535 segments.)
+    let mut exec: Vec<(u64, u64)> = loads
         .iter()
         .filter(|l| l.executable)
         .map(|l| (l.vaddr, l.vaddr.saturating_add(l.memsz)))
         .collect();
+    exec.sort_unstable();
     let before = fdes.len();
-    fdes.retain(|f| exec.iter().any(|&(lo, hi)| f.start >= lo && f.end <= hi));
+    fdes.retain(|f| {
+        let i = exec.partition_point(|&(lo, _)| lo <= f.start);
+        i > 0 && f.end <= exec[i - 1].1
+    });
     stats.unused_fdes += before - fdes.len();
     stats.fdes = fdes.len();
 
