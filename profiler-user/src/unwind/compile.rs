@@ -6,7 +6,9 @@
 //! is checked against the file's length; gimli parses the CFI with checked
 //! reads. A malformed CIE or FDE skips that FDE (counted in
 //! [`TableStats::skipped_fdes`]); only a file that is not a readable x86-64
-//! ELF, or a table over [`Limits::max_rows`], is an error.
+//! ELF, or a table over [`Limits::max_rows`], is an error. (An entry whose
+//! length header is broken ends its section: nothing after it can be found;
+//! it counts as one skipped FDE.)
 //!
 //! How each CFI row becomes an [`UnwindRow`]:
 //! - CFA = rsp + off → [`cfa::RSP`]; rbp + off → [`cfa::RBP`]; the PLT
@@ -22,7 +24,7 @@
 //! Assembling the table: FDEs are sorted by start address; each FDE's rows
 //! are followed by an `UNKNOWN` row at its end, so a pc between FDEs finds no
 //! rule rather than the previous function's. Overlapping FDEs (rare: hand-written
-//! assembly, stale FDEs): the one that starts later wins from its start on,
+//! assembly): the one that starts later wins from its start on,
 //! the earlier one is cut there (equal starts: the narrower wins); where the
 //! later one ends, the table says `UNKNOWN` even if the earlier one extended
 //! further. `.debug_frame` FDEs are used only where no `.eh_frame` FDE
@@ -58,7 +60,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_rows: 1 << 22,
+            max_rows: 1 << 21,
             max_read: 256 << 20,
         }
     }
@@ -105,16 +107,22 @@ pub struct UnwindTable {
 impl UnwindTable {
     /// The bias of a mapping of this file at `start` with file offset
     /// `offset` (as `/proc/PID/maps` gives them): address − bias = file
-    /// virtual address. `None` if no `PT_LOAD` contains `offset`.
+    /// virtual address. The segment is the one whose pages hold `offset`
+    /// (a mapping starts at its segment's `p_offset` rounded down to a
+    /// 4 KiB page), an executable one first when two share a page (as
+    /// lld lays them out); `None` if no `PT_LOAD` holds `offset`.
     pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
-        let load = self
-            .loads
-            .iter()
-            .find(|l| offset >= l.offset && offset - l.offset < l.filesz.max(1))?;
+        let holds = |l: &&LoadSegment| {
+            offset >= l.offset & !PAGE_MASK && offset < l.offset.saturating_add(l.filesz.max(1))
+        };
+        let load = (self.loads.iter().filter(|l| l.executable).find(holds))
+            .or_else(|| self.loads.iter().find(holds))?;
         let vaddr = offset.wrapping_sub(load.offset).wrapping_add(load.vaddr);
         Some(start.wrapping_sub(vaddr))
     }
 }
+
+const PAGE_MASK: u64 = 0xfff;
 
 /// Why a file has no table.
 #[derive(Debug, Error)]
@@ -301,9 +309,13 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
 
     let mut stats = TableStats::default();
     let mut fdes = Vec::new();
-    // Raw rows kept in memory before merging: bounded, and far above what
-    // any file that fits `max_rows` after merging produces.
-    let mut budget = limits.max_rows.saturating_mul(4).saturating_add(1024);
+    // Raw rows (24 bytes each) and FDEs kept before merging: bounded (every
+    // FDE has a row). Merging rarely removes more than it adds (one gap row
+    // per FDE), so a file over this is over `max_rows` too.
+    let mut budget = limits
+        .max_rows
+        .saturating_add(limits.max_rows / 4)
+        .saturating_add(1024);
     if let Some(s) = &eh_frame {
         let mut section = EhFrame::new(&s.data, LittleEndian);
         section.set_address_size(8);
@@ -340,14 +352,19 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
             }
         }
     }
-    // Code lives in executable segments; FDEs elsewhere are stale.
-    let exec: Vec<(u64, u64)> = loads
+    // Code lives in executable segments; FDEs elsewhere are stale. (A
+    // binary search: a hostile file may have 65535 segments.)
+    let mut exec: Vec<(u64, u64)> = loads
         .iter()
         .filter(|l| l.executable)
         .map(|l| (l.vaddr, l.vaddr.saturating_add(l.memsz)))
         .collect();
+    exec.sort_unstable();
     let before = fdes.len();
-    fdes.retain(|f| exec.iter().any(|&(lo, hi)| f.start >= lo && f.end <= hi));
+    fdes.retain(|f| {
+        let i = exec.partition_point(|&(lo, _)| lo <= f.start);
+        i > 0 && f.end <= exec[i - 1].1
+    });
     stats.unused_fdes += before - fdes.len();
     stats.fdes = fdes.len();
 
@@ -528,6 +545,10 @@ fn collect_fdes<'a, S: UnwindSection<R<'a>>>(
         }
         let mut rows = Vec::new();
         if fde.is_signal_trampoline() {
+            if *budget == 0 {
+                return Err(over_budget(out, 0, limits));
+            }
+            *budget -= 1;
             rows.push((start, UNKNOWN));
         } else {
             let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
@@ -539,11 +560,7 @@ fn collect_fdes<'a, S: UnwindSection<R<'a>>>(
                 match table.next_row() {
                     Ok(Some(row)) => {
                         if *budget == 0 {
-                            return Err(ErrorKind::TooManyRows {
-                                rows: out.iter().map(|f| f.rows.len()).sum::<usize>() + rows.len(),
-                                at_least: true,
-                                limit: limits.max_rows,
-                            });
+                            return Err(over_budget(out, rows.len(), limits));
                         }
                         *budget -= 1;
                         rows.push((row.start_address(), rule_of(row, section)));
@@ -563,6 +580,14 @@ fn collect_fdes<'a, S: UnwindSection<R<'a>>>(
         out.push(Fde { start, end, rows });
     }
     Ok(())
+}
+
+fn over_budget(fdes: &[Fde], more: usize, limits: &Limits) -> ErrorKind {
+    ErrorKind::TooManyRows {
+        rows: fdes.iter().map(|f| f.rows.len()).sum::<usize>() + more,
+        at_least: true,
+        limit: limits.max_rows,
+    }
 }
 
 /// `DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_lit11; DW_OP_ge;

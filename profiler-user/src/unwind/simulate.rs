@@ -151,6 +151,8 @@ fn fp_step(rsp: u64, rbp: u64, read_u64: &impl Fn(u64) -> Option<u64>) -> Option
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn row(pc: u64, cfa_rule: u8, cfa_offset: i32, rbp_rule: u8, rbp_offset: i16) -> UnwindRow {
@@ -361,5 +363,37 @@ mod tests {
         );
         assert_eq!(walk.frames.len(), MAX_STACK_DEPTH);
         assert_eq!(walk.stop, Stop::MaxDepth);
+    }
+
+    proptest! {
+        /// Any table and any memory: no panic, at most MAX_STACK_DEPTH frames,
+        /// a truncation marker only last.
+        #[test]
+        fn any_table_any_memory(
+            rows in prop::collection::vec(
+                (0u64..0x400, any::<i32>(), any::<i16>(), 0u8..6, 0u8..3), 0..32),
+            words in prop::collection::vec(any::<u64>(), 0..64),
+            pc in 0u64..0x2000,
+            rsp in 0u64..0x400,
+            rbp in any::<u64>(),
+        ) {
+            let mut rows: Vec<UnwindRow> = rows
+                .into_iter()
+                .map(|(pc, cfa_offset, rbp_offset, cfa_rule, rbp_rule)| UnwindRow {
+                    pc: pc * 4,
+                    cfa_offset,
+                    rbp_offset,
+                    cfa_rule,
+                    rbp_rule,
+                })
+                .collect();
+            rows.sort_by_key(|r| r.pc);
+            rows.dedup_by_key(|r| r.pc);
+            let maps = [Mapping { start: 0x1000, end: 0x2000, bias: 0x1000, rows: &rows }];
+            let walk = unwind(Regs { pc, rsp, rbp }, &maps, memory(0, &words));
+            prop_assert!(walk.frames.len() <= MAX_STACK_DEPTH);
+            let marker = walk.frames.iter().position(|&f| f == TRUNCATED_FRAME);
+            prop_assert!(marker.is_none_or(|i| i == walk.frames.len() - 1));
+        }
     }
 }

@@ -332,6 +332,22 @@ fn too_many_rows_is_an_error_naming_the_file_and_count() {
         "{message}"
     );
     assert!(matches!(err.kind, ErrorKind::TooManyRows { rows: 20, .. }));
+    // Far over: refused while reading, before the rows are all in memory.
+    let fdes = (0..2000).map(|i| (TEXT + 0x20 * i, 0x10, vec![])).collect();
+    let data = elf(&[(".eh_frame", &eh_frame(cie(), fdes))]);
+    let err = compile_elf(&data, Path::new("/usr/lib/big.so"), &limits).unwrap_err();
+    assert!(
+        matches!(
+            err.kind,
+            ErrorKind::TooManyRows {
+                at_least: true,
+                limit: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("or more rows"), "{err}");
 }
 
 #[test]
@@ -406,6 +422,29 @@ fn bias_comes_from_the_segment_holding_the_offset() {
         Some(0x7f00_1000 - 0x401000)
     );
     assert_eq!(table.bias(0x7f00_0000, 0x9000), None);
+    // Segments that do not start on a page (lld; or GNU ld's data): the
+    // mapping starts at the page holding p_offset; an executable segment
+    // sharing that page with a read-only one is the one meant.
+    let table = UnwindTable {
+        loads: vec![
+            LoadSegment {
+                offset: 0,
+                vaddr: 0,
+                filesz: 0x5c8,
+                memsz: 0x5c8,
+                executable: false,
+            },
+            LoadSegment {
+                offset: 0x5d0,
+                vaddr: 0x15d0,
+                filesz: 0x800,
+                memsz: 0x800,
+                executable: true,
+            },
+        ],
+        ..UnwindTable::default()
+    };
+    assert_eq!(table.bias(0x7f00_1000, 0), Some(0x7f00_0000));
 }
 
 proptest! {
