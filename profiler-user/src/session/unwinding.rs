@@ -8,7 +8,10 @@ use std::collections::HashSet;
 use profiler_common::unwind::{MAX_UNWIND_MAPPINGS, ProcUnwind};
 
 use super::{KernelPort, ProcessPort, Session};
-use crate::{discover::FileId, unwind::tables::RowSink};
+use crate::{
+    discover::FileId,
+    unwind::tables::{RowSink, TablesStatus},
+};
 
 /// The kernel as the tables' writer.
 struct KernelRows<'a, K>(&'a mut K);
@@ -26,6 +29,11 @@ impl<K: KernelPort> RowSink for KernelRows<'_, K> {
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// Where the unwind tables of the mapped files stand.
+    pub fn unwind_status(&self) -> TablesStatus {
+        self.unwind.status()
+    }
+
     /// Asks for the tables of `pid`'s executable files and gives it those
     /// that are ready.
     pub(super) fn unwind_process(&mut self, pid: u32) {

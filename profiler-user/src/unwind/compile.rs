@@ -112,14 +112,19 @@ impl UnwindTable {
     /// 4 KiB page), an executable one first when two share a page (as
     /// lld lays them out); `None` if no `PT_LOAD` holds `offset`.
     pub fn bias(&self, start: u64, offset: u64) -> Option<u64> {
-        let holds = |l: &&LoadSegment| {
-            offset >= l.offset & !PAGE_MASK && offset < l.offset.saturating_add(l.filesz.max(1))
-        };
-        let load = (self.loads.iter().filter(|l| l.executable).find(holds))
-            .or_else(|| self.loads.iter().find(holds))?;
-        let vaddr = offset.wrapping_sub(load.offset).wrapping_add(load.vaddr);
-        Some(start.wrapping_sub(vaddr))
+        bias(&self.loads, start, offset)
     }
+}
+
+/// [`UnwindTable::bias`] from the file's `PT_LOAD` segments alone.
+pub fn bias(loads: &[LoadSegment], start: u64, offset: u64) -> Option<u64> {
+    let holds = |l: &&LoadSegment| {
+        offset >= l.offset & !PAGE_MASK && offset < l.offset.saturating_add(l.filesz.max(1))
+    };
+    let load =
+        (loads.iter().filter(|l| l.executable).find(holds)).or_else(|| loads.iter().find(holds))?;
+    let vaddr = offset.wrapping_sub(load.offset).wrapping_add(load.vaddr);
+    Some(start.wrapping_sub(vaddr))
 }
 
 const PAGE_MASK: u64 = 0xfff;

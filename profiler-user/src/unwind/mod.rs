@@ -17,7 +17,7 @@ mod simulate;
 pub mod tables;
 
 pub use compile::{
-    CompileError, ErrorKind, Limits, LoadSegment, TableStats, UnwindTable, compile_elf,
+    CompileError, ErrorKind, Limits, LoadSegment, TableStats, UnwindTable, bias, compile_elf,
     compile_file, compile_open_file,
 };
 pub use simulate::{Mapping, Regs, Stop, Walk, unwind};

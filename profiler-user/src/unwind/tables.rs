@@ -13,7 +13,7 @@ use std::{
 
 use profiler_common::unwind::{UnwindMapping, UnwindRow};
 
-use super::{LoadSegment, UnwindTable, pool::RowPool};
+use super::{LoadSegment, UnwindTable, bias, pool::RowPool};
 use crate::{
     discover::{FileId, OpenFile},
     normalize::Mapping,
@@ -47,6 +47,16 @@ enum FileTable {
     },
     /// Not built or did not fit: said once, not tried again.
     Unavailable,
+}
+
+/// Files by the state of their table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TablesStatus {
+    pub ready: usize,
+    pub loading: usize,
+    pub unavailable: usize,
+    /// Rows of the kernel's array not in use.
+    pub free_rows: u64,
 }
 
 /// The writes a table needs; the session's kernel provides them.
@@ -222,24 +232,21 @@ impl UnwindTables {
         std::mem::take(&mut self.problems)
     }
 
-    /// Rows of the kernel's array not in use.
-    pub fn free_rows(&self) -> u64 {
-        self.pool.free_rows()
+    /// How far loading has come, for a status line and for tests.
+    pub fn status(&self) -> TablesStatus {
+        let mut status = TablesStatus {
+            free_rows: self.pool.free_rows(),
+            ..TablesStatus::default()
+        };
+        for table in self.files.values() {
+            match table {
+                FileTable::Ready { .. } => status.ready += 1,
+                FileTable::Compiling | FileTable::Writing { .. } => status.loading += 1,
+                FileTable::Unavailable => status.unavailable += 1,
+            }
+        }
+        status
     }
-}
-
-/// What to subtract from an address in an executable mapping at `start` of
-/// file offset `offset` to get the file's virtual address: through the
-/// executable PT_LOAD holding that offset (a mapping starts at the page
-/// holding the segment's first byte, so its offset may be below the
-/// segment's, in a page the segment before it shares).
-pub fn bias(loads: &[LoadSegment], start: u64, offset: u64) -> Option<u64> {
-    let load = loads
-        .iter()
-        .filter(|l| l.executable)
-        .find(|l| offset >= l.offset & !0xfff && offset < l.offset + l.filesz.max(1))?;
-    let vaddr = offset.wrapping_add(load.vaddr).wrapping_sub(load.offset);
-    Some(start.wrapping_sub(vaddr))
 }
 
 #[cfg(test)]
