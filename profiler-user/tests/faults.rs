@@ -287,17 +287,25 @@ fn a_full_event_ring_loses_no_exit() {
     assert_sites_within_bounds(process(&profile, pid));
 }
 
-/// A pid no process has now, high in the range (new pids are handed out
-/// upwards from the last one, so this one stays free for a while).
+/// A pid no process has now, well behind the last one handed out: new pids
+/// are handed out upwards from there, so none takes it before they wrap.
 fn free_pid() -> u32 {
-    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let start = max - 1 - std::process::id() % (max / 8);
-    (max / 2..start)
-        .rev()
+    let read = |file: &str| -> u32 {
+        std::fs::read_to_string(file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (last, max) = (
+        read("/proc/sys/kernel/ns_last_pid"),
+        read("/proc/sys/kernel/pid_max"),
+    );
+    let behind = (300..last.saturating_sub(1000)).rev();
+    // Just after a wrap: the top of the range, far ahead.
+    let top = (last.saturating_add(5000)..max).rev();
+    behind
+        .chain(top)
         .find(|pid| !Path::new(&format!("/proc/{pid}")).exists())
         .expect("no free pid")
 }
