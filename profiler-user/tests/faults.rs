@@ -6,7 +6,7 @@
 mod common;
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -145,8 +145,8 @@ fn bpf_programs_of(pid: u32) -> HashSet<u64> {
     ids
 }
 
-/// The ids of every BPF program loaded on the machine.
-fn loaded_bpf_programs() -> HashSet<u64> {
+/// Every BPF program loaded on the machine: id → name.
+fn loaded_bpf_programs() -> HashMap<u64, String> {
     let out = Command::new("bpftool")
         .args(["prog", "show", "-j"])
         .output()
@@ -157,7 +157,10 @@ fn loaded_bpf_programs() -> HashSet<u64> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| p["id"].as_u64().unwrap())
+        .map(|p| {
+            let name = p["name"].as_str().unwrap_or_default().to_owned();
+            (p["id"].as_u64().unwrap(), name)
+        })
         .collect()
 }
 
@@ -189,7 +192,13 @@ fn killing_allocprof_leaves_targets_running_and_detached() {
             .stdout(Stdio::null()),
     );
     let programs = bpf_programs_of(profiler.id());
-    assert!(!programs.is_empty(), "allocprof holds no BPF programs");
+    let loaded = loaded_bpf_programs();
+    // The kernel keeps 15 bytes of a name: otel_memory_all, otel_memory_fre.
+    let probes = programs
+        .iter()
+        .filter(|id| loaded.get(id).is_some_and(|n| n.starts_with("otel_memory")))
+        .count();
+    assert_eq!(probes, 2, "allocprof's probe programs: {loaded:?}");
     w.send("go");
     w.expect("started");
     // Its probes fire on both threads now.
@@ -197,7 +206,8 @@ fn killing_allocprof_leaves_targets_running_and_detached() {
     assert!(!profiler.wait().unwrap().success());
     assert_eq!(w.line(), want, "the target computed something else");
     wait_until("allocprof's BPF programs unloaded", || {
-        loaded_bpf_programs().is_disjoint(&programs)
+        let loaded = loaded_bpf_programs();
+        !programs.iter().any(|id| loaded.contains_key(id))
     });
 
     // A new allocprof profiles it again.
