@@ -286,11 +286,11 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for UsdtSpec {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for crate::unwind::UnwindRow {}
+    unsafe impl aya::Pod for unwind::UnwindRow {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for crate::unwind::UnwindMapping {}
+    unsafe impl aya::Pod for unwind::UnwindMapping {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for crate::unwind::ProcUnwind {}
+    unsafe impl aya::Pod for unwind::ProcUnwind {}
 }
 
 #[cfg(test)]

@@ -32,6 +32,11 @@ pub async fn record(args: RecordArgs) -> Result<()> {
     let mut session = Session::start(args.targets.target(), args.targets.limits())?;
     crate::arm_probe_files(&mut session, &args.targets)?;
     crate::print_warnings(&mut session);
+    // Stop signals are handled before we say we attached (see main.rs).
+    let mut driver = Driver::new(args.interval.map_or(REFRESH, |i| i.min(REFRESH)))
+        .with_deadline(args.duration)
+        .with_snapshots(args.interval)
+        .stopped_by_signals()?;
     eprintln!(
         "allocprof: attached {} probe sites; recording {}{}",
         session.attachments(),
@@ -44,11 +49,6 @@ pub async fn record(args: RecordArgs) -> Result<()> {
             None => String::new(),
         }
     );
-
-    let mut driver = Driver::new(args.interval.map_or(REFRESH, |i| i.min(REFRESH)))
-        .with_deadline(args.duration)
-        .with_snapshots(args.interval)
-        .stopped_by_signals()?;
     let mut written = 0;
     let mut at_deadline = false;
     loop {

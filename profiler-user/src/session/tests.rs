@@ -532,6 +532,9 @@ fn a_lost_exit_event_is_noticed_at_the_next_refresh() {
     world.0.borrow_mut().kernel.events.clear();
     let p = s.refresh().unwrap();
     only_image(&p, 100, ProcessState::Exited);
+    // The refresh that notices it shows it once: not also live, from the
+    // snapshot taken before it was retired.
+    assert_eq!(images(&p, 100).len(), 1, "{p:#?}");
     assert!(world.kernel().procs.is_empty());
 }
 
