@@ -616,8 +616,8 @@ impl Session {
     }
 
     fn frames(&self, pid: u32, stack_id: u64) -> Arc<[Frame]> {
-        if stack_id == NO_STACK {
-            return placeholder("[stack unavailable]");
+        if let Some(text) = crate::profile::synthetic_stack(stack_id) {
+            return placeholder(text);
         }
         match self.symbols.get(&(pid, stack_id)) {
             Some(frames) => frames.clone(),

@@ -864,6 +864,21 @@ mod tests {
     }
 
     #[test]
+    fn the_stack_flood_is_shown_as_its_frame() {
+        let mut app = App::new(options());
+        let mut profile = sample(0);
+        profile.processes[0].stacks[0].frames =
+            std::sync::Arc::from(vec![StackFrame::named(allocprof::profile::STACK_FLOOD)]);
+        profile.processes[0].stacks[0].totals.live_bytes = 1e9;
+        app.update(AppEvent::Profile(profile));
+        let (text, _) = screen(&mut app, 120, 24);
+        assert!(
+            text.contains("[stack flood: new stacks over the per-process limit]"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn lost_live_bytes_show_the_live_heap_as_a_lower_bound() {
         let mut app = App::new(options());
         let mut profile = sample(0);
