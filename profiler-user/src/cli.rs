@@ -82,6 +82,20 @@ pub struct TargetArgs {
     #[arg(long, default_value_t = Limits::default().max_live_per_process,
           value_parser = clap::value_parser!(u64).range(1..=u64::from(MAX_LIVE_SAMPLES)))]
     pub max_live_per_process: u64,
+
+    /// Per process, new distinct stacks the kernel files per second past
+    /// a start-up burst; samples of further new stacks are kept under the
+    /// process's "[stack flood]" stack and counted. A stack seen before
+    /// always resolves. Bounds what code without frame pointers (whose
+    /// unwinds yield garbage stacks) can take of the shared stack table.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_new_stacks_per_second,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub max_new_stacks_per_second: u64,
+
+    /// The start-up burst of `--max-new-stacks-per-second`.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().new_stacks_burst,
+          value_parser = clap::value_parser!(u64).range(1..=profiler_common::MAX_NEW_STACKS_BURST))]
+    pub new_stacks_burst: u64,
 }
 
 /// The libraries armed in system-wide mode without `--probe-file`.
@@ -111,6 +125,8 @@ impl TargetArgs {
         Limits {
             max_live_samples: self.max_live_samples,
             max_live_per_process: self.max_live_per_process,
+            max_new_stacks_per_second: self.max_new_stacks_per_second,
+            new_stacks_burst: self.new_stacks_burst,
             ..Limits::default()
         }
     }
@@ -381,7 +397,12 @@ mod tests {
             assert!(parse_duration(s).is_err(), "{s}");
         }
         assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
-        for caps in [["--max-live-samples", "0"], ["--max-live-per-process", "0"]] {
+        for caps in [
+            ["--max-live-samples", "0"],
+            ["--max-live-per-process", "0"],
+            ["--max-new-stacks-per-second", "0"],
+            ["--new-stacks-burst", "0"],
+        ] {
             let err = Cli::try_parse_from(["allocprof", caps[0], caps[1]]).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{caps:?}");
         }

@@ -49,6 +49,7 @@ fn numbers_out_of_range_are_usage_errors_not_panics() {
         &["-d", "1e30"][..],
         &["record", "--interval", "1e-10", "-o", "/tmp/x.pb.gz"],
         &["--max-live-samples", "0"],
+        &["--max-new-stacks-per-second", "0"],
         &[
             "record",
             "-d",

@@ -581,7 +581,7 @@ struct Estimates {
     alloc_samples: u64,
 }
 
-const DROP_KEYS: [&str; 11] = [
+const DROP_KEYS: [&str; 12] = [
     "live_map_full",
     "process_cap",
     "stack_failed",
@@ -593,6 +593,7 @@ const DROP_KEYS: [&str; 11] = [
     "proc_map_full",
     "unplaced",
     "scratch_busy",
+    "stack_rate_limited",
 ];
 
 #[test]

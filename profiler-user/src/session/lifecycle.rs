@@ -27,6 +27,8 @@ pub(super) struct Frozen {
     pub state: ProcessState,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
+    /// Its `STACKS` entries were deleted (all its stacks symbolized).
+    pub stacks_reclaimed: bool,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -169,6 +171,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 },
                 proc,
                 stacks,
+                stacks_reclaimed: false,
             };
             self.frozen.push_back(frozen);
         }

@@ -40,6 +40,8 @@ pub trait KernelPort {
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize;
+    /// Deletes the stacks of gone, symbolized images (see [`Kernel::forget_stacks`]).
+    fn forget_stacks(&mut self, ids: &[u64]) -> usize;
 }
 
 /// The processes a session follows, as `/proc` shows them. Pids here are
@@ -96,6 +98,10 @@ impl KernelPort for Kernel {
         live_samples: bool,
     ) -> usize {
         Kernel::forget_images(self, gone, aggregates, live_samples)
+    }
+
+    fn forget_stacks(&mut self, ids: &[u64]) -> usize {
+        Kernel::forget_stacks(self, ids)
     }
 }
 

@@ -186,6 +186,13 @@ impl KernelPort for FakeKernel {
         self.0.kernel().attached.len()
     }
 
+    fn forget_stacks(&mut self, ids: &[u64]) -> usize {
+        let mut w = self.0.0.borrow_mut();
+        ids.iter()
+            .filter(|id| w.kernel.stacks.remove(id).is_some())
+            .count()
+    }
+
     fn proc_events(&mut self) -> Vec<ProcEvent> {
         std::mem::take(&mut self.0.0.borrow_mut().kernel.events)
     }
@@ -355,6 +362,7 @@ fn an_exit_freezes_the_image_and_frees_its_kernel_state() {
     let kernel = world.kernel();
     assert!(kernel.aggregates.is_empty(), "aggregates forgotten");
     assert!(kernel.procs.is_empty(), "counters forgotten");
+    assert!(kernel.stacks.is_empty(), "stacks reclaimed once symbolized");
     drop(kernel);
     assert_eq!(s.held_address_spaces(), 0, "its address space pruned");
 }
