@@ -366,13 +366,7 @@ fn has_bpf_privileges() -> bool {
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
     let eff = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .unwrap_or(0);
+        .map_or(0, |s| allocprof::discover::effective_caps(&s));
     let has = |cap: u32| eff & (1 << cap) != 0;
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
