@@ -993,6 +993,31 @@ mod tests {
         );
     }
 
+    /// Writes the pprof fuzz target's seeds into `$ALLOCPROF_FUZZ_SEEDS`, if
+    /// set: a rendered profile, gzip'd and plain, and a Go-shaped one.
+    #[test]
+    fn fuzz_seeds() {
+        let Some(dir) = std::env::var_os("ALLOCPROF_FUZZ_SEEDS") else {
+            return;
+        };
+        let dir = Path::new(&dir);
+        let profile = hand_made();
+        std::fs::write(dir.join("seed-allocprof.pb.gz"), render(&profile, 1)).unwrap();
+        let plain = to_proto(&profile, 1).encode_to_vec();
+        std::fs::write(dir.join("seed-allocprof.pb"), plain).unwrap();
+        // As Go writes them: unsymbolized locations, no labels.
+        let mut go = to_proto(&profile, 1);
+        go.function.clear();
+        for l in &mut go.location {
+            l.line.clear();
+            l.address = 0x401000 + l.id * 16;
+        }
+        for s in &mut go.sample {
+            s.label.clear();
+        }
+        std::fs::write(dir.join("seed-go.pb"), go.encode_to_vec()).unwrap();
+    }
+
     #[test]
     fn locations_split_file_and_line() {
         assert_eq!(split_location(Some("/src/a.c:12")), ("/src/a.c", 12));
