@@ -79,11 +79,18 @@ pub struct Limits {
 }
 
 /// Default bound on a profile's uncompressed bytes. 64 MiB, not more: prost
-/// decodes the whole message at once, and a crafted message costs several
-/// times its bytes once decoded (a 2-byte empty `Line` becomes 24 bytes in a
-/// `Vec`, plus growth), so this keeps a hostile file to a few hundred MiB of
-/// memory in the worst case. `allocprof diff --max-profile-bytes` raises it.
+/// decodes the whole message at once, and a crafted message costs many times
+/// its bytes once decoded (a 2-byte empty `Sample` becomes 72 bytes in a
+/// `Vec`, plus growth). What the message would take decoded is therefore
+/// estimated from the wire first (Vec growth counted at its worst) and
+/// bounded to [`DECODED_PER_BYTE`] times this, 1 GiB: real profiles are
+/// estimated at under 8 times their bytes, while crafted ones (empty labels,
+/// lines, samples) would reach 32 to 72 times. `allocprof diff
+/// --max-profile-bytes` raises both.
 pub const MAX_PROFILE_BYTES: u64 = 64 << 20;
+
+/// What decoding may take, in bytes of memory per byte of the size limit.
+pub const DECODED_PER_BYTE: u64 = 16;
 
 impl Default for Limits {
     fn default() -> Limits {
@@ -109,6 +116,12 @@ pub enum DecodeError {
         size(*.0)
     )]
     TooLarge(u64),
+    #[error(
+        "would take more than {} once decoded (the limit, {DECODED_PER_BYTE} times \
+         --max-profile-bytes, which raises it)",
+        size(*.0)
+    )]
+    TooLargeDecoded(u64),
     #[error("more than {0} samples (the limit)")]
     TooManySamples(usize),
     #[error("more than {0} locations (the limit)")]
@@ -506,7 +519,157 @@ pub fn decode_with(bytes: &[u8], limits: &Limits) -> Result<Profile, DecodeError
     if data.len() as u64 > limits.bytes {
         return Err(DecodeError::TooLarge(limits.bytes));
     }
+    prescan(data, limits)?;
     from_proto(&proto::Profile::decode(data)?, limits)
+}
+
+/// Counts, from the wire, what prost would allocate for `data`, and fails on
+/// the first count over its limit before prost allocates any of it. Stops
+/// quietly at malformed bytes, where prost will stop too (with an error);
+/// groups are left to prost's recursion limit. Returns the estimated bytes
+/// of the decoded message.
+fn prescan(data: &[u8], limits: &Limits) -> Result<u64, DecodeError> {
+    use std::mem::size_of;
+    #[derive(Clone, Copy)]
+    enum Msg {
+        Profile,
+        Sample,
+        Location,
+    }
+    #[derive(Default)]
+    struct Counts {
+        samples: usize,
+        locations: usize,
+        functions: usize,
+        mappings: usize,
+        strings: usize,
+        /// Bytes the decoded message would take, Vec growth included.
+        memory: u64,
+    }
+    fn walk(mut buf: &[u8], msg: Msg, limits: &Limits, c: &mut Counts) -> Result<(), DecodeError> {
+        let varint = |b: &mut &[u8]| prost::encoding::decode_varint(b).ok();
+        // Vec capacity is at most twice its length.
+        let elements = |n: u64, each: usize| n.saturating_mul(2 * each as u64);
+        let (mut lines, mut labels, mut ids) = (0usize, 0usize, 0usize);
+        while !buf.is_empty() {
+            let Some(key) = varint(&mut buf) else {
+                return Ok(());
+            };
+            let (field, wire_type) = (key >> 3, key & 7);
+            let scalar = match (msg, field) {
+                (Msg::Profile, 13) | (Msg::Sample, 1 | 2) => Some(field),
+                _ => None,
+            };
+            let payload = match wire_type {
+                0 => {
+                    if varint(&mut buf).is_none() {
+                        return Ok(());
+                    }
+                    if let Some(field) = scalar {
+                        c.memory = c.memory.saturating_add(elements(1, 8));
+                        ids += usize::from(matches!(msg, Msg::Sample) && field == 1);
+                    }
+                    continue;
+                }
+                1 | 5 => {
+                    let skip = if wire_type == 1 { 8 } else { 4 };
+                    let Some(rest) = buf.get(skip..) else {
+                        return Ok(());
+                    };
+                    buf = rest;
+                    continue;
+                }
+                2 => {
+                    let Some(len) = varint(&mut buf).and_then(|n| usize::try_from(n).ok()) else {
+                        return Ok(());
+                    };
+                    if len > buf.len() {
+                        return Ok(());
+                    }
+                    let (payload, rest) = buf.split_at(len);
+                    buf = rest;
+                    payload
+                }
+                _ => return Ok(()),
+            };
+            if let Some(field) = scalar {
+                // Packed: one element per varint, i.e. per byte < 0x80.
+                let n = payload.iter().filter(|&&b| b < 0x80).count();
+                c.memory = c.memory.saturating_add(elements(n as u64, 8));
+                if matches!(msg, Msg::Sample) && field == 1 {
+                    ids += n;
+                }
+                continue;
+            }
+            let each = match (msg, field) {
+                (Msg::Profile, 1) => size_of::<ValueType>(),
+                (Msg::Profile, 2) => {
+                    c.samples += 1;
+                    walk(payload, Msg::Sample, limits, c)?;
+                    size_of::<Sample>()
+                }
+                (Msg::Profile, 3) => {
+                    c.mappings += 1;
+                    size_of::<Mapping>()
+                }
+                (Msg::Profile, 4) => {
+                    c.locations += 1;
+                    walk(payload, Msg::Location, limits, c)?;
+                    size_of::<Location>()
+                }
+                (Msg::Profile, 5) => {
+                    c.functions += 1;
+                    size_of::<Function>()
+                }
+                (Msg::Profile, 6) => {
+                    c.strings += 1;
+                    size_of::<String>() + payload.len()
+                }
+                (Msg::Sample, 3) => {
+                    labels += 1;
+                    size_of::<Label>()
+                }
+                (Msg::Location, 4) => {
+                    lines += 1;
+                    size_of::<Line>()
+                }
+                _ => 0,
+            };
+            c.memory = c.memory.saturating_add(elements(1, each));
+        }
+        if lines > limits.lines_per_location {
+            return Err(DecodeError::TooManyLines(limits.lines_per_location));
+        }
+        if labels > limits.labels_per_sample {
+            return Err(DecodeError::TooManyLabels(limits.labels_per_sample));
+        }
+        if ids > limits.stack_depth {
+            return Err(DecodeError::TooDeep(limits.stack_depth));
+        }
+        Ok(())
+    }
+    let mut c = Counts::default();
+    walk(data, Msg::Profile, limits, &mut c)?;
+    if c.samples > limits.samples {
+        return Err(DecodeError::TooManySamples(limits.samples));
+    }
+    if c.locations > limits.locations {
+        return Err(DecodeError::TooManyLocations(limits.locations));
+    }
+    if c.functions > limits.functions {
+        return Err(DecodeError::TooManyFunctions(limits.functions));
+    }
+    if c.mappings > limits.mappings {
+        return Err(DecodeError::TooManyMappings(limits.mappings));
+    }
+    if c.strings > limits.strings {
+        return Err(DecodeError::TooManyStrings(limits.strings));
+    }
+    let memory = limits.bytes.saturating_mul(DECODED_PER_BYTE);
+    if c.memory > memory {
+        return Err(DecodeError::TooLargeDecoded(memory));
+    }
+    Ok(c.memory)
 }
 
 /// Fails on the first of the message's counts over its limit.
@@ -929,6 +1092,42 @@ mod tests {
     }
 
     #[test]
+    fn decoded_size_is_bounded_before_prost_allocates() {
+        // Samples of 64 empty labels, 2 wire bytes each: 32 bytes decoded,
+        // 64 with Vec growth, so 600 KiB would take past 16 times 1 MiB.
+        let p = proto::Profile {
+            sample: vec![
+                Sample {
+                    label: vec![Label::default(); 64],
+                    ..Default::default()
+                };
+                4800
+            ],
+            ..Default::default()
+        };
+        let limits = Limits {
+            bytes: 1 << 20,
+            ..Default::default()
+        };
+        let err = decode_with(&p.encode_to_vec(), &limits).unwrap_err();
+        assert!(matches!(err, DecodeError::TooLargeDecoded(_)), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "would take more than 16 MiB once decoded (the limit, 16 times \
+             --max-profile-bytes, which raises it)"
+        );
+        assert!(p.encoded_len() < 1 << 20);
+        // Real profiles are estimated at a few times their bytes.
+        let real = to_proto(&hand_made(), 0).encode_to_vec();
+        let estimate = prescan(&real, &Limits::default()).unwrap();
+        assert!(
+            estimate < 8 * real.len() as u64,
+            "{estimate} for {}",
+            real.len()
+        );
+    }
+
+    #[test]
     fn deep_nesting_is_refused_by_prost() {
         // profile.proto has no recursive message: depth comes only from
         // groups in unknown fields, which prost skips up to its limit.
@@ -1122,6 +1321,10 @@ mod tests {
         fn arbitrary_profiles_round_trip(profile in arbitrary_profile()) {
             let back = decode(&render(&profile, 1)).unwrap();
             prop_assert_eq!(stacks(&back), stacks(&profile));
+            // Within the size limit, a real profile is within the decoded one.
+            let plain = to_proto(&profile, 1).encode_to_vec();
+            let estimate = prescan(&plain, &Limits::default()).unwrap();
+            prop_assert!(estimate < DECODED_PER_BYTE * plain.len() as u64);
             prop_assert_eq!(back.elapsed, profile.elapsed);
         }
     }
