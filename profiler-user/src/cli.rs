@@ -188,6 +188,12 @@ pub struct DiffArgs {
     /// Write the output to this file instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+
+    /// Refuse profiles larger than this uncompressed (e.g. 64MiB, 512M,
+    /// 1G); raise it for a profile too large for the default. Decoding
+    /// takes a few times this much memory at worst.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub max_profile_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -303,6 +309,25 @@ fn choice<T: Copy + Send + Sync + 'static>(
     })
 }
 
+/// `4096`, `64K`, `64KiB`, `512M`, `1G`: bytes, binary multiples.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(format!("{s}: not a size (examples: 64MiB, 512M, 1G)")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0)
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{s}: not a size (examples: 64MiB, 512M, 1G)"))
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let parsed = match s.parse::<f64>() {
         Ok(secs) if secs.is_finite() && secs > 0.0 => {
@@ -357,13 +382,7 @@ fn has_bpf_privileges() -> bool {
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
     let eff = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .unwrap_or(0);
+        .map_or(0, |s| allocprof::discover::effective_caps(&s));
     let has = |cap: u32| eff & (1 << cap) != 0;
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
@@ -379,6 +398,23 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("soon").unwrap_err().contains("examples"));
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("8 KiB"), Ok(8 << 10));
+        for bad in ["", "0", "-1", "1T", "MiB", "99999999999999999999G"] {
+            assert!(parse_size(bad).unwrap_err().contains("examples"), "{bad}");
+        }
+        let cli = Cli::try_parse_from(["allocprof", "diff", "a", "b"]).unwrap();
+        let Some(Command::Diff(d)) = cli.command else {
+            panic!("diff")
+        };
+        assert_eq!(d.max_profile_bytes, export::pprof::MAX_PROFILE_BYTES);
     }
 
     #[test]

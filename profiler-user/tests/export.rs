@@ -461,6 +461,16 @@ fn diff_of_bad_files_is_a_clear_error() {
             "{err}"
         );
     }
+    // The limit is the user's to lower (or raise), and named once.
+    let out = allocprof()
+        .args(["diff", "--max-profile-bytes", "1K"])
+        .args([&bomb, &bomb])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("larger than 1.0 KiB"), "{err}");
+    assert_eq!(err.matches("the limit").count(), 1, "{err}");
 }
 
 fn frame_titles(svg: &str) -> Vec<String> {
