@@ -123,7 +123,8 @@ impl SampleDelta {
     }
 }
 
-/// A user stack, content-addressed by [`stack_hash`] of its frames.
+/// A user stack, filed under the hash of its process image and frames
+/// (see [`stack_seed`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct StackTrace {
@@ -160,9 +161,13 @@ pub enum DropReason {
     /// The per-CPU stack scratch was in use by a preempted program on this
     /// CPU: the sample is kept, under an unavailable stack.
     ScratchBusy = 10,
+    /// The process created new stacks faster than its budget allows (e.g.
+    /// garbage unwinds of code without frame pointers): the sample is kept,
+    /// under the process's overflow stack ([`OVERFLOW_STACK`]).
+    StackRateLimited = 11,
 }
 
-pub const DROP_REASONS: usize = 11;
+pub const DROP_REASONS: usize = 12;
 
 impl DropReason {
     pub const ALL: [DropReason; DROP_REASONS] = [
@@ -177,6 +182,7 @@ impl DropReason {
         DropReason::ProcMapFull,
         DropReason::Unplaced,
         DropReason::ScratchBusy,
+        DropReason::StackRateLimited,
     ];
 
     pub const fn describe(self) -> &'static str {
@@ -192,6 +198,9 @@ impl DropReason {
             DropReason::ProcMapFull => "process table full",
             DropReason::Unplaced => "sample the allocator could not track",
             DropReason::ScratchBusy => "stack scratch busy (preempted walk)",
+            DropReason::StackRateLimited => {
+                "new stacks over the per-process limit (kept under the overflow stack)"
+            }
         }
     }
 }
@@ -210,6 +219,9 @@ pub struct ProcCounters {
     /// they were counted live, or untracked by the emitter): the live
     /// estimate is a lower bound, short by at most this.
     pub lost_live_bytes: u64,
+    /// Budget of new stack-table entries: the theoretical arrival time (ns,
+    /// `bpf_ktime_get_ns`) of [`new_stack_budget`]'s rate limiter.
+    pub stack_budget_ns: u64,
     pub drops: [u64; DROP_REASONS],
 }
 
@@ -227,6 +239,50 @@ pub const PROC_EVENT_EXEC: u32 = 2;
 /// Stack id of samples whose user stack could not be taken: they are still
 /// accounted, under a stack user space shows as unavailable.
 pub const NO_STACK: u64 = 0;
+
+/// Stack id of samples whose process was over its budget of new stacks
+/// ([`DropReason::StackRateLimited`]): still accounted, under one stack per
+/// process image that user space shows as a stack flood. [`stack_id`] never
+/// produces it (nor [`NO_STACK`]).
+pub const OVERFLOW_STACK: u64 = u64::MAX;
+
+/// Default budget of new stack-table entries per process: a real program
+/// sampled at 512 KiB creates a few thousand distinct stacks, mostly in its
+/// first seconds (the burst covers that start-up), then a trickle as new
+/// paths run (the rate); garbage unwinds of code without frame pointers
+/// create tens of thousands per second, and past the burst need about four
+/// minutes at this rate to fill the 65,536-entry table (seconds before),
+/// while user space reclaims the stacks of images that are gone.
+pub const DEFAULT_NEW_STACKS_PER_SECOND: u64 = 256;
+pub const DEFAULT_NEW_STACKS_BURST: u64 = 4096;
+/// Bounds that keep `burst × interval` far from wrapping (2^20 × 10^9 < 2^50),
+/// as the BPF backend has no overflow-checked multiply.
+pub const MAX_NEW_STACKS_BURST: u64 = 1 << 20;
+
+/// A GCRA rate limiter (a token bucket kept as one timestamp): may the
+/// process file one more new stack at `now_ns`, given its theoretical
+/// arrival time `tat_ns` (0 at first)? Each new stack moves the time by
+/// 1/rate; up to `burst` may be ahead of `now`. Returns the new `tat_ns` if
+/// allowed. A rate of 0 or over 10^9 per second means unlimited.
+#[inline(always)]
+pub fn new_stack_budget(tat_ns: u64, now_ns: u64, per_second: u64, burst: u64) -> Option<u64> {
+    if per_second == 0 || per_second > 1_000_000_000 {
+        return Some(now_ns);
+    }
+    let interval = 1_000_000_000 / per_second;
+    let burst = if burst < MAX_NEW_STACKS_BURST {
+        burst
+    } else {
+        MAX_NEW_STACKS_BURST
+    };
+    let start = if tat_ns > now_ns { tat_ns } else { now_ns };
+    let next = start + interval;
+    if next - now_ns <= burst * interval {
+        Some(next)
+    } else {
+        None
+    }
+}
 
 /// A shared counter of walks claiming a scratch buffer: an atomic add and
 /// an atomic read (the kernel side has no compare-and-swap).
@@ -254,16 +310,41 @@ pub fn release_claim<C: ClaimCounter>(claims: &C) {
     claims.add(u64::MAX);
 }
 
-/// FNV-1a over the frames: the content address of a stack (here, beside the
-/// types, so host tests can compute what the kernel does). Two distinct
-/// stacks collide with odds about n²/2^65 for n stacks: negligible at the
-/// table's 65,536, but then they would merge.
+/// FNV-1a over the frames, seeded by [`stack_seed`] (here, beside the types,
+/// so host tests can compute what the kernel does). Two distinct stacks
+/// collide with odds about n²/2^65 for n stacks: negligible at the table's
+/// 65,536, but then they would merge.
 #[inline(always)]
 pub fn stack_hash_step(hash: u64, frame: u64) -> u64 {
     (hash ^ frame).wrapping_mul(0x0000_0100_0000_01b3)
 }
 
 pub const STACK_HASH_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// The hash state a stack of process image (`pid`, `generation`) starts
+/// from: every stack id belongs to one image, so the ids of an image that is
+/// gone can be deleted without touching another process's stacks. Each FNV
+/// step is a bijection of the state for a given frame, so the same frames of
+/// two images always hash apart (before [`stack_id`]'s remap).
+#[inline(always)]
+pub fn stack_seed(pid: u32, generation: u32) -> u64 {
+    stack_hash_step(
+        STACK_HASH_SEED,
+        (u64::from(pid) << 32) | u64::from(generation),
+    )
+}
+
+/// A finished hash as a stack id: never [`NO_STACK`] nor [`OVERFLOW_STACK`].
+#[inline(always)]
+pub fn stack_id(hash: u64) -> u64 {
+    if hash == NO_STACK {
+        1
+    } else if hash == OVERFLOW_STACK {
+        OVERFLOW_STACK - 1
+    } else {
+        hash
+    }
+}
 
 #[cfg(feature = "user")]
 mod pod {
@@ -305,7 +386,7 @@ mod tests {
         assert_eq!(size_of::<AggKey>(), 16);
         assert_eq!(size_of::<StackAgg>(), 64);
         assert_eq!(size_of::<StackTrace>(), 8 * (1 + MAX_STACK_DEPTH));
-        assert_eq!(size_of::<ProcCounters>(), 40 + 8 * DROP_REASONS);
+        assert_eq!(size_of::<ProcCounters>(), 48 + 8 * DROP_REASONS);
         assert_eq!(size_of::<ProcEvent>(), 8);
         assert_eq!(size_of::<UsdtArg>(), 16);
         assert_eq!(size_of::<UsdtSpec>(), 16 * MAX_USDT_ARGS + 8);
@@ -402,6 +483,77 @@ mod tests {
         let owned: u32 = workers.into_iter().map(|w| w.join().unwrap()).sum();
         assert!(owned > 0, "nobody ever owned the scratch");
         assert_eq!(claims.load(), 0, "every claim withdrawn or released");
+    }
+
+    fn id_of(pid: u32, generation: u32, frames: &[u64]) -> u64 {
+        stack_id(
+            frames
+                .iter()
+                .fold(stack_seed(pid, generation), |h, &f| stack_hash_step(h, f)),
+        )
+    }
+
+    #[test]
+    fn stack_ids_belong_to_one_process_image() {
+        let frames = [0x4011_2233, 0x4011_5566, 0x7fff_0000_1234];
+        let a = id_of(100, 0, &frames);
+        assert_eq!(a, id_of(100, 0, &frames), "deterministic");
+        assert_ne!(a, id_of(101, 0, &frames), "another process");
+        assert_ne!(a, id_of(100, 1, &frames), "the next image of the process");
+        // pid and generation are not interchangeable.
+        assert_ne!(id_of(1, 2, &frames), id_of(2, 1, &frames));
+        for pid in 0..2000 {
+            for generation in 0..4 {
+                for depth in 0..frames.len() {
+                    let id = id_of(pid, generation, &frames[..depth]);
+                    assert!(id != NO_STACK && id != OVERFLOW_STACK);
+                }
+            }
+        }
+        // The reserved ids are remapped, never produced.
+        assert_eq!(stack_id(NO_STACK), 1);
+        assert_eq!(stack_id(OVERFLOW_STACK), OVERFLOW_STACK - 1);
+        assert_eq!(stack_id(42), 42);
+    }
+
+    #[test]
+    fn new_stack_budget_allows_a_burst_then_the_rate() {
+        const S: u64 = 1_000_000_000;
+        let (rate, burst) = (4, 10);
+        let now = 1000 * S;
+        let mut tat = 0;
+        let mut allowed = 0;
+        // 100 new stacks at the same instant: the burst passes.
+        for _ in 0..100 {
+            if let Some(t) = new_stack_budget(tat, now, rate, burst) {
+                tat = t;
+                allowed += 1;
+            }
+        }
+        assert_eq!(allowed, burst);
+        // One second later, `rate` more.
+        let mut later = 0;
+        for _ in 0..100 {
+            if let Some(t) = new_stack_budget(tat, now + S, rate, burst) {
+                tat = t;
+                later += 1;
+            }
+        }
+        assert_eq!(later, rate);
+        // After a long quiet time the bucket is full again, never fuller.
+        let mut refilled = 0;
+        for _ in 0..100 {
+            if let Some(t) = new_stack_budget(tat, now + 3600 * S, rate, burst) {
+                tat = t;
+                refilled += 1;
+            }
+        }
+        assert_eq!(refilled, burst);
+        // Unlimited rates, and the extreme parameters do not wrap.
+        assert_eq!(new_stack_budget(5, 7, 0, 0), Some(7));
+        assert_eq!(new_stack_budget(5, 7, u64::MAX, 0), Some(7));
+        assert!(new_stack_budget(0, u64::MAX / 2, 1, u64::MAX).is_some());
+        assert_eq!(new_stack_budget(0, now, 1, 0), None, "no burst: nothing");
     }
 
     #[test]

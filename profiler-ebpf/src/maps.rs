@@ -7,7 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    AggKey, DROP_REASONS, LiveKey, LiveSample, ProcCounters, StackAgg, StackTrace, UsdtSpec,
+    AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
+    LiveSample, ProcCounters, StackAgg, StackTrace, UsdtSpec,
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -25,8 +26,12 @@ pub static LIVE: HashMap<LiveKey, LiveSample> = HashMap::with_max_entries(262_14
 #[map]
 pub static AGGS: HashMap<AggKey, StackAgg> = HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
 
-/// User stacks by content hash: unlike the direct-mapped STACK_TRACE map,
-/// distinct stacks share an id only on a 64-bit hash collision.
+/// User stacks by the hash of their process image and frames: unlike the
+/// direct-mapped STACK_TRACE map, distinct stacks share an id only on a
+/// 64-bit hash collision; every id belongs to one (pid, generation), so user
+/// space can delete a gone image's stacks. Each process may add entries at
+/// `MAX_NEW_STACKS_PER_SECOND` (burst `NEW_STACKS_BURST`), so no process can
+/// flood it for the others.
 #[map]
 pub static STACKS: HashMap<u64, StackTrace> = HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
 
@@ -65,6 +70,13 @@ pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 #[unsafe(no_mangle)]
 pub static MAX_LIVE_PER_PROCESS: u64 = 65_536;
 
+/// Set by user space at load time: the per-process budget of new `STACKS`
+/// entries (see `profiler_common::new_stack_budget` and its defaults).
+#[unsafe(no_mangle)]
+pub static MAX_NEW_STACKS_PER_SECOND: u64 = DEFAULT_NEW_STACKS_PER_SECOND;
+#[unsafe(no_mangle)]
+pub static NEW_STACKS_BURST: u64 = DEFAULT_NEW_STACKS_BURST;
+
 /// Set by user space when profiling system-wide: report every exec, not only
 /// those of processes already tracked.
 #[unsafe(no_mangle)]
@@ -81,4 +93,16 @@ pub fn max_live_per_process() -> u64 {
 pub fn report_all_execs() -> bool {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&REPORT_ALL_EXECS) != 0 }
+}
+
+#[inline(always)]
+pub fn new_stacks_per_second() -> u64 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&MAX_NEW_STACKS_PER_SECOND) }
+}
+
+#[inline(always)]
+pub fn new_stacks_burst() -> u64 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&NEW_STACKS_BURST) }
 }

@@ -7,20 +7,22 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_pid_tgid, generated::bpf_get_attach_cookie, generated::bpf_get_stack,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_attach_cookie,
+        generated::bpf_get_stack,
     },
     macros::uprobe,
     programs::ProbeContext,
 };
 use profiler_common::{
-    AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK, ProcCounters,
-    STACK_HASH_SEED, SampleDelta, StackTrace, UsdtSpec, release_claim, stack_hash_step, try_claim,
+    AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK,
+    OVERFLOW_STACK, ProcCounters, SampleDelta, StackTrace, UsdtSpec, new_stack_budget,
+    release_claim, stack_hash_step, stack_id, stack_seed, try_claim,
 };
 
 use crate::{
     maps::{
         AGGS, DROPS, LIVE, PROCS, STACK_SCRATCH, STACK_SCRATCH_CLAIMS, STACKS, USDT_SPECS,
-        max_live_per_process,
+        max_live_per_process, new_stacks_burst, new_stacks_per_second,
     },
     usdt::read_arg,
 };
@@ -53,11 +55,15 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     let proc = proc_state(pid)?;
     add(&proc.alloc_events, 1);
 
-    let stack_id = take_stack(ctx).unwrap_or_else(|reason| {
-        count_drop(pid, reason);
-        NO_STACK
-    });
     let generation = proc.generation;
+    let stack_id = take_stack(ctx, pid, generation).unwrap_or_else(|reason| {
+        count_drop(pid, reason);
+        if reason == DropReason::StackRateLimited {
+            OVERFLOW_STACK
+        } else {
+            NO_STACK
+        }
+    });
     let sample = LiveSample {
         stack_id,
         size,
@@ -172,11 +178,11 @@ fn probe_spec(ctx: &ProbeContext) -> Result<&'static UsdtSpec, DropReason> {
         .ok_or(DropReason::ArgReadFailed)
 }
 
-/// Takes the user stack and files it under its content hash. The per-CPU
-/// scratch is shared by every program on this CPU, and a uprobe program can
-/// be preempted (migration is disabled, preemption is not): a claim counter
+/// Takes the user stack and files it under the hash of the process image and
+/// its frames. The per-CPU scratch is shared by every program on this CPU,
+/// and a uprobe program can be preempted (migration is disabled, preemption is not): a claim counter
 /// lets one walk at a time use it; the others count a drop.
-fn take_stack(ctx: &ProbeContext) -> Result<u64, DropReason> {
+fn take_stack(ctx: &ProbeContext, pid: u32, generation: u32) -> Result<u64, DropReason> {
     let claims = STACK_SCRATCH_CLAIMS
         .get_ptr_mut(0)
         .ok_or(DropReason::StackFailed)?;
@@ -186,7 +192,7 @@ fn take_stack(ctx: &ProbeContext) -> Result<u64, DropReason> {
     if !try_claim(&claims) {
         return Err(DropReason::ScratchBusy);
     }
-    let result = take_stack_claimed(ctx);
+    let result = take_stack_claimed(ctx, pid, generation);
     release_claim(&claims);
     result
 }
@@ -207,9 +213,9 @@ impl ClaimCounter for MapCounter<'_> {
     }
 }
 
-fn take_stack_claimed(ctx: &ProbeContext) -> Result<u64, DropReason> {
+fn take_stack_claimed(ctx: &ProbeContext, pid: u32, generation: u32) -> Result<u64, DropReason> {
     // With unwind tables, the walk writes the scratch's frames itself.
-    let walked = crate::unwind::walk(ctx, current_pid());
+    let walked = crate::unwind::walk(ctx, pid);
     let scratch = STACK_SCRATCH
         .get_ptr_mut(0)
         .ok_or(DropReason::StackFailed)?;
@@ -235,7 +241,7 @@ fn take_stack_claimed(ctx: &ProbeContext) -> Result<u64, DropReason> {
         }
     };
     trace.len = len as u64;
-    let mut hash = STACK_HASH_SEED;
+    let mut hash = stack_seed(pid, generation);
     for i in 0..MAX_STACK_DEPTH {
         if i >= len {
             break;
@@ -244,12 +250,14 @@ fn take_stack_claimed(ctx: &ProbeContext) -> Result<u64, DropReason> {
     }
     // Frames past `len` are left over from earlier stacks: user space reads
     // only `len` of them, so clearing them would be wasted work.
-    let hash = if hash == NO_STACK { 1 } else { hash };
+    let hash = stack_id(hash);
     // Most stacks are seen before: a lockless lookup is cheaper than an
-    // insert that fails with EEXIST under the bucket lock.
+    // insert that fails with EEXIST under the bucket lock. A known stack
+    // always resolves, whatever the budget.
     if STACKS.get_ptr(hash).is_some() {
         return Ok(hash);
     }
+    take_new_stack_budget(pid)?;
     // By reference: a StackTrace copied onto the 512-byte BPF stack won't fit.
     let trace: &StackTrace = trace;
     match STACKS.insert(hash, trace, u64::from(BPF_NOEXIST)) {
@@ -257,6 +265,28 @@ fn take_stack_claimed(ctx: &ProbeContext) -> Result<u64, DropReason> {
         Err(e) if e == -EEXIST => Ok(hash),
         Err(_) => Err(DropReason::StackMapFull),
     }
+}
+
+/// Spends one new stack of the process's budget. Threads of one process on
+/// several CPUs may read the same budget and both write: a lost update lets
+/// a few more stacks in than the rate (at most one per racing CPU), which is
+/// fine for a flood guard, and costs no lock.
+#[inline(always)]
+fn take_new_stack_budget(pid: u32) -> Result<(), DropReason> {
+    // No entry (deleted by user space since the sample began): no budget.
+    let proc = PROCS.get_ptr_mut(pid).ok_or(DropReason::StackRateLimited)?;
+    // SAFETY: a pointer to a field of a map value, valid for the whole
+    // program run; racing plain writes are the approximation described above.
+    let field = unsafe { core::ptr::addr_of_mut!((*proc).stack_budget_ns) };
+    // SAFETY: the helper takes no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: an aligned field of a live map value (see above).
+    let tat = unsafe { core::ptr::read_volatile(field) };
+    let next = new_stack_budget(tat, now, new_stacks_per_second(), new_stacks_burst())
+        .ok_or(DropReason::StackRateLimited)?;
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(field, next) };
+    Ok(())
 }
 
 fn proc_state(pid: u32) -> Result<&'static ProcCounters, DropReason> {

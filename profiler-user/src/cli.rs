@@ -82,6 +82,20 @@ pub struct TargetArgs {
     #[arg(long, default_value_t = Limits::default().max_live_per_process,
           value_parser = clap::value_parser!(u64).range(1..=u64::from(MAX_LIVE_SAMPLES)))]
     pub max_live_per_process: u64,
+
+    /// Per process, new distinct stacks the kernel files per second past
+    /// a start-up burst; samples of further new stacks are kept under the
+    /// process's "[stack flood]" stack and counted. A stack seen before
+    /// always resolves. Bounds what code without frame pointers (whose
+    /// unwinds yield garbage stacks) can take of the shared stack table.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_new_stacks_per_second,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub max_new_stacks_per_second: u64,
+
+    /// The start-up burst of `--max-new-stacks-per-second`.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().new_stacks_burst,
+          value_parser = clap::value_parser!(u64).range(1..=profiler_common::MAX_NEW_STACKS_BURST))]
+    pub new_stacks_burst: u64,
 }
 
 /// The libraries armed in system-wide mode without `--probe-file`.
@@ -111,6 +125,8 @@ impl TargetArgs {
         Limits {
             max_live_samples: self.max_live_samples,
             max_live_per_process: self.max_live_per_process,
+            max_new_stacks_per_second: self.max_new_stacks_per_second,
+            new_stacks_burst: self.new_stacks_burst,
             ..Limits::default()
         }
     }
@@ -172,6 +188,12 @@ pub struct DiffArgs {
     /// Write the output to this file instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+
+    /// Refuse profiles larger than this uncompressed (e.g. 64MiB, 512M,
+    /// 1G); raise it for a profile too large for the default. Decoding
+    /// takes a few times this much memory at worst.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub max_profile_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -287,6 +309,25 @@ fn choice<T: Copy + Send + Sync + 'static>(
     })
 }
 
+/// `4096`, `64K`, `64KiB`, `512M`, `1G`: bytes, binary multiples.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(format!("{s}: not a size (examples: 64MiB, 512M, 1G)")),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0)
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{s}: not a size (examples: 64MiB, 512M, 1G)"))
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let parsed = match s.parse::<f64>() {
         Ok(secs) if secs.is_finite() && secs > 0.0 => {
@@ -341,13 +382,7 @@ fn has_bpf_privileges() -> bool {
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
     let eff = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .unwrap_or(0);
+        .map_or(0, |s| allocprof::discover::effective_caps(&s));
     let has = |cap: u32| eff & (1 << cap) != 0;
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
@@ -366,6 +401,23 @@ mod tests {
     }
 
     #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("8 KiB"), Ok(8 << 10));
+        for bad in ["", "0", "-1", "1T", "MiB", "99999999999999999999G"] {
+            assert!(parse_size(bad).unwrap_err().contains("examples"), "{bad}");
+        }
+        let cli = Cli::try_parse_from(["allocprof", "diff", "a", "b"]).unwrap();
+        let Some(Command::Diff(d)) = cli.command else {
+            panic!("diff")
+        };
+        assert_eq!(d.max_profile_bytes, export::pprof::MAX_PROFILE_BYTES);
+    }
+
+    #[test]
     fn durations_out_of_range_are_usage_errors_not_panics() {
         use clap::error::ErrorKind;
         for s in [
@@ -381,7 +433,12 @@ mod tests {
             assert!(parse_duration(s).is_err(), "{s}");
         }
         assert_eq!(parse_duration("1ms"), Ok(Duration::from_millis(1)));
-        for caps in [["--max-live-samples", "0"], ["--max-live-per-process", "0"]] {
+        for caps in [
+            ["--max-live-samples", "0"],
+            ["--max-live-per-process", "0"],
+            ["--max-new-stacks-per-second", "0"],
+            ["--new-stacks-burst", "0"],
+        ] {
             let err = Cli::try_parse_from(["allocprof", caps[0], caps[1]]).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{caps:?}");
         }

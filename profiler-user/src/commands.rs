@@ -32,6 +32,11 @@ pub async fn record(args: RecordArgs) -> Result<()> {
     let mut session = Session::start(args.targets.target(), args.targets.limits())?;
     crate::arm_probe_files(&mut session, &args.targets)?;
     crate::print_warnings(&mut session);
+    // Stop signals are handled before we say we attached (see main.rs).
+    let mut driver = Driver::new(args.interval.map_or(REFRESH, |i| i.min(REFRESH)))
+        .with_deadline(args.duration)
+        .with_snapshots(args.interval)
+        .stopped_by_signals()?;
     eprintln!(
         "allocprof: attached {} probe sites; recording {}{}",
         session.attachments(),
@@ -44,11 +49,6 @@ pub async fn record(args: RecordArgs) -> Result<()> {
             None => String::new(),
         }
     );
-
-    let mut driver = Driver::new(args.interval.map_or(REFRESH, |i| i.min(REFRESH)))
-        .with_deadline(args.duration)
-        .with_snapshots(args.interval)
-        .stopped_by_signals()?;
     let mut written = 0;
     let mut at_deadline = false;
     loop {
@@ -112,8 +112,12 @@ fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
 pub fn diff(args: &DiffArgs) -> Result<()> {
     let format = Format::from(args.format);
     cli::refuse_binary_to_terminal(format, args.output.as_deref());
-    let a = read_pprof(&args.base)?;
-    let b = read_pprof(&args.profile)?;
+    let limits = pprof::Limits {
+        bytes: args.max_profile_bytes,
+        ..Default::default()
+    };
+    let a = read_pprof(&args.base, &limits)?;
+    let b = read_pprof(&args.profile, &limits)?;
     let growth = diff::growth(&a, &b);
     let name = |p: &Path| {
         p.file_name()
@@ -170,10 +174,13 @@ pub fn diff(args: &DiffArgs) -> Result<()> {
 }
 
 /// Reads at most one byte over the decoder's limit, whatever the file's size.
-fn read_pprof(path: &Path) -> Result<Profile> {
+fn read_pprof(path: &Path, limits: &pprof::Limits) -> Result<Profile> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)
-        .and_then(|f| f.take(pprof::MAX_PROFILE_BYTES + 1).read_to_end(&mut bytes))
+        .and_then(|f| {
+            f.take(limits.bytes.saturating_add(1))
+                .read_to_end(&mut bytes)
+        })
         .with_context(|| format!("reading {}", path.display()))?;
-    pprof::decode(&bytes).with_context(|| format!("reading {}", path.display()))
+    pprof::decode_with(&bytes, limits).with_context(|| format!("reading {}", path.display()))
 }

@@ -258,6 +258,45 @@ fn parse_maps_line(line: &str) -> Option<MapsEntry> {
     })
 }
 
+/// [`parse_maps`] of `text`, read up to `limit` bytes: a last line cut off
+/// there is dropped (a partial line could parse as another range).
+#[doc(hidden)] // public for the fuzz crate
+pub fn parse_maps_read(mut text: Vec<u8>, limit: u64) -> Vec<MapsEntry> {
+    if text.len() as u64 >= limit {
+        let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        text.truncate(whole);
+    }
+    parse_maps(&String::from_utf8_lossy(&text))
+}
+
+/// A process name from the bytes of `/proc/PID/comm`.
+#[doc(hidden)] // public for the fuzz crate
+pub fn parse_comm(comm: &[u8]) -> String {
+    String::from_utf8_lossy(comm).trim_end().to_string()
+}
+
+/// The `ALLOCPROF_RATE` of a `/proc/PID/environ` (NUL-separated), read as
+/// the allocator reads it: absent or malformed means the default.
+#[doc(hidden)] // public for the fuzz crate
+pub fn rate_in_environ(environ: &[u8]) -> u64 {
+    use profiler_common::rate::{DEFAULT_RATE, parse_rate};
+    environ
+        .split(|&b| b == 0)
+        .find_map(|var| var.strip_prefix(b"ALLOCPROF_RATE="))
+        .and_then(|value| parse_rate(value).ok())
+        .unwrap_or(DEFAULT_RATE)
+}
+
+/// The effective capabilities (`CapEff:`) in the text of `/proc/PID/status`;
+/// none if the line is missing or malformed.
+pub fn effective_caps(status: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
 /// Reads at most `limit` bytes of a file.
 fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     let mut data = Vec::new();
@@ -270,7 +309,8 @@ fn read_string(path: &Path, limit: u64) -> std::io::Result<String> {
 }
 
 /// Whether a `/proc/.../stat` names a task that is not a zombie (or dead).
-fn stat_is_live(stat: &str) -> bool {
+#[doc(hidden)] // public for the fuzz crate
+pub fn stat_is_live(stat: &str) -> bool {
     // The state follows the parenthesised comm, which may contain spaces.
     stat.rsplit_once(") ")
         .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
@@ -320,34 +360,22 @@ impl Process {
 
     /// Its mappings (as many as [`MAX_MAPS_BYTES`] of text hold).
     pub fn maps(&self) -> std::io::Result<Vec<MapsEntry>> {
-        let mut text = read_bounded(&self.dir.join("maps"), MAX_MAPS_BYTES)?;
-        if text.len() as u64 == MAX_MAPS_BYTES {
-            // Cut off mid-line: a partial line could parse as another range.
-            let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-            text.truncate(whole);
-        }
-        Ok(parse_maps(&String::from_utf8_lossy(&text)))
+        let text = read_bounded(&self.dir.join("maps"), MAX_MAPS_BYTES)?;
+        Ok(parse_maps_read(text, MAX_MAPS_BYTES))
     }
 
     /// Its name (`comm`).
     pub fn name(&self) -> Option<String> {
-        read_string(&self.dir.join("comm"), MAX_SMALL_BYTES)
+        read_bounded(&self.dir.join("comm"), MAX_SMALL_BYTES)
             .ok()
-            .map(|s| s.trim_end().to_string())
+            .map(|comm| parse_comm(&comm))
     }
 
     /// The sampling rate it runs with: its `ALLOCPROF_RATE`, read as the
     /// allocator reads it (absent or malformed means the default).
     pub fn sampling_rate(&self) -> u64 {
-        use profiler_common::rate::{DEFAULT_RATE, parse_rate};
-        let Ok(environ) = read_bounded(&self.dir.join("environ"), MAX_SMALL_BYTES) else {
-            return DEFAULT_RATE;
-        };
-        environ
-            .split(|&b| b == 0)
-            .find_map(|var| var.strip_prefix(b"ALLOCPROF_RATE="))
-            .and_then(|value| parse_rate(value).ok())
-            .unwrap_or(DEFAULT_RATE)
+        read_bounded(&self.dir.join("environ"), MAX_SMALL_BYTES)
+            .map_or(profiler_common::rate::DEFAULT_RATE, |e| rate_in_environ(&e))
     }
 
     /// Opens the file of a mapping: through `/proc/PID/map_files` (the very
@@ -551,6 +579,57 @@ garbage
         assert_eq!(entries[2].path, "/usr/lib/a b.so");
         assert!(entries[2].deleted);
         assert_eq!(entries[2].offset, 0x28000);
+    }
+
+    #[test]
+    fn a_maps_read_cut_at_its_limit_drops_the_partial_line() {
+        let text = b"1000-2000 r-xp 0 fd:01 7 /a\n3000-4000 r-xp 0 fd:01 8 /b".to_vec();
+        let whole = parse_maps_read(text.clone(), 1 << 20);
+        assert_eq!(whole.len(), 2);
+        let cut = parse_maps_read(text.clone(), text.len() as u64);
+        assert_eq!(cut, whole[..1]);
+        assert!(parse_maps_read(b"1000-2000 r-xp 0 fd:01 7 /a".to_vec(), 10).is_empty());
+    }
+
+    #[test]
+    fn small_proc_files_parse() {
+        assert!(stat_is_live("42 (a) b) c) S 1 2"));
+        assert!(!stat_is_live("42 (x) Z 1 2"));
+        assert!(!stat_is_live("42 (x"));
+        assert_eq!(parse_comm(b"demo\n"), "demo");
+        assert_eq!(parse_comm(b"\xff\n"), "\u{fffd}");
+        assert_eq!(rate_in_environ(b"A=1\0ALLOCPROF_RATE=4096\0"), 4096);
+        let default = profiler_common::rate::DEFAULT_RATE;
+        assert_eq!(rate_in_environ(b"ALLOCPROF_RATE=lots\0"), default);
+        assert_eq!(rate_in_environ(b""), default);
+        assert_eq!(
+            effective_caps("Name:\tx\nCapEff:\t000001ffffffffff\n"),
+            0x1ff_ffff_ffff
+        );
+        assert_eq!(effective_caps("CapEff:\tzz\n"), 0);
+        assert_eq!(effective_caps(""), 0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Whatever the kernel (or a fuzzer) writes, parsing yields at most
+        /// one entry per line, each of its text, and never panics.
+        #[test]
+        fn arbitrary_proc_text_never_panics(
+            text in "([0-9a-f]{0,9}-?[0-9a-f]{0,9} [rwxsp-]{0,4} [0-9a-f]{0,9} [0-9a-f:]{0,6} [0-9]{0,6} {0,8}\\PC{0,12}\n){0,6}|\\PC{0,80}",
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let entries = parse_maps(&text);
+            proptest::prop_assert!(entries.len() <= text.lines().count());
+            for e in &entries {
+                proptest::prop_assert!(e.path.len() <= text.len());
+            }
+            let _ = AddressSpace::parse(&text).normalize(0x1000);
+            let _ = parse_maps_read(bytes.clone(), 32);
+            let _ = (stat_is_live(&text), effective_caps(&text), rate_in_environ(&bytes));
+            proptest::prop_assert!(parse_comm(&bytes).len() <= 3 * bytes.len());
+        }
     }
 
     #[test]

@@ -16,8 +16,8 @@ use aya::{
     },
 };
 use profiler_common::{
-    AggKey, DROP_REASONS, LiveKey, LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace,
-    UsdtSpec,
+    AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
+    LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace, UsdtSpec,
     unwind::{ProcUnwind, UnwindRow},
 };
 use thiserror::Error;
@@ -43,6 +43,12 @@ pub struct Limits {
     pub max_stacks: u32,
     pub max_aggregates: u32,
     pub max_processes: u32,
+    /// Per process, new stack-table entries per second past the burst
+    /// (0: unlimited); a known stack always resolves. The defaults'
+    /// reasoning is at `profiler_common::DEFAULT_NEW_STACKS_PER_SECOND`.
+    pub max_new_stacks_per_second: u64,
+    /// New stack-table entries a process may create at once.
+    pub new_stacks_burst: u64,
     /// Rows of compiled unwind tables, for all files (16 bytes each).
     pub max_unwind_rows: u32,
 }
@@ -55,6 +61,8 @@ impl Default for Limits {
             max_stacks: 65_536,
             max_aggregates: 65_536,
             max_processes: 16_384,
+            max_new_stacks_per_second: DEFAULT_NEW_STACKS_PER_SECOND,
+            new_stacks_burst: DEFAULT_NEW_STACKS_BURST,
             max_unwind_rows: 1 << 20,
         }
     }
@@ -148,6 +156,12 @@ impl Kernel {
             .map_max_entries("UNWIND_ROWS", limits.max_unwind_rows)
             .override_global("MAX_LIVE_PER_PROCESS", &limits.max_live_per_process, true)
             .override_global("REPORT_ALL_EXECS", &report_all, true)
+            .override_global(
+                "MAX_NEW_STACKS_PER_SECOND",
+                &limits.max_new_stacks_per_second,
+                true,
+            )
+            .override_global("NEW_STACKS_BURST", &limits.new_stacks_burst, true)
             .load(object)
             .map_err(classify_load_error)?;
         for kind in [ProbeKind::Alloc, ProbeKind::Free] {
@@ -319,6 +333,26 @@ impl Kernel {
         let trace = self.stacks.get(&id, 0).ok()?;
         let len = (trace.len as usize).min(trace.frames.len());
         Some(trace.frames[..len].to_vec())
+    }
+
+    /// The ids in the stack table (a walk of its keys: for tests and
+    /// diagnostics, not for every poll).
+    pub fn stack_ids(&self) -> Vec<u64> {
+        self.stacks.keys().filter_map(Result::ok).collect()
+    }
+
+    /// Deletes these stacks from the stack table; returns how many were
+    /// there. Every stack id belongs to one process image (the kernel seeds
+    /// its hash with pid and generation), so deleting one never touches
+    /// another process's stacks. The caller must pass only ids of images
+    /// that are gone (exited, or exec'ed into a later generation) and whose
+    /// stacks are already symbolized: a live image would file its next
+    /// sample of a deleted stack as a new one, spending its budget of new
+    /// stacks, and an unsymbolized id could no longer be read.
+    pub fn forget_stacks(&mut self, ids: &[u64]) -> usize {
+        ids.iter()
+            .filter(|id| self.stacks.remove(id).is_ok())
+            .count()
     }
 
     /// Forgets a process image that is gone (exit, or exec into generation

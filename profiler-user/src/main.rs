@@ -137,6 +137,11 @@ async fn run(cli: Cli) -> Result<()> {
         Some(d) => format!("profiling for {}", humantime::format_duration(d)),
         None => "profiling until Ctrl-C".into(),
     };
+    // Stop signals are handled before we say we attached: whoever waits
+    // for that line may stop us at once, and still gets the report.
+    let mut driver = Driver::new(cli.interval)
+        .with_deadline(cli.duration)
+        .stopped_by_signals()?;
     match (session.attachments(), cli.targets.target()) {
         (0, Target::All) => eprintln!(
             "allocprof: attached; no running process carries the otel_memory probes yet, \
@@ -144,10 +149,6 @@ async fn run(cli: Cli) -> Result<()> {
         ),
         (n, _) => eprintln!("allocprof: attached {n} probe sites; {how_long}"),
     }
-
-    let mut driver = Driver::new(cli.interval)
-        .with_deadline(cli.duration)
-        .stopped_by_signals()?;
     while driver.next(&mut session).await == Beat::Refresh {
         if !refresh_tick(&mut session)? {
             break;

@@ -4,9 +4,24 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use profiler_common::DROP_REASONS;
+use profiler_common::{DROP_REASONS, NO_STACK, OVERFLOW_STACK};
 
 use crate::{stats::Totals, symbolize::Frame};
+
+/// The one frame of a stack the kernel could not take.
+pub const STACK_UNAVAILABLE: &str = "[stack unavailable]";
+/// The one frame of a process's overflow stack: its samples past its budget
+/// of new stacks (drop `stack_rate_limited`).
+pub const STACK_FLOOD: &str = "[stack flood: new stacks over the per-process limit]";
+
+/// The synthetic frame of a reserved stack id, which has no frames.
+pub fn synthetic_stack(stack_id: u64) -> Option<&'static str> {
+    match stack_id {
+        NO_STACK => Some(STACK_UNAVAILABLE),
+        OVERFLOW_STACK => Some(STACK_FLOOD),
+        _ => None,
+    }
+}
 
 /// One process image: a pid, and which exec of it (generation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -157,6 +172,13 @@ pub fn sort_stacks(stacks: &mut [StackProfile]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserved_stack_ids_have_one_synthetic_frame() {
+        assert_eq!(synthetic_stack(NO_STACK), Some(STACK_UNAVAILABLE));
+        assert_eq!(synthetic_stack(OVERFLOW_STACK), Some(STACK_FLOOD));
+        assert_eq!(synthetic_stack(0x1234), None);
+    }
 
     fn frames(names: &[&str]) -> Arc<[Frame]> {
         names.iter().map(|n| Frame::named(*n)).collect()

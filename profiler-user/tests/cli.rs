@@ -49,6 +49,7 @@ fn numbers_out_of_range_are_usage_errors_not_panics() {
         &["-d", "1e30"][..],
         &["record", "--interval", "1e-10", "-o", "/tmp/x.pb.gz"],
         &["--max-live-samples", "0"],
+        &["--max-new-stacks-per-second", "0"],
         &[
             "record",
             "-d",
@@ -299,6 +300,31 @@ fn sigterm_detaches_cleanly_with_a_report() {
     // The target runs on, unaffected, and exits normally.
     writeln!(w.stdin.as_mut().unwrap(), "exit").unwrap();
     assert!(w.wait().unwrap().success());
+}
+
+#[test]
+fn sigterm_the_moment_it_says_attached_still_ends_cleanly() {
+    common::require_bpf();
+    let mut w = workload();
+    let out = common::scratch_dir("cli").join(format!("stopped-{}.pb.gz", std::process::id()));
+    let record = ["record", "-o", out.to_str().unwrap()];
+    for args in [&["-d", "60s"][..], &record] {
+        // Whoever waits for the "attached" line may stop it at once.
+        let mut cmd = allocprof();
+        cmd.args(args)
+            .args(["--pid", &w.id().to_string()])
+            .stdout(Stdio::piped());
+        let profiler = common::spawn_attached(&mut cmd);
+        signal(&profiler, libc::SIGTERM);
+        let result = profiler.wait_with_output().unwrap();
+        assert!(
+            result.status.success(),
+            "allocprof {args:?} stopped right after attaching: {:?}",
+            result.status
+        );
+    }
+    w.kill().unwrap();
+    w.wait().unwrap();
 }
 
 #[test]

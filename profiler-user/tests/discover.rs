@@ -4,68 +4,21 @@
 
 mod common;
 
-use common::process;
+use common::{Proc, functions, process};
 
 use std::{
-    io::{BufRead, BufReader, Lines, Write},
+    io::{BufRead, BufReader},
     path::Path,
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use allocprof::{
     discover,
     kernel::Limits,
-    profile::{ProcessProfile, ProcessState},
+    profile::ProcessState,
     session::{Session, Target},
 };
-
-/// A child speaking a line protocol on stdin/stdout; killed on drop.
-struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: Lines<BufReader<ChildStdout>>,
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command) -> Proc {
-        let mut child = common::preloaded(&mut cmd).spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        Proc {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn send(&mut self, line: &str) {
-        writeln!(self.stdin, "{line}").unwrap();
-    }
-
-    fn expect(&mut self, want: &str) {
-        let line = self.stdout.next().expect("the workload died").unwrap();
-        assert_eq!(line, want, "the workload failed");
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn functions(p: &ProcessProfile) -> Vec<&str> {
-    p.stacks
-        .iter()
-        .flat_map(|s| s.frames.iter().map(|f| f.function.as_str()))
-        .collect()
-}
 
 #[test]
 fn a_process_whose_main_thread_called_pthread_exit_is_alive() {

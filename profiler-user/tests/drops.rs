@@ -7,15 +7,17 @@
 mod common;
 
 use std::{
+    collections::BTreeSet,
     io::{BufRead, BufReader, Lines, Write},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    time::Instant,
 };
 
 use allocprof::{
     discover,
     kernel::{Kernel, KernelSnapshot, Limits, Scope},
 };
-use profiler_common::{DropReason, StackAgg};
+use profiler_common::{DropReason, NO_STACK, OVERFLOW_STACK, StackAgg};
 
 const SIZE: u64 = 1000;
 const WEIGHT: u64 = 4000;
@@ -69,6 +71,16 @@ impl Emitter {
 
     fn free(&mut self, ptr: u64) {
         self.send(&format!("f {ptr:x}"));
+    }
+
+    /// The stack ids `pid`'s aggregates use, reserved ids aside.
+    fn stacks_of(&self, pid: u32) -> BTreeSet<u64> {
+        self.snapshot()
+            .aggregates
+            .iter()
+            .filter(|(k, _)| k.pid == pid && k.stack_id != NO_STACK && k.stack_id != OVERFLOW_STACK)
+            .map(|(k, _)| k.stack_id)
+            .collect()
     }
 
     fn snapshot(&self) -> KernelSnapshot {
@@ -136,6 +148,7 @@ fn limits() -> Limits {
         max_stacks: 1024,
         max_aggregates: 1024,
         max_processes: 1024,
+        ..Limits::default()
     }
 }
 
@@ -278,4 +291,106 @@ fn full_process_table_drops_the_events_of_processes_beyond_it() {
     assert!(!snap.processes.contains_key(&other.id()));
     // The first process is unaffected.
     assert_eq!(e.sums().live_samples, 1);
+}
+
+#[test]
+fn a_stack_flood_is_kept_under_the_overflow_stack_and_spares_other_processes() {
+    let (rate, burst) = (1, 8);
+    let mut e = Emitter::start(Limits {
+        max_new_stacks_per_second: rate,
+        new_stacks_burst: burst,
+        ..limits()
+    });
+    // Distinct stacks as fast as the emitter answers: a flood.
+    let n: u32 = 64;
+    let start = Instant::now();
+    for depth in 1..=n {
+        e.alloc_at(0x1000 * u64::from(depth), depth);
+    }
+    let elapsed = start.elapsed().as_secs() + 1;
+    let pid = e.child.id();
+    let flooded = e.drops(DropReason::StackRateLimited);
+    let own = e.stacks_of(pid);
+    // The table holds what the budget allows (one emitter thread: no races
+    // between CPUs), and every other sample is filed under the overflow stack.
+    assert!(flooded > 0, "{n} stacks within {elapsed} s at {rate}/s");
+    assert!(own.len() as u64 <= burst + rate * elapsed, "{own:?}");
+    assert_eq!(own.len() as u64 + flooded, u64::from(n));
+    let table: BTreeSet<u64> = e.kernel.stack_ids().into_iter().collect();
+    assert_eq!(
+        table, own,
+        "only the stacks it could afford are in the table"
+    );
+    // Every sample is still accounted, live and allocated.
+    let sums = e.sums();
+    assert_eq!(
+        (sums.alloc_samples, sums.live_samples),
+        (n.into(), n.into())
+    );
+    assert_eq!(sums.alloc_bytes, u64::from(n) * WEIGHT);
+    let overflow: u64 = e
+        .snapshot()
+        .aggregates
+        .iter()
+        .filter(|(k, _)| k.pid == pid && k.stack_id == OVERFLOW_STACK)
+        .map(|(_, a)| a.alloc_samples)
+        .sum();
+    assert_eq!(overflow, flooded);
+    assert_eq!(e.lost_live_bytes(), 0);
+    // A stack already in the table resolves, whatever the budget.
+    e.alloc_at(0x10_0000, 1);
+    assert_eq!(e.drops(DropReason::StackRateLimited), flooded);
+    assert_eq!(e.stacks_of(pid), own);
+
+    // A well-behaved process in the same run keeps its own stacks: the same
+    // frames (the same program) under ids of its own.
+    let exe = common::compile_c("sdt_script.c", &[]);
+    let (sites, _) = discover::probe_sites(&exe).unwrap();
+    let mut other = Command::new(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for site in &sites {
+        e.kernel
+            .attach(&exe, site, Scope::Process(other.id()))
+            .unwrap();
+    }
+    let mut stdin = other.stdin.take().unwrap();
+    let mut stdout = BufReader::new(other.stdout.take().unwrap()).lines();
+    for depth in 1..=3 {
+        writeln!(stdin, "a {:x} {SIZE} {WEIGHT} {depth}", 0x1000 * depth).unwrap();
+        assert_eq!(stdout.next().unwrap().unwrap(), "ok");
+    }
+    let snap = e.snapshot();
+    let theirs = e.stacks_of(other.id());
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(theirs.len(), 3, "{theirs:?}");
+    assert!(theirs.is_disjoint(&own), "stack ids belong to one process");
+    let table: BTreeSet<u64> = e.kernel.stack_ids().into_iter().collect();
+    assert!(theirs.is_subset(&table));
+    assert_eq!(
+        snap.processes[&other.id()].drops[DropReason::StackRateLimited as usize],
+        0
+    );
+    assert_eq!(e.drops(DropReason::StackRateLimited), flooded);
+    e.assert_only_drops(&[DropReason::StackRateLimited]);
+}
+
+#[test]
+fn forgotten_stacks_leave_the_stack_table() {
+    let mut e = Emitter::start(limits());
+    for depth in 1..=3 {
+        e.alloc_at(0x1000 * u64::from(depth), depth);
+    }
+    let mut ids = e.kernel.stack_ids();
+    ids.sort_unstable();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert!(ids.iter().all(|id| e.kernel.stack(*id).is_some()));
+    assert_eq!(e.kernel.forget_stacks(&ids[..2]), 2);
+    assert_eq!(e.kernel.forget_stacks(&ids[..2]), 0, "already gone");
+    assert_eq!(e.kernel.stack_ids(), vec![ids[2]]);
+    assert!(e.kernel.stack(ids[0]).is_none() && e.kernel.stack(ids[1]).is_none());
+    assert!(e.kernel.stack(ids[2]).is_some());
 }

@@ -461,6 +461,16 @@ fn diff_of_bad_files_is_a_clear_error() {
             "{err}"
         );
     }
+    // The limit is the user's to lower (or raise), and named once.
+    let out = allocprof()
+        .args(["diff", "--max-profile-bytes", "1K"])
+        .args([&bomb, &bomb])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("larger than 1.0 KiB"), "{err}");
+    assert_eq!(err.matches("the limit").count(), 1, "{err}");
 }
 
 fn frame_titles(svg: &str) -> Vec<String> {
@@ -581,7 +591,7 @@ struct Estimates {
     alloc_samples: u64,
 }
 
-const DROP_KEYS: [&str; 11] = [
+const DROP_KEYS: [&str; 12] = [
     "live_map_full",
     "process_cap",
     "stack_failed",
@@ -593,6 +603,7 @@ const DROP_KEYS: [&str; 11] = [
     "proc_map_full",
     "unplaced",
     "scratch_busy",
+    "stack_rate_limited",
 ];
 
 #[test]

@@ -14,58 +14,13 @@ use allocprof::{
     kernel::Limits,
     profile::{ProcessProfile, ProcessState, Profile},
     session::{Session, Target},
-    stats::{Totals, Z95},
+    stats::Totals,
 };
 
-use common::{RATE, Workload, process, site};
-
-/// (function, count, size, freed)
-const SITES: [(&str, u64, u64, bool); 4] = [
-    ("site_small", 200_000, 64, false),
-    ("site_medium", 2_000, 8192, false),
-    ("site_large", 8, 1 << 20, false),
-    ("site_freed", 100_000, 256, true),
-];
+use common::{RATE, Workload, assert_sites_within_bounds, process, site};
 
 fn final_profile(session: &mut Session) -> Profile {
     session.complete_profile().unwrap()
-}
-
-/// Every site within 5 sigma of the truth; freed sites leave no live bytes.
-fn assert_sites_within_bounds(p: &ProcessProfile) {
-    for (function, n, size, freed) in SITES {
-        let t = site(p, function);
-        let (truth, sigma) = common::truth_and_sigma(n, size, RATE);
-        assert!(t.alloc_samples > 0, "{function}: no samples in {p:#?}");
-        assert!(
-            (t.alloc_bytes - truth).abs() <= 5.0 * sigma,
-            "{function}: allocated {} vs truth {truth} (sigma {sigma})",
-            t.alloc_bytes
-        );
-        if freed {
-            assert_eq!(
-                t.live_bytes, 0.0,
-                "{function}: freed memory must not stay live"
-            );
-            assert_eq!(t.live_samples, 0);
-        } else {
-            assert!(
-                (t.live_bytes - truth).abs() <= 5.0 * sigma,
-                "{function}: live {} vs truth {truth} (sigma {sigma})",
-                t.live_bytes
-            );
-            // The kernel's variance estimate agrees with the a-priori one to
-            // within sampling noise (loosely: a factor of 3). Sites sampled
-            // almost surely have next to no variance, below byte rounding.
-            let sd = t.live_ci95() / Z95;
-            if sigma > 0.01 * truth {
-                assert!(
-                    sd > sigma / 3.0 && sd < sigma * 3.0,
-                    "{function}: sd {sd} vs {sigma}"
-                );
-            }
-        }
-    }
 }
 
 #[test]

@@ -3,18 +3,28 @@
 
 use std::{path::Path, process::Command};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 use crate::{shell, toolchain};
 
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
-const TARGETS: &[&str] = &["stapsdt", "usdt_args"];
+pub const TARGETS: &[&str] = &["stapsdt", "usdt_args", "pprof", "proc_text"];
 
-pub fn run(root: &Path, seconds: u32) -> Result<()> {
+/// Fuzzes `only` (every target if empty), each for `seconds`.
+pub fn run(root: &Path, seconds: u32, only: &[String]) -> Result<()> {
+    if let Some(unknown) = only.iter().find(|t| !TARGETS.contains(&t.as_str())) {
+        bail!(
+            "no fuzz target {unknown}; the targets are {}",
+            TARGETS.join(", ")
+        );
+    }
     ensure_cargo_fuzz(root)?;
     let plus = toolchain::plus(&toolchain::nightly(root)?);
     let max_time = format!("-max_total_time={seconds}");
-    for target in TARGETS {
+    let chosen = TARGETS
+        .iter()
+        .filter(|t| only.is_empty() || only.iter().any(|o| o == *t));
+    for target in chosen {
         shell::run(
             &root.join("profiler-user"),
             "cargo",

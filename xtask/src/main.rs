@@ -57,11 +57,15 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         interval: u32,
     },
-    /// Fuzz the USDT note parser with cargo-fuzz on the pinned nightly.
+    /// Fuzz the parsers of untrusted input (USDT notes and arguments, pprof
+    /// files, /proc text) with cargo-fuzz on the pinned nightly.
     Fuzz {
-        /// How long to fuzz, in seconds.
+        /// How long to fuzz each target, in seconds.
         #[arg(long, default_value_t = 60)]
         seconds: u32,
+        /// The targets to fuzz (stapsdt, usdt_args, pprof, proc_text); all
+        /// if none is named.
+        targets: Vec<String>,
     },
 }
 
@@ -93,7 +97,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::EbpfObject => ebpf_object::refresh(&root),
-        Command::Fuzz { seconds } => fuzz::run(&root, seconds),
+        Command::Fuzz { seconds, targets } => fuzz::run(&root, seconds, &targets),
         Command::Soak { minutes, interval } => {
             packages::ensure_test_packages()?;
             soak::run(&root, minutes, interval)

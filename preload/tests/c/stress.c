@@ -305,6 +305,7 @@ static int run_fork_reseed(void) {
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
+        close(fds[0]);
         sample_pattern(child);
         size_t off = 0;
         while (off < sizeof child) {
@@ -314,6 +315,8 @@ static int run_fork_reseed(void) {
         }
         _exit(0);
     }
+    /* The child's end only: a child that dies ends the read, not a hang. */
+    close(fds[1]);
     sample_pattern(parent);
     size_t off = 0;
     while (off < sizeof child) {

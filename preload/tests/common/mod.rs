@@ -152,9 +152,7 @@ pub fn apply(cmd: &mut Command, mode: Mode) -> &mut Command {
 
 /// Run and require exit status 0; returns the output.
 pub fn run_ok(cmd: &mut Command, what: &str) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: spawn failed: {e}"));
+    let out = output_within(cmd, RUN_LIMIT, what);
     assert!(
         out.status.success(),
         "{what}: {}\nstdout:\n{}\nstderr:\n{}",
@@ -163,6 +161,54 @@ pub fn run_ok(cmd: &mut Command, what: &str) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// Far longer than any test program runs, even on a loaded machine: a
+/// program that hangs (a deadlock in the allocator) fails its test instead
+/// of holding the suite until CI's limit.
+const RUN_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `cmd`'s output (as `Command::output`: no stdin), its whole process group
+/// killed if it runs past `limit`.
+pub fn output_within(cmd: &mut Command, limit: std::time::Duration, what: &str) -> Output {
+    use std::{io::Read, os::unix::process::CommandExt, process::Stdio};
+    let mut child = cmd
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: spawn failed: {e}"));
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: kill has no memory-safety preconditions; the group is
+            // the child's own (process_group(0)).
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?} (a hang); killed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // SAFETY: as above; forked children left behind would hold the pipes.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
 }
 
 /// A fresh scratch directory under the artifacts dir.

@@ -117,6 +117,7 @@ pub fn drop_name(reason: DropReason) -> &'static str {
         DropReason::ProcMapFull => "proc_map_full",
         DropReason::Unplaced => "unplaced",
         DropReason::ScratchBusy => "scratch_busy",
+        DropReason::StackRateLimited => "stack_rate_limited",
     }
 }
 

@@ -269,6 +269,35 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn every_format_shows_the_stack_flood_frame() {
+        let mut profile = hand_made();
+        profile.processes[0].stacks.push(StackProfile {
+            frames: Arc::from(vec![Frame::named(crate::profile::STACK_FLOOD)]),
+            totals: totals(64.0 * 1048576.0, 64.0 * 1048576.0, 64.0),
+        });
+        let opts = Options::default();
+        for format in Format::ALL {
+            let out = render(&profile, format, &opts).unwrap();
+            let text = if format == Format::Pprof {
+                let decoded = pprof::decode(&out).unwrap();
+                let functions: Vec<String> = decoded
+                    .processes
+                    .iter()
+                    .flat_map(|p| p.stacks.iter())
+                    .flat_map(|s| s.frames.iter().map(|f| f.function.clone()))
+                    .collect();
+                functions.join("\n")
+            } else {
+                String::from_utf8(out).unwrap()
+            };
+            assert!(
+                text.contains("[stack flood: new stacks over the per-process limit]"),
+                "{format:?}: {text}"
+            );
+        }
+    }
+
+    #[test]
     fn every_format_handles_an_empty_profile() {
         for format in Format::ALL {
             render(&Profile::default(), format, &Options::default()).unwrap();

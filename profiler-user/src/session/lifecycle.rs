@@ -27,6 +27,8 @@ pub(super) struct Frozen {
     pub state: ProcessState,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
+    /// Its `STACKS` entries were deleted (all its stacks symbolized).
+    pub stacks_reclaimed: bool,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -172,6 +174,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 },
                 proc,
                 stacks,
+                stacks_reclaimed: false,
             };
             self.frozen.push_back(frozen);
         }
@@ -237,8 +240,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// Keeps the address spaces of tracked processes current and picks up
-    /// libraries they dlopen'ed.
-    pub(super) fn track(&mut self, snapshot: &KernelSnapshot) {
+    /// libraries they dlopen'ed. Processes found dead are retired and taken
+    /// out of `snapshot`, so the profile built from it shows them once,
+    /// frozen (not also live).
+    pub(super) fn track(&mut self, snapshot: &mut KernelSnapshot) {
         let mut pids: Vec<u32> = snapshot.processes.keys().copied().collect();
         if let Target::Pids(targets) = &self.target {
             pids.extend(targets);
@@ -268,6 +273,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .collect::<Vec<_>>(),
         );
         self.retire(&dead, &[]);
+        if !dead.is_empty() {
+            snapshot
+                .aggregates
+                .retain(|(key, _)| !dead.contains(&key.pid));
+            snapshot.processes.retain(|pid, _| !dead.contains(pid));
+        }
         self.release_tables();
         if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {
             self.scan_all();

@@ -216,8 +216,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Reads the kernel's maps and builds the current profile.
     pub fn refresh(&mut self) -> Result<Profile, KernelError> {
         self.poll_events();
-        let snapshot = self.snapshot()?;
-        self.track(&snapshot);
+        let mut snapshot = self.snapshot()?;
+        self.track(&mut snapshot);
         self.request_symbols(&snapshot);
         self.collect_symbols();
         Ok(self.build(&snapshot))

@@ -43,6 +43,8 @@ pub trait KernelPort {
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize;
+    /// Deletes the stacks of gone, symbolized images (see [`Kernel::forget_stacks`]).
+    fn forget_stacks(&mut self, ids: &[u64]) -> usize;
     /// Rows the kernel's unwind-table array holds.
     fn unwind_capacity(&self) -> u32;
     /// Writes unwind rows at `start`.
@@ -107,6 +109,10 @@ impl KernelPort for Kernel {
         live_samples: bool,
     ) -> usize {
         Kernel::forget_images(self, gone, aggregates, live_samples)
+    }
+
+    fn forget_stacks(&mut self, ids: &[u64]) -> usize {
+        Kernel::forget_stacks(self, ids)
     }
 
     fn unwind_capacity(&self) -> u32 {

@@ -5,11 +5,10 @@
 
 use std::sync::Arc;
 
-use profiler_common::NO_STACK;
-
 use super::{Incarnation, KernelPort, ProcessPort, Session};
 use crate::{
     kernel::KernelSnapshot,
+    profile::synthetic_stack,
     symbolize::{Frame, Request},
 };
 
@@ -40,7 +39,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     ) {
         let mut batch = Vec::new();
         for (key, _) in &snapshot.aggregates {
-            if key.stack_id == NO_STACK || !wanted(key.pid, key.generation) {
+            if synthetic_stack(key.stack_id).is_some() || !wanted(key.pid, key.generation) {
                 continue;
             }
             let space = self.spaces.get(&key.pid);
@@ -71,6 +70,31 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.pending.remove(&response.key);
             self.symbols.insert(response.key, response.frames.into());
         }
+        self.reclaim_stacks();
+    }
+
+    /// Deletes the kernel's stacks of frozen images once all are symbolized:
+    /// stack ids belong to one image, so nothing will file a sample under
+    /// them again, and a long system-wide run keeps `STACKS` bounded.
+    fn reclaim_stacks(&mut self) {
+        let mut ids = Vec::new();
+        for f in self.frozen.iter_mut().filter(|f| !f.stacks_reclaimed) {
+            let symbolized = f.stacks.iter().all(|(id, _)| {
+                synthetic_stack(*id).is_some() || self.symbols.contains_key(&(f.incarnation, *id))
+            });
+            if symbolized {
+                ids.extend(
+                    f.stacks
+                        .iter()
+                        .map(|(id, _)| *id)
+                        .filter(|id| synthetic_stack(*id).is_none()),
+                );
+                f.stacks_reclaimed = true;
+            }
+        }
+        if !ids.is_empty() {
+            self.kernel.forget_stacks(&ids);
+        }
     }
 
     /// Waits for every requested stack to be symbolized.
@@ -79,12 +103,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.pending.remove(&response.key);
             self.symbols.insert(response.key, response.frames.into());
         }
+        self.reclaim_stacks();
     }
 
     /// The frames of a stack of an incarnation, or a placeholder saying why not.
     pub(super) fn frames(&self, incarnation: Incarnation, stack_id: u64) -> Arc<[Frame]> {
-        if stack_id == NO_STACK {
-            return placeholder("[stack unavailable]");
+        if let Some(text) = synthetic_stack(stack_id) {
+            return placeholder(text);
         }
         match self.symbols.get(&(incarnation, stack_id)) {
             Some(frames) => frames.clone(),

@@ -190,6 +190,13 @@ impl KernelPort for FakeKernel {
         self.0.kernel().attached.len()
     }
 
+    fn forget_stacks(&mut self, ids: &[u64]) -> usize {
+        let mut w = self.0.0.borrow_mut();
+        ids.iter()
+            .filter(|id| w.kernel.stacks.remove(id).is_some())
+            .count()
+    }
+
     fn proc_events(&mut self) -> Vec<ProcEvent> {
         std::mem::take(&mut self.0.0.borrow_mut().kernel.events)
     }
@@ -387,6 +394,7 @@ fn an_exit_freezes_the_image_and_frees_its_kernel_state() {
     let kernel = world.kernel();
     assert!(kernel.aggregates.is_empty(), "aggregates forgotten");
     assert!(kernel.procs.is_empty(), "counters forgotten");
+    assert!(kernel.stacks.is_empty(), "stacks reclaimed once symbolized");
     drop(kernel);
     assert_eq!(s.held_address_spaces(), 0, "its address space pruned");
 }
@@ -564,6 +572,9 @@ fn a_lost_exit_event_is_noticed_at_the_next_refresh() {
     world.0.borrow_mut().kernel.events.clear();
     let p = s.refresh().unwrap();
     only_image(&p, 100, ProcessState::Exited);
+    // The refresh that notices it shows it once: not also live, from the
+    // snapshot taken before it was retired.
+    assert_eq!(images(&p, 100).len(), 1, "{p:#?}");
     assert!(world.kernel().procs.is_empty());
 }
 

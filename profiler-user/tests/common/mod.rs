@@ -4,10 +4,10 @@
 
 use std::{
     ffi::OsStr,
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader, Lines, Write},
     path::{Path, PathBuf},
     process::Command,
-    process::{Child, ChildStdin, Stdio},
+    process::{Child, ChildStdin, ChildStdout, Stdio},
 };
 
 /// Fails the test (never skips it) when BPF cannot be used here.
@@ -321,4 +321,121 @@ pub fn table_entries(name: &str) -> usize {
     bpftool(&["map", "dump", "id", &id.to_string(), "-j"])
         .as_array()
         .map_or(0, Vec::len)
+}
+
+/// A child speaking a line protocol on stdin/stdout, preloaded as
+/// [`preloaded`] says unless the command sets its own `LD_PRELOAD`; killed
+/// (SIGKILL) and reaped on drop.
+pub struct Proc {
+    pub child: Child,
+    pub stdin: ChildStdin,
+    pub stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command) -> Proc {
+        let own = cmd
+            .get_envs()
+            .any(|(k, v)| k == "LD_PRELOAD" && v.is_some());
+        let mut child = if own {
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()
+        } else {
+            preloaded(&mut cmd).spawn()
+        }
+        .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        Proc {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+    }
+
+    /// The next line it prints.
+    pub fn line(&mut self) -> String {
+        self.stdout.next().expect("the workload died").unwrap()
+    }
+
+    pub fn expect(&mut self, want: &str) {
+        let line = self.line();
+        assert_eq!(line, want, "the workload failed");
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The function names of all of a process's frames.
+pub fn functions(p: &allocprof::profile::ProcessProfile) -> Vec<&str> {
+    p.stacks
+        .iter()
+        .flat_map(|s| s.frames.iter().map(|f| f.function.as_str()))
+        .collect()
+}
+
+/// tests/workloads/alloc_sites.c's sites: (function, count, size, freed).
+pub const SITES: [(&str, u64, u64, bool); 4] = [
+    ("site_small", 200_000, 64, false),
+    ("site_medium", 2_000, 8192, false),
+    ("site_large", 8, 1 << 20, false),
+    ("site_freed", 100_000, 256, true),
+];
+
+/// alloc_sites.c's sites within 5 sigma of the truth at [`RATE`]; freed
+/// sites leave no live bytes.
+pub fn assert_sites_within_bounds(p: &allocprof::profile::ProcessProfile) {
+    assert_renamed_sites_within_bounds(p, "site_");
+}
+
+/// The same for alloc_sites.c built with its `site_` functions renamed to
+/// `prefix` (`-Dsite_small=PREFIXsmall`, ...).
+pub fn assert_renamed_sites_within_bounds(p: &allocprof::profile::ProcessProfile, prefix: &str) {
+    for (function, n, size, freed) in SITES {
+        let function = function.replacen("site_", prefix, 1);
+        let function = function.as_str();
+        let t = site(p, function);
+        let (truth, sigma) = truth_and_sigma(n, size, RATE);
+        assert!(t.alloc_samples > 0, "{function}: no samples in {p:#?}");
+        assert!(
+            (t.alloc_bytes - truth).abs() <= 5.0 * sigma,
+            "{function}: allocated {} vs truth {truth} (sigma {sigma})",
+            t.alloc_bytes
+        );
+        if freed {
+            assert_eq!(
+                t.live_bytes, 0.0,
+                "{function}: freed memory must not stay live"
+            );
+            assert_eq!(t.live_samples, 0);
+        } else {
+            assert!(
+                (t.live_bytes - truth).abs() <= 5.0 * sigma,
+                "{function}: live {} vs truth {truth} (sigma {sigma})",
+                t.live_bytes
+            );
+            // The kernel's variance estimate agrees with the a-priori one to
+            // within sampling noise (loosely: a factor of 3). Sites sampled
+            // almost surely have next to no variance, below byte rounding.
+            let sd = t.live_ci95() / allocprof::stats::Z95;
+            if sigma > 0.01 * truth {
+                assert!(
+                    sd > sigma / 3.0 && sd < sigma * 3.0,
+                    "{function}: sd {sd} vs {sigma}"
+                );
+            }
+        }
+    }
 }

@@ -368,3 +368,18 @@ fn drops_and_several_rates_show_in_the_header() {
     let x = second[..second.find("drops 3").unwrap()].chars().count() as u16 + 6;
     assert_eq!(buffer[(x, 1)].fg, GROWING);
 }
+
+#[test]
+fn the_stack_flood_is_shown_as_its_frame() {
+    let mut app = App::new(options());
+    let mut profile = sample(0);
+    profile.processes[0].stacks[0].frames =
+        std::sync::Arc::from(vec![StackFrame::named(allocprof::profile::STACK_FLOOD)]);
+    profile.processes[0].stacks[0].totals.live_bytes = 1e9;
+    app.update(AppEvent::Profile(profile));
+    let (text, _) = screen(&mut app, 120, 24);
+    assert!(
+        text.contains("[stack flood: new stacks over the per-process limit]"),
+        "{text}"
+    );
+}
