@@ -1,8 +1,9 @@
 //! The user stack walked with compiled call-frame information (see
 //! `profiler_common::unwind`), for processes user space has given tables:
 //! code built without frame pointers unwinds whole. A pc outside every
-//! table falls back to one frame-pointer step; a pc whose rule cannot be
-//! applied ends the walk with `TRUNCATED_FRAME`, never with garbage.
+//! table falls back to one frame-pointer step (never two in a row); a pc
+//! whose rule cannot be applied ends the walk with `TRUNCATED_FRAME`, never
+//! with garbage.
 
 use aya_ebpf::{
     cty::c_void,
@@ -37,7 +38,7 @@ pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
     let regs = unsafe { &*ctx.regs };
     let mut walk = Walk {
         pid,
-        _pad: 0,
+        fell_back: 0,
         pc: regs.rip,
         sp: regs.rsp,
         bp: regs.rbp,
@@ -61,7 +62,8 @@ pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
 #[repr(C)]
 struct Walk {
     pid: u32,
-    _pad: u32,
+    /// The last step was a frame-pointer step (code without a rule).
+    fell_back: u32,
     pc: u64,
     sp: u64,
     bp: u64,
@@ -94,12 +96,20 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
     walk.len = index + 1;
     // A return address points after its call: look up the call itself.
     let at = if i == 0 { pc } else { pc.wrapping_sub(1) };
-    let step = match find_mapping(proc, at) {
-        Some(m) => match find_row(m, at.wrapping_sub(m.bias)) {
-            Some(row) => apply(&row, pc, walk.sp, walk.bp),
-            None => Step::Truncated,
-        },
-        None => frame_pointer_step(walk.sp, walk.bp),
+    let row = find_mapping(proc, at).and_then(|m| find_row(m, at.wrapping_sub(m.bias)));
+    let step = match row {
+        Some(row) => {
+            walk.fell_back = 0;
+            apply(&row, pc, walk.sp, walk.bp)
+        }
+        // Code without a table (JIT code, a file without CFI or whose table
+        // did not fit): one frame-pointer step, never two in a row (rbp is
+        // a general register in code built without frame pointers).
+        None if walk.fell_back == 0 => {
+            walk.fell_back = 1;
+            frame_pointer_step(walk.sp, walk.bp)
+        }
+        None => Step::Truncated,
     };
     match step {
         Step::Caller { pc, sp, bp } if pc != 0 => {
