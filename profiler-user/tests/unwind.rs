@@ -245,7 +245,7 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
     );
     let (truth, sigma) = common::truth_and_sigma(1024, 65536, RATE);
     assert!(
-        (live - truth).abs() <= 5.0 * sigma + (4 << 20) as f64,
+        (live - truth).abs() <= 5.0 * sigma + 4.0 * 1_048_576.0,
         "live {live} vs about {truth}"
     );
     w.send("exit");
