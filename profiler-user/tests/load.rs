@@ -55,12 +55,14 @@ fn a_storm_of_a_thousand_short_lived_processes_is_all_accounted() {
 
     // Every exit retired: the kernel forgets each process once frozen.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while common::table_entries("PROCS") > 0 || common::table_entries("AGGS") > 0 {
+    while common::table_entries(profiler.id(), "PROCS") > 0
+        || common::table_entries(profiler.id(), "AGGS") > 0
+    {
         assert!(
             Instant::now() < deadline,
             "the kernel still tracks {} processes and {} aggregates after the storm",
-            common::table_entries("PROCS"),
-            common::table_entries("AGGS")
+            common::table_entries(profiler.id(), "PROCS"),
+            common::table_entries(profiler.id(), "AGGS")
         );
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -128,11 +128,23 @@ fn a_churn_and_a_slow_leak_stay_bounded_and_unbiased() {
             at: started.elapsed(),
             rss_kib: common::memory_kib(profiler.id(), "VmRSS"),
             cpu_ticks: common::cpu_ticks(profiler.id()),
-            tables: TABLES.iter().map(|t| common::table_entries(t)).collect(),
+            tables: TABLES
+                .iter()
+                .map(|t| common::table_entries(profiler.id(), t))
+                .collect(),
             leaked,
             estimate,
             sigma,
         });
+        let r = readings.last().unwrap();
+        // The trend, for a long run's log (`cargo xtask soak` shows it).
+        eprintln!(
+            "soak: snapshot {k} at {:.0} s: allocprof RSS {} KiB, tables {:?}, leak z {:+.2}",
+            r.at.as_secs_f64(),
+            r.rss_kib,
+            r.tables,
+            r.z()
+        );
         leaked = workload.leak(interval);
     }
     assert!(profiler.wait().unwrap().success(), "allocprof failed");

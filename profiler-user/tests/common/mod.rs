@@ -298,9 +298,10 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
-/// Entries in the newest kernel map of that name (this test's allocprof
-/// loaded its maps last: test binaries run one after another).
-pub fn table_entries(name: &str) -> usize {
+/// Entries in the kernel map `name` of the allocprof process `pid` (its
+/// maps are known by the ids its descriptors hold: other allocprof
+/// instances running meanwhile have maps of the same names).
+pub fn table_entries(pid: u32, name: &str) -> usize {
     let bpftool = |args: &[&str]| -> serde_json::Value {
         let out = Command::new("bpftool")
             .args(args)
@@ -309,6 +310,15 @@ pub fn table_entries(name: &str) -> usize {
         assert!(out.status.success(), "bpftool {args:?} failed");
         serde_json::from_slice(&out.stdout).unwrap()
     };
+    let ids: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("map_id:"))
+                .and_then(|id| id.trim().parse().ok())
+        })
+        .collect();
     let maps = bpftool(&["map", "show", "-j"]);
     let id = maps
         .as_array()
@@ -316,8 +326,8 @@ pub fn table_entries(name: &str) -> usize {
         .iter()
         .filter(|m| m["name"] == name)
         .filter_map(|m| m["id"].as_u64())
-        .max()
-        .unwrap_or_else(|| panic!("no kernel map {name}"));
+        .find(|id| ids.contains(id))
+        .unwrap_or_else(|| panic!("allocprof {pid} holds no kernel map {name}"));
     bpftool(&["map", "dump", "id", &id.to_string(), "-j"])
         .as_array()
         .map_or(0, Vec::len)
