@@ -35,7 +35,7 @@ use crate::{
 };
 
 /// The provider of the memory-profiling probe contract.
-pub const PROVIDER: &str = "otel_memory";
+pub(crate) const PROVIDER: &str = "otel_memory";
 
 /// Which of the two `otel_memory` probes a site is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -45,7 +45,7 @@ pub enum ProbeKind {
 }
 
 impl ProbeKind {
-    pub fn from_name(name: &str) -> Option<ProbeKind> {
+    pub(crate) fn from_name(name: &str) -> Option<ProbeKind> {
         match name {
             "alloc" => Some(ProbeKind::Alloc),
             "free" => Some(ProbeKind::Free),
@@ -100,7 +100,7 @@ pub struct OpenFile {
 impl OpenFile {
     /// A path that opens this very file through our descriptor, for APIs
     /// that take paths (aya's attach, blazesym). Valid while `self` lives.
-    pub fn fd_path(&self) -> PathBuf {
+    pub(crate) fn fd_path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
     }
 }
@@ -136,7 +136,7 @@ impl ProbeFile {
 
 /// A probe-carrying file named by path in our own mount namespace (to arm
 /// it before any process maps it); `Ok(None)` if it carries no probes.
-pub fn probe_file_at(path: &Path) -> std::io::Result<Option<ProbeFile>> {
+pub(crate) fn probe_file_at(path: &Path) -> std::io::Result<Option<ProbeFile>> {
     let file = File::open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
@@ -164,7 +164,7 @@ pub fn probe_sites(path: &Path) -> Result<(Vec<ProbeSite>, Vec<String>), NoteErr
 }
 
 /// Reads the `otel_memory` probe sites of an open ELF file.
-pub fn probe_sites_in(file: &File) -> Result<(Vec<ProbeSite>, Vec<String>), NoteError> {
+pub(crate) fn probe_sites_in(file: &File) -> Result<(Vec<ProbeSite>, Vec<String>), NoteError> {
     sites_of(usdt::probes_in_open_file(file)?)
 }
 
@@ -212,7 +212,7 @@ pub struct MapsEntry {
 
 impl MapsEntry {
     /// A mapping of a file (not anonymous memory, a stack, the vdso...).
-    pub fn is_file(&self) -> bool {
+    pub(crate) fn is_file(&self) -> bool {
         self.inode != 0 && self.path.starts_with('/')
     }
 
@@ -373,7 +373,7 @@ impl Process {
 
     /// The sampling rate it runs with: its `ALLOCPROF_RATE`, read as the
     /// allocator reads it (absent or malformed means the default).
-    pub fn sampling_rate(&self) -> u64 {
+    pub(crate) fn sampling_rate(&self) -> u64 {
         read_bounded(&self.dir.join("environ"), MAX_SMALL_BYTES)
             .map_or(profiler_common::rate::DEFAULT_RATE, |e| rate_in_environ(&e))
     }
@@ -450,12 +450,12 @@ pub fn process_alive(pid: u32) -> bool {
 }
 
 /// The name of a process (its `comm`), if it still runs.
-pub fn process_name(pid: u32) -> Option<String> {
+pub(crate) fn process_name(pid: u32) -> Option<String> {
     Process::find(pid)?.name()
 }
 
 /// Every process id in /proc.
-pub fn all_pids() -> Vec<u32> {
+pub(crate) fn all_pids() -> Vec<u32> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -554,7 +554,7 @@ impl Scanner {
 }
 
 /// The sampling rate a process runs with (the default if it is gone).
-pub fn sampling_rate(pid: u32) -> u64 {
+pub(crate) fn sampling_rate(pid: u32) -> u64 {
     Process::find(pid).map_or(profiler_common::rate::DEFAULT_RATE, |p| p.sampling_rate())
 }
 

@@ -7,16 +7,7 @@ use std::borrow::Cow;
 /// `s` with every character a terminal could act on replaced by `\x1b` /
 /// `\u{202e}`-style escapes. Borrowed when nothing needed escaping.
 pub fn inert(s: &str) -> Cow<'_, str> {
-    inert_keeping(s, None)
-}
-
-/// [`inert`] for whole multi-line text (a report): newlines stay.
-pub fn inert_text(s: &str) -> Cow<'_, str> {
-    inert_keeping(s, Some('\n'))
-}
-
-fn inert_keeping(s: &str, keep: Option<char>) -> Cow<'_, str> {
-    let acts = |c: char| Some(c) != keep && is_active(c);
+    let acts = |c: char| is_active(c);
     if !s.chars().any(acts) {
         return Cow::Borrowed(s);
     }
@@ -65,10 +56,5 @@ mod tests {
         assert_eq!(inert("a\u{9b}31mb\u{7f}"), "a\\x9b31mb\\x7f");
         assert_eq!(inert("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
         assert_eq!(inert("a\nb\tc\r"), "a\\x0ab\\x09c\\x0d");
-    }
-
-    #[test]
-    fn text_keeps_its_newlines_only() {
-        assert_eq!(inert_text("l1\nl2 \u{1b}[31m\n"), "l1\nl2 \\x1b[31m\n");
     }
 }

@@ -221,7 +221,7 @@ impl Kernel {
 
     /// Attaches to `site` in an open file, through its descriptor (so the
     /// kernel resolves the very file we parsed, whatever its path names).
-    pub fn attach_file(
+    pub(crate) fn attach_file(
         &mut self,
         file: &OpenFile,
         site: &ProbeSite,
@@ -268,7 +268,7 @@ impl Kernel {
     }
 
     /// Detaches every probe attached for `pid` alone (it exited).
-    pub fn detach_process(&mut self, pid: u32) {
+    pub(crate) fn detach_process(&mut self, pid: u32) {
         let keys: Vec<LinkKey> = self
             .links
             .keys()
@@ -355,35 +355,11 @@ impl Kernel {
             .count()
     }
 
-    /// Forgets a process image that is gone (exit, or exec into generation
-    /// `below_generation`): its live samples and its aggregates, which the
-    /// caller has copied. Whoever deletes a live sample owns it, so this races
-    /// safely with a concurrent free in the kernel. Returns the samples freed.
-    pub fn forget_process(&mut self, pid: u32, below_generation: Option<u32>) -> usize {
-        self.forget_processes(&[(pid, below_generation)])
-    }
-
-    /// [`Kernel::forget_process`] for many processes in one pass over the
-    /// maps (an exec or exit storm costs one pass per batch, not per event).
-    pub fn forget_processes(&mut self, gone: &[(u32, Option<u32>)]) -> usize {
-        if gone.is_empty() {
-            return 0;
-        }
-        let is_gone = gone_images(gone);
-        let aggs: Vec<AggKey> = self
-            .aggs
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| is_gone(k.pid, k.generation))
-            .collect();
-        self.forget_images(gone, &aggs, true)
-    }
-
     /// Forgets retired images whose aggregates the caller read: deletes
     /// those by key (`aggregates`), walks the live samples only when the
     /// images had some (`live_samples`), and drops the state of the
     /// processes that exited (`None` in `gone`). Returns the samples freed.
-    pub fn forget_images(
+    pub(crate) fn forget_images(
         &mut self,
         gone: &[(u32, Option<u32>)],
         aggregates: &[AggKey],
@@ -421,12 +397,16 @@ impl Kernel {
     }
 
     /// How many unwind rows the kernel holds at most (for all files).
-    pub fn unwind_capacity(&self) -> u32 {
+    pub(crate) fn unwind_capacity(&self) -> u32 {
         self.max_unwind_rows
     }
 
     /// Writes unwind rows at `start` (a range the caller allocated).
-    pub fn write_unwind_rows(&mut self, start: u32, rows: &[UnwindRow]) -> Result<(), KernelError> {
+    pub(crate) fn write_unwind_rows(
+        &mut self,
+        start: u32,
+        rows: &[UnwindRow],
+    ) -> Result<(), KernelError> {
         for (i, row) in rows.iter().enumerate() {
             self.unwind_rows
                 .set(start + i as u32, row, 0)
@@ -437,19 +417,23 @@ impl Kernel {
 
     /// Gives process `pid` (host) its mappings with unwind tables: its
     /// stacks are walked with them from now on.
-    pub fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError> {
+    pub(crate) fn set_process_unwind(
+        &mut self,
+        pid: u32,
+        table: &ProcUnwind,
+    ) -> Result<(), KernelError> {
         self.unwind_procs
             .insert(pid, table, 0)
             .map_err(map_err("UNWIND_PROCS"))
     }
 
     /// Back to frame pointers for `pid` (it exec'ed or exited).
-    pub fn clear_process_unwind(&mut self, pid: u32) {
+    pub(crate) fn clear_process_unwind(&mut self, pid: u32) {
         let _ = self.unwind_procs.remove(&pid);
     }
 
     /// The process exit/exec events reported since the last call.
-    pub fn proc_events(&mut self) -> Vec<ProcEvent> {
+    pub(crate) fn proc_events(&mut self) -> Vec<ProcEvent> {
         let mut events = Vec::new();
         while let Some(item) = self.events.next() {
             if let Some(event) = decode_event(&item) {

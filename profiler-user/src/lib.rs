@@ -8,7 +8,7 @@ pub mod inert;
 pub mod kernel;
 pub mod normalize;
 pub mod output;
-pub mod pidns;
+pub(crate) mod pidns;
 pub mod profile;
 pub mod report;
 pub mod session;

@@ -47,7 +47,7 @@ impl AddressSpace {
     }
 
     /// The address space of `maps`, with the file `open` gives each mapping.
-    pub fn from_maps(
+    pub(crate) fn from_maps(
         maps: &[MapsEntry],
         mut open: impl FnMut(&MapsEntry) -> Option<Arc<OpenFile>>,
     ) -> AddressSpace {

@@ -29,7 +29,7 @@ pub struct PidMap {
 
 impl PidMap {
     /// For the namespace this process runs in.
-    pub fn detect() -> PidMap {
+    pub(crate) fn detect() -> PidMap {
         if in_initial_pid_namespace() {
             PidMap::identity()
         } else {
@@ -41,19 +41,19 @@ impl PidMap {
         PidMap::default()
     }
 
-    pub fn translating() -> PidMap {
+    pub(crate) fn translating() -> PidMap {
         PidMap {
             translating: true,
             ..PidMap::default()
         }
     }
 
-    pub fn is_identity(&self) -> bool {
+    pub(crate) fn is_identity(&self) -> bool {
         !self.translating
     }
 
     /// Our pid of a host pid, if known.
-    pub fn local(&self, host: u32) -> Option<u32> {
+    pub(crate) fn local(&self, host: u32) -> Option<u32> {
         if self.translating {
             self.to_local.get(&host).copied()
         } else {
@@ -71,7 +71,7 @@ impl PidMap {
     }
 
     /// Whether our pid `local` has its host pid.
-    pub fn is_mapped(&self, local: u32) -> bool {
+    pub(crate) fn is_mapped(&self, local: u32) -> bool {
         self.host(local).is_some()
     }
 
@@ -83,7 +83,7 @@ impl PidMap {
     }
 
     /// Forgets a process that is gone (its pid may be reused).
-    pub fn remove_local(&mut self, local: u32) {
+    pub(crate) fn remove_local(&mut self, local: u32) {
         if let Some(host) = self.to_host.remove(&local) {
             self.to_local.remove(&host);
         }
@@ -91,7 +91,7 @@ impl PidMap {
 }
 
 /// Whether this process runs in the initial pid namespace (or cannot tell).
-pub fn in_initial_pid_namespace() -> bool {
+pub(crate) fn in_initial_pid_namespace() -> bool {
     use std::os::unix::fs::MetadataExt;
     match std::fs::metadata("/proc/self/ns/pid") {
         Ok(ns) => ns.ino() == INIT_PID_NS_INO,
@@ -113,7 +113,7 @@ pub enum Correlation {
 /// Which candidate process (our pid, its address space) places every one of
 /// `addresses` (the first frames of a host pid's stacks: probe sites) in a
 /// file for which `is_probe_file` holds.
-pub fn correlate<'a>(
+pub(crate) fn correlate<'a>(
     addresses: &[u64],
     candidates: impl IntoIterator<Item = (u32, &'a AddressSpace)>,
     is_probe_file: impl Fn(FileId) -> bool,

@@ -9,13 +9,13 @@ use profiler_common::{DROP_REASONS, NO_STACK, OVERFLOW_STACK};
 use crate::{stats::Totals, symbolize::Frame};
 
 /// The one frame of a stack the kernel could not take.
-pub const STACK_UNAVAILABLE: &str = "[stack unavailable]";
+pub(crate) const STACK_UNAVAILABLE: &str = "[stack unavailable]";
 /// The one frame of a process's overflow stack: its samples past its budget
 /// of new stacks (drop `stack_rate_limited`).
 pub const STACK_FLOOD: &str = "[stack flood: new stacks over the per-process limit]";
 
 /// The synthetic frame of a reserved stack id, which has no frames.
-pub fn synthetic_stack(stack_id: u64) -> Option<&'static str> {
+pub(crate) fn synthetic_stack(stack_id: u64) -> Option<&'static str> {
     match stack_id {
         NO_STACK => Some(STACK_UNAVAILABLE),
         OVERFLOW_STACK => Some(STACK_FLOOD),
@@ -78,7 +78,7 @@ pub struct ProcessProfile {
 impl ProcessProfile {
     /// A process image from its stacks: sorted, totals summed, no event or
     /// drop counters (the caller sets those where it has them).
-    pub fn from_stacks(
+    pub(crate) fn from_stacks(
         key: ProcessKey,
         name: String,
         state: ProcessState,
@@ -148,7 +148,7 @@ impl Profile {
 }
 
 /// Largest live heap first; ties by process key, so the order is stable.
-pub fn sort_processes(processes: &mut [ProcessProfile]) {
+pub(crate) fn sort_processes(processes: &mut [ProcessProfile]) {
     processes.sort_by(|a, b| {
         b.totals
             .live_bytes
@@ -159,7 +159,7 @@ pub fn sort_processes(processes: &mut [ProcessProfile]) {
 
 /// Largest live bytes first; ties by allocated bytes, then frames, so the
 /// order is stable between refreshes.
-pub fn sort_stacks(stacks: &mut [StackProfile]) {
+pub(crate) fn sort_stacks(stacks: &mut [StackProfile]) {
     stacks.sort_by(|a, b| {
         b.totals
             .live_bytes

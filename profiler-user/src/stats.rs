@@ -24,7 +24,7 @@ pub struct Totals {
 }
 
 impl Totals {
-    pub fn from_agg(agg: &StackAgg) -> Totals {
+    pub(crate) fn from_agg(agg: &StackAgg) -> Totals {
         let objects = |fixed: u64| fixed as f64 / OBJECT_SCALE as f64;
         Totals {
             live_bytes: agg.live_bytes as f64,

@@ -112,7 +112,7 @@ impl<K: Send + 'static> SymbolizerThread<K> {
         }
     }
 
-    pub fn submit(&self, batch: Vec<Request<K>>) {
+    pub(crate) fn submit(&self, batch: Vec<Request<K>>) {
         if !batch.is_empty() {
             // The thread only stops when we drop the receiver side.
             let _ = self.requests.send(batch);
@@ -231,7 +231,10 @@ fn truncation_marker(last: Option<&FileAddr>) -> Frame {
 }
 
 /// Symbolizes one stack, innermost first.
-pub fn symbolize_stack(symbolizer: &Symbolizer, frames: &[(u64, Option<FileAddr>)]) -> Vec<Frame> {
+pub(crate) fn symbolize_stack(
+    symbolizer: &Symbolizer,
+    frames: &[(u64, Option<FileAddr>)],
+) -> Vec<Frame> {
     // Group frames by file: one blazesym call per file.
     let mut by_file: HashMap<&MappedFile, Vec<(usize, u64)>> = HashMap::new();
     for (i, (_, at)) in frames.iter().enumerate() {
@@ -359,7 +362,7 @@ fn location(info: &CodeInfo<'_>) -> String {
 /// Drops the innermost frames that belong to the allocator itself (the
 /// LD_PRELOAD library, the Rust global allocator and the standard library's
 /// allocation shims): a stack starts where the program asked for memory.
-pub fn strip_allocator_frames(frames: Vec<Frame>) -> Vec<Frame> {
+pub(crate) fn strip_allocator_frames(frames: Vec<Frame>) -> Vec<Frame> {
     let keep_from = frames
         .iter()
         .position(|f| !is_allocator_frame(f))

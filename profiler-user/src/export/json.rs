@@ -13,7 +13,7 @@ use crate::{
     symbolize::Frame,
 };
 
-pub const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -104,7 +104,7 @@ impl From<&Totals> for Estimates {
 }
 
 /// Stable machine names of the drop causes (the enum's order may change).
-pub fn drop_name(reason: DropReason) -> &'static str {
+pub(crate) fn drop_name(reason: DropReason) -> &'static str {
     match reason {
         DropReason::LiveMapFull => "live_map_full",
         DropReason::ProcessCap => "process_cap",

@@ -84,11 +84,6 @@ impl Format {
         self == Format::Pprof
     }
 
-    /// Whether `--value` changes the output (pprof and JSON hold every value).
-    pub fn uses_value(self) -> bool {
-        matches!(self, Format::Collapsed | Format::Svg)
-    }
-
     pub fn describe(self, value: Quantity) -> String {
         match self {
             Format::Report => "report".into(),
@@ -172,7 +167,7 @@ pub(crate) mod tests {
 
     /// Two processes; an inlined frame; a frame without a module; a name
     /// with XML metacharacters; fractional object estimates.
-    pub fn hand_made() -> Profile {
+    pub(crate) fn hand_made() -> Profile {
         const EXE: Option<&str> = Some("/usr/bin/demo");
         let mut inlined = frame("inlined_helper", EXE);
         inlined.inlined = true;

@@ -160,7 +160,7 @@ impl Session {
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// A session over given ports: attaches to the targets' probes now.
-    pub fn with_ports(
+    pub(crate) fn with_ports(
         kernel: K,
         processes: P,
         pids: PidMap,

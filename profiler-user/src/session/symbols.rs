@@ -98,7 +98,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// Waits for every requested stack to be symbolized.
-    pub fn finish_symbols(&mut self) {
+    pub(crate) fn finish_symbols(&mut self) {
         for response in self.symbolizer.wait(self.pending.len()) {
             self.pending.remove(&response.key);
             self.symbols.insert(response.key, response.frames.into());

@@ -177,7 +177,7 @@ pub fn compile_file(path: &Path, limits: &Limits) -> Result<UnwindTable, Compile
 }
 
 /// Compiles the table of an open file; `name` is only for the error.
-pub fn compile_open_file(
+pub(crate) fn compile_open_file(
     file: &File,
     name: &Path,
     limits: &Limits,

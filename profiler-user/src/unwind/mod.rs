@@ -16,8 +16,9 @@ pub mod pool;
 mod simulate;
 pub mod tables;
 
+pub(crate) use compile::compile_open_file;
 pub use compile::{
     CompileError, ErrorKind, Limits, LoadSegment, TableStats, UnwindTable, bias, compile_elf,
-    compile_file, compile_open_file,
+    compile_file,
 };
 pub use simulate::{Mapping, Regs, Stop, Walk, unwind};

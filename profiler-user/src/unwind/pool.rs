@@ -54,7 +54,7 @@ impl RowPool {
     }
 
     /// Rows not handed out.
-    pub fn free_rows(&self) -> u64 {
+    pub(crate) fn free_rows(&self) -> u64 {
         self.free.values().map(|&l| u64::from(l)).sum()
     }
 }

@@ -112,7 +112,7 @@ impl UnwindTables {
 
     /// Takes in compiled tables and writes the next chunk of rows. Returns
     /// whether a table became ready (processes mapping it can use it).
-    pub fn progress(&mut self, sink: &mut impl RowSink) -> bool {
+    pub(crate) fn progress(&mut self, sink: &mut impl RowSink) -> bool {
         while let Ok((id, compiled)) = self.responses.try_recv() {
             if !matches!(self.files.get(&id), Some(FileTable::Compiling)) {
                 continue; // released meanwhile
@@ -213,7 +213,7 @@ impl UnwindTables {
     }
 
     /// Frees the tables of files no process maps any more.
-    pub fn release_unused(&mut self, in_use: &HashSet<FileId>) {
+    pub(crate) fn release_unused(&mut self, in_use: &HashSet<FileId>) {
         let pool = &mut self.pool;
         self.files.retain(|id, table| {
             if in_use.contains(id) {
@@ -232,7 +232,7 @@ impl UnwindTables {
     }
 
     /// Problems to report (each once).
-    pub fn take_problems(&mut self) -> Vec<String> {
+    pub(crate) fn take_problems(&mut self) -> Vec<String> {
         std::mem::take(&mut self.problems)
     }
 

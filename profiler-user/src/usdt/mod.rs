@@ -15,6 +15,5 @@ mod args;
 mod notes;
 
 pub use args::{ArgError, parse_args};
-pub use notes::{
-    LocateError, MAX_READ, NoteError, UsdtProbe, probes_in_elf, probes_in_file, probes_in_open_file,
-};
+pub(crate) use notes::probes_in_open_file;
+pub use notes::{LocateError, NoteError, UsdtProbe, probes_in_elf, probes_in_file};

@@ -39,7 +39,7 @@ use crate::{
 };
 
 /// Go's heap-profile sample types, in Go's order.
-pub const SAMPLE_TYPES: [(&str, &str); 4] = [
+pub(crate) const SAMPLE_TYPES: [(&str, &str); 4] = [
     ("alloc_objects", "count"),
     ("alloc_space", "bytes"),
     ("inuse_objects", "count"),
@@ -91,7 +91,7 @@ pub struct Limits {
 pub const MAX_PROFILE_BYTES: u64 = 64 << 20;
 
 /// What decoding may take, in bytes of memory per byte of the size limit.
-pub const DECODED_PER_BYTE: u64 = 16;
+pub(crate) const DECODED_PER_BYTE: u64 = 16;
 
 impl Default for Limits {
     fn default() -> Limits {
@@ -168,7 +168,7 @@ pub fn render(profile: &Profile, time_nanos: i64) -> Vec<u8> {
 }
 
 /// Builds the `profile.proto` message.
-pub fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
+pub(crate) fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
     let mut b = Builder::default();
     b.strings.get(""); // index 0 is ""
     let sample_type = SAMPLE_TYPES
@@ -710,7 +710,7 @@ fn check_counts(p: &proto::Profile, limits: &Limits) -> Result<(), DecodeError> 
 
 /// The profile a decoded message describes, once it is checked against
 /// `limits` and every reference in it resolves.
-pub fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile, DecodeError> {
+pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile, DecodeError> {
     check_counts(p, limits)?;
     let string = |i: i64| -> Result<&str, DecodeError> {
         usize::try_from(i)

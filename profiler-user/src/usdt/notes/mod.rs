@@ -133,7 +133,7 @@ impl UsdtProbe {
 /// The most bytes of one file the parser reads (headers, section names and
 /// note areas together). Real files need kilobytes; a file that needs more
 /// is hostile or not a probe carrier, and fails with [`NoteError::TooLarge`].
-pub const MAX_READ: u64 = 16 << 20;
+pub(crate) const MAX_READ: u64 = 16 << 20;
 
 /// Opens the file and returns its USDT probes; see [`probes_in_open_file`].
 pub fn probes_in_file(path: &Path) -> Result<Vec<UsdtProbe>, NoteError> {
@@ -152,7 +152,7 @@ pub fn probes_in_file(path: &Path) -> Result<Vec<UsdtProbe>, NoteError> {
 /// section names and note areas, with bounded positioned reads (at most
 /// [`MAX_READ`] bytes in all): a huge or sparse file costs no more than a
 /// small one, and a non-ELF file costs one read of its first bytes.
-pub fn probes_in_open_file(file: &File) -> Result<Vec<UsdtProbe>, NoteError> {
+pub(crate) fn probes_in_open_file(file: &File) -> Result<Vec<UsdtProbe>, NoteError> {
     let meta = file.metadata().map_err(NoteError::Read)?;
     if !meta.is_file() {
         return Err(NoteError::Read(std::io::Error::other("not a regular file")));
