@@ -206,7 +206,8 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
                   keep = [bytearray(65536) for _ in range(1024)]\n\
                   print('ready', flush=True)\n\
                   sys.stdin.readline()\n";
-    let mut cmd = Command::new("python3");
+    // Debian's binary, not a pyenv shim on PATH (a bash script).
+    let mut cmd = Command::new("/usr/bin/python3");
     cmd.args(["-c", script]).env("PYTHONMALLOC", "malloc");
     let mut w = Proc::spawn(cmd);
     let pid = w.pid();

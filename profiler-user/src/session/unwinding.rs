@@ -53,9 +53,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let (Some(space), Some(host)) = (self.spaces.get(&pid), self.pids.host(pid)) else {
             return;
         };
+        // Only once every table is decided: until then the kernel walks the
+        // whole stack by frame pointers, rather than walking part of it with
+        // tables and taking the code whose table is still loading for code
+        // without one (one frame-pointer step, then a truncation).
+        let executable = || space.mappings().iter().filter(|m| m.executable);
+        if !executable().all(|m| self.unwind.settled(m)) {
+            return;
+        }
         let mut table = ProcUnwind::default();
         let mut len = 0;
-        for m in space.mappings().iter().filter(|m| m.executable) {
+        for m in executable() {
             if len == MAX_UNWIND_MAPPINGS {
                 break; // the rest is walked by frame pointers
             }

@@ -197,6 +197,18 @@ impl UnwindTables {
         FileTable::Unavailable
     }
 
+    /// Whether the table of `m`'s file is decided: loaded, or known not to
+    /// be (a file never asked for, or still loading, is not).
+    pub fn settled(&self, m: &Mapping) -> bool {
+        let Some(file) = m.file.open.as_ref() else {
+            return true; // nothing to load for it
+        };
+        matches!(
+            self.files.get(&file.id),
+            Some(FileTable::Ready { .. } | FileTable::Unavailable)
+        )
+    }
+
     /// The kernel's view of one executable mapping, if its file's table is ready.
     pub fn mapping(&self, m: &Mapping) -> Option<UnwindMapping> {
         let file = m.file.open.as_ref()?;
