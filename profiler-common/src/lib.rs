@@ -7,6 +7,20 @@ pub mod rate;
 pub mod unwind;
 pub mod usdt;
 
+/// The kernel object's map names, as user space looks them up (the kernel
+/// side names each map by its `static`; loading fails on any mismatch).
+pub mod map_names {
+    pub const USDT_SPECS: &str = "USDT_SPECS";
+    pub const LIVE: &str = "LIVE";
+    pub const AGGS: &str = "AGGS";
+    pub const STACKS: &str = "STACKS";
+    pub const PROCS: &str = "PROCS";
+    pub const DROPS: &str = "DROPS";
+    pub const PROC_EVENTS: &str = "PROC_EVENTS";
+    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
+}
+
 pub use usdt::{MAX_USDT_ARGS, UsdtArg, UsdtArgKind, UsdtSpec};
 
 /// Deepest user stack taken per sample (the kernel's own limit is 127).

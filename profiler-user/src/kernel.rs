@@ -15,6 +15,7 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
+use profiler_common::map_names as names;
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
     LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace, UsdtSpec,
@@ -149,11 +150,11 @@ impl Kernel {
     ) -> Result<Kernel, KernelError> {
         let report_all = u8::from(report_all_execs);
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries("LIVE", limits.max_live_samples)
-            .map_max_entries("STACKS", limits.max_stacks)
-            .map_max_entries("AGGS", limits.max_aggregates)
-            .map_max_entries("PROCS", limits.max_processes)
-            .map_max_entries("UNWIND_ROWS", limits.max_unwind_rows)
+            .map_max_entries(names::LIVE, limits.max_live_samples)
+            .map_max_entries(names::STACKS, limits.max_stacks)
+            .map_max_entries(names::AGGS, limits.max_aggregates)
+            .map_max_entries(names::PROCS, limits.max_processes)
+            .map_max_entries(names::UNWIND_ROWS, limits.max_unwind_rows)
             .override_global("MAX_LIVE_PER_PROCESS", &limits.max_live_per_process, true)
             .override_global("REPORT_ALL_EXECS", &report_all, true)
             .override_global(
@@ -173,19 +174,24 @@ impl Kernel {
             prog.load().map_err(classify_load_error)?;
             prog.attach(tp).map_err(classify_load_error)?;
         }
-        let specs =
-            Array::try_from(take(&mut ebpf, "USDT_SPECS")?).map_err(map_err("USDT_SPECS"))?;
-        let live = HashMap::try_from(take(&mut ebpf, "LIVE")?).map_err(map_err("LIVE"))?;
-        let aggs = HashMap::try_from(take(&mut ebpf, "AGGS")?).map_err(map_err("AGGS"))?;
-        let stacks = HashMap::try_from(take(&mut ebpf, "STACKS")?).map_err(map_err("STACKS"))?;
-        let procs = HashMap::try_from(take(&mut ebpf, "PROCS")?).map_err(map_err("PROCS"))?;
-        let drops = PerCpuArray::try_from(take(&mut ebpf, "DROPS")?).map_err(map_err("DROPS"))?;
-        let events =
-            RingBuf::try_from(take(&mut ebpf, "PROC_EVENTS")?).map_err(map_err("PROC_EVENTS"))?;
-        let unwind_rows =
-            Array::try_from(take(&mut ebpf, "UNWIND_ROWS")?).map_err(map_err("UNWIND_ROWS"))?;
-        let unwind_procs =
-            HashMap::try_from(take(&mut ebpf, "UNWIND_PROCS")?).map_err(map_err("UNWIND_PROCS"))?;
+        let specs = Array::try_from(take(&mut ebpf, names::USDT_SPECS)?)
+            .map_err(map_err(names::USDT_SPECS))?;
+        let live =
+            HashMap::try_from(take(&mut ebpf, names::LIVE)?).map_err(map_err(names::LIVE))?;
+        let aggs =
+            HashMap::try_from(take(&mut ebpf, names::AGGS)?).map_err(map_err(names::AGGS))?;
+        let stacks =
+            HashMap::try_from(take(&mut ebpf, names::STACKS)?).map_err(map_err(names::STACKS))?;
+        let procs =
+            HashMap::try_from(take(&mut ebpf, names::PROCS)?).map_err(map_err(names::PROCS))?;
+        let drops =
+            PerCpuArray::try_from(take(&mut ebpf, names::DROPS)?).map_err(map_err(names::DROPS))?;
+        let events = RingBuf::try_from(take(&mut ebpf, names::PROC_EVENTS)?)
+            .map_err(map_err(names::PROC_EVENTS))?;
+        let unwind_rows = Array::try_from(take(&mut ebpf, names::UNWIND_ROWS)?)
+            .map_err(map_err(names::UNWIND_ROWS))?;
+        let unwind_procs = HashMap::try_from(take(&mut ebpf, names::UNWIND_PROCS)?)
+            .map_err(map_err(names::UNWIND_PROCS))?;
         Ok(Kernel {
             ebpf,
             specs,
@@ -315,14 +321,17 @@ impl Kernel {
     pub fn snapshot(&self) -> Result<KernelSnapshot, KernelError> {
         let mut snap = KernelSnapshot::default();
         for entry in self.aggs.iter() {
-            snap.aggregates.push(entry.map_err(map_err("AGGS"))?);
+            snap.aggregates.push(entry.map_err(map_err(names::AGGS))?);
         }
         for entry in self.procs.iter() {
-            let (pid, state) = entry.map_err(map_err("PROCS"))?;
+            let (pid, state) = entry.map_err(map_err(names::PROCS))?;
             snap.processes.insert(pid, state);
         }
         for (i, slot) in snap.drops.iter_mut().enumerate() {
-            let per_cpu = self.drops.get(&(i as u32), 0).map_err(map_err("DROPS"))?;
+            let per_cpu = self
+                .drops
+                .get(&(i as u32), 0)
+                .map_err(map_err(names::DROPS))?;
             *slot = per_cpu.iter().sum();
         }
         Ok(snap)
@@ -410,7 +419,7 @@ impl Kernel {
         for (i, row) in rows.iter().enumerate() {
             self.unwind_rows
                 .set(start + i as u32, row, 0)
-                .map_err(map_err("UNWIND_ROWS"))?;
+                .map_err(map_err(names::UNWIND_ROWS))?;
         }
         Ok(())
     }
@@ -424,7 +433,7 @@ impl Kernel {
     ) -> Result<(), KernelError> {
         self.unwind_procs
             .insert(pid, table, 0)
-            .map_err(map_err("UNWIND_PROCS"))
+            .map_err(map_err(names::UNWIND_PROCS))
     }
 
     /// Back to frame pointers for `pid` (it exec'ed or exited).
