@@ -84,7 +84,7 @@ impl<K: Send + 'static> SymbolizerThread<K> {
         thread::Builder::new()
             .name("symbolize".into())
             .spawn(move || {
-                let mut symbolizer = Symbolizer::new();
+                let mut symbolizer = symbolizer();
                 let mut used = UsedFiles::default();
                 for batch in req_rx {
                     let _quiet = QuietContainedPanics::install();
@@ -230,6 +230,12 @@ fn truncation_marker(last: Option<&FileAddr>) -> Frame {
     })
 }
 
+/// A symbolizer that leaves names as the files have them ([`demangle`] does
+/// the rest).
+fn symbolizer() -> Symbolizer {
+    Symbolizer::builder().enable_demangling(false).build()
+}
+
 /// Symbolizes one stack, innermost first.
 pub(crate) fn symbolize_stack(
     symbolizer: &Symbolizer,
@@ -336,19 +342,39 @@ fn expand(sym: &blazesym::symbolize::Sym<'_>, module: Option<String>) -> Vec<Fra
     let mut frames = Vec::with_capacity(1 + sym.inlined.len());
     for inlined in sym.inlined.iter().rev() {
         frames.push(Frame {
-            function: inlined.name.to_string(),
+            function: demangle(&inlined.name),
             location: inlined.code_info.as_ref().map(location),
             module: module.clone(),
             inlined: true,
         });
     }
     frames.push(Frame {
-        function: sym.name.to_string(),
+        function: demangle(&sym.name),
         location: sym.code_info.as_deref().map(location),
         module,
         inlined: false,
     });
     frames
+}
+
+/// A symbol name as people write it. Only names in a mangling scheme are
+/// demangled: Rust's (`_R…`, and legacy `_ZN…E` with its hash dropped) and
+/// the Itanium C++ ABI's (`_Z…`). blazesym's own demangling, for names of
+/// unknown language, also feeds plain C names to the C++ demangler, which
+/// reads short ones as type encodings (`ra` became "signed char restrict").
+pub fn demangle(name: &str) -> String {
+    if (name.starts_with("_R") || name.starts_with("_ZN"))
+        && let Ok(rust) = rustc_demangle::try_demangle(name)
+    {
+        return format!("{rust:#}");
+    }
+    if name.starts_with("_Z")
+        && let Ok(symbol) = cpp_demangle::Symbol::new(name)
+        && let Ok(cpp) = symbol.demangle()
+    {
+        return cpp;
+    }
+    name.to_string()
 }
 
 fn location(info: &CodeInfo<'_>) -> String {
@@ -434,6 +460,24 @@ mod tests {
     }
 
     #[test]
+    fn only_mangled_names_are_demangled() {
+        for c_name in ["ra", "rb", "rc", "main", "Z", "_start", "malloc"] {
+            assert_eq!(demangle(c_name), c_name);
+        }
+        assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(
+            demangle("_ZNSt6vectorIiSaIiEE9push_backERKi"),
+            "std::vector<int, std::allocator<int> >::push_back(int const&)"
+        );
+        assert_eq!(
+            demangle("_ZN9allocator4usdt5alloc17h367255860e0173dfE"),
+            "allocator::usdt::alloc"
+        );
+        assert_eq!(demangle("_RNvCs1234_7mycrate4main"), "mycrate::main");
+        assert_eq!(demangle("_Zgarbage"), "_Zgarbage");
+    }
+
+    #[test]
     fn allocator_frames_are_stripped_from_the_top_only() {
         let frames = vec![
             frame("fire_alloc_probe", "/opt/allocprof/liballocprof.so"),
@@ -454,7 +498,7 @@ mod tests {
         let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
         let addr = own_test_binary_symbolizes_with_file_and_line as *const () as u64;
         let at = space.normalize(addr).expect("our code is file-backed");
-        let frames = symbolize_stack(&Symbolizer::new(), &[(addr, Some(at))]);
+        let frames = symbolize_stack(&symbolizer(), &[(addr, Some(at))]);
         let f = frames.last().unwrap();
         assert!(
             f.function
@@ -497,7 +541,7 @@ mod tests {
 
     #[test]
     fn blazesym_forgets_released_files() {
-        let mut symbolizer = Symbolizer::new();
+        let mut symbolizer = symbolizer();
         let mut used = UsedFiles::default();
         let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
         let addr = blazesym_forgets_released_files as *const () as u64;
@@ -564,7 +608,7 @@ mod tests {
             file_offset: 0x1234,
         };
         let stack = [(0x7f00_0000_1234, Some(at_broken)), (addr, Some(ours))];
-        let symbolizer = Symbolizer::new();
+        let symbolizer = symbolizer();
         // Malformed, blazesym reports an error: an unknown frame.
         let frames = symbolize_stack(&symbolizer, &stack);
         assert_eq!(frames[0].function, "libbroken.so+0x1234", "{frames:?}");

@@ -236,3 +236,28 @@ fn exec_keeps_the_old_image_apart_from_the_new_one() {
     assert_sites_within_bounds(new);
     w.exit();
 }
+
+#[test]
+fn short_c_names_are_not_demangled_as_cpp_types() {
+    common::require_bpf();
+    let exe = common::compile_c("short_names.c", &[]);
+    let mut w = common::Proc::spawn(std::process::Command::new(exe));
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = process(&profile, pid);
+    let names = common::functions(p);
+    for site in ["ra", "rb", "rc"] {
+        assert!(names.contains(&site), "{site} missing: {names:?}");
+    }
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains("restrict") || n.contains("signed char")),
+        "{names:?}"
+    );
+    w.send("exit");
+}
