@@ -268,20 +268,7 @@ fn full_process_table_drops_the_events_of_processes_beyond_it() {
     });
     e.alloc(0x1000); // the emitter takes the only slot
     // A second emitter process, attached to the same programs.
-    let exe = common::compile_c("sdt_script.c", &[]);
-    let (sites, _) = discover::probe_sites(&exe).unwrap();
-    let mut other = Command::new(&exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    for site in &sites {
-        e.kernel
-            .attach(&exe, site, Scope::Process(other.id()))
-            .unwrap();
-    }
-    let mut stdin = other.stdin.take().unwrap();
-    let mut stdout = BufReader::new(other.stdout.take().unwrap()).lines();
+    let (mut other, mut stdin, mut stdout) = second_emitter(&mut e);
     writeln!(stdin, "a 2000 {SIZE} {WEIGHT} 1").unwrap();
     assert_eq!(stdout.next().unwrap().unwrap(), "ok");
     let snap = e.snapshot();
@@ -344,20 +331,7 @@ fn a_stack_flood_is_kept_under_the_overflow_stack_and_spares_other_processes() {
 
     // A well-behaved process in the same run keeps its own stacks: the same
     // frames (the same program) under ids of its own.
-    let exe = common::compile_c("sdt_script.c", &[]);
-    let (sites, _) = discover::probe_sites(&exe).unwrap();
-    let mut other = Command::new(&exe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    for site in &sites {
-        e.kernel
-            .attach(&exe, site, Scope::Process(other.id()))
-            .unwrap();
-    }
-    let mut stdin = other.stdin.take().unwrap();
-    let mut stdout = BufReader::new(other.stdout.take().unwrap()).lines();
+    let (mut other, mut stdin, mut stdout) = second_emitter(&mut e);
     for depth in 1..=3 {
         writeln!(stdin, "a {:x} {SIZE} {WEIGHT} {depth}", 0x1000 * depth).unwrap();
         assert_eq!(stdout.next().unwrap().unwrap(), "ok");
@@ -393,4 +367,23 @@ fn forgotten_stacks_leave_the_stack_table() {
     assert_eq!(e.kernel.stack_ids(), vec![ids[2]]);
     assert!(e.kernel.stack(ids[0]).is_none() && e.kernel.stack(ids[1]).is_none());
     assert!(e.kernel.stack(ids[2]).is_some());
+}
+
+/// Another scripted emitter process, attached to `e`'s programs.
+fn second_emitter(e: &mut Emitter) -> (Child, ChildStdin, Lines<BufReader<ChildStdout>>) {
+    let exe = common::compile_c("sdt_script.c", &[]);
+    let (sites, _) = discover::probe_sites(&exe).unwrap();
+    let mut other = Command::new(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for site in &sites {
+        e.kernel
+            .attach(&exe, site, Scope::Process(other.id()))
+            .unwrap();
+    }
+    let stdin = other.stdin.take().unwrap();
+    let stdout = BufReader::new(other.stdout.take().unwrap()).lines();
+    (other, stdin, stdout)
 }

@@ -49,6 +49,26 @@ const SITES: [Site; 3] = [
     },
 ];
 
+/// A session on `pid` once the unwind tables of its files are built and
+/// loaded (so its allocations are walked with them from the first).
+fn session_with_tables(pid: u32) -> Session {
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        session.poll_events();
+        let status = session.unwind_status();
+        if status.loading == 0 && status.ready > 0 {
+            return session;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "unwind tables not loaded: {status:?}, {:?}",
+            session.warnings
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Whether `frames` (innermost first) hold `chain` in that order.
 fn holds_chain(frames: &[Frame], chain: &[&str]) -> bool {
     let mut want = chain.iter().peekable();
@@ -77,22 +97,7 @@ fn stacks_without_frame_pointers_are_whole_and_estimates_unbiased() {
     let mut w = Proc::spawn(Command::new(exe));
     let pid = w.pid();
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
-    // The tables of its files are built and loaded before it allocates.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        session.poll_events();
-        let status = session.unwind_status();
-        if status.loading == 0 && status.ready > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "unwind tables not loaded: {status:?}, {:?}",
-            session.warnings
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut session = session_with_tables(pid);
     w.send("go");
     w.expect("ready");
     let profile = session.complete_profile().unwrap();
@@ -165,13 +170,7 @@ fn a_library_without_call_frame_information_ends_its_stacks_in_one_marker() {
     let mut w = Proc::spawn(Command::new(exe));
     let pid = w.pid();
     common::wait_for_mapping(pid, "libnocfi.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while session.unwind_status().loading > 0 || session.unwind_status().ready == 0 {
-        assert!(Instant::now() < deadline, "{:?}", session.unwind_status());
-        session.poll_events();
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut session = session_with_tables(pid);
     w.send("go");
     w.expect("ready");
     let profile = session.complete_profile().unwrap();
@@ -212,13 +211,7 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
     let mut w = Proc::spawn(cmd);
     let pid = w.pid();
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while session.unwind_status().loading > 0 || session.unwind_status().ready == 0 {
-        assert!(Instant::now() < deadline, "{:?}", session.unwind_status());
-        session.poll_events();
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut session = session_with_tables(pid);
     w.send("go");
     w.expect("ready");
     let profile = session.complete_profile().unwrap();
