@@ -240,7 +240,11 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
         100.0 * whole / live,
         p.stacks
             .iter()
-            .map(|s| s.frames.iter().map(|f| f.function.as_str()).collect::<Vec<_>>())
+            .map(|s| s
+                .frames
+                .iter()
+                .map(|f| f.function.as_str())
+                .collect::<Vec<_>>())
             .collect::<Vec<_>>()
     );
     let (truth, sigma) = common::truth_and_sigma(1024, 65536, RATE);
@@ -248,5 +252,152 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
         (live - truth).abs() <= 5.0 * sigma + 4.0 * 1_048_576.0,
         "live {live} vs about {truth}"
     );
+    w.send("exit");
+}
+
+/// Starts a session on `pid` and waits until the tables of its files are
+/// built and loaded (before it allocates).
+fn session_with_tables(pid: u32) -> Session {
+    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while session.unwind_status().loading > 0 || session.unwind_status().ready == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "unwind tables not loaded: {:?}, {:?}",
+            session.unwind_status(),
+            session.warnings
+        );
+        session.poll_events();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    session
+}
+
+fn names(s: &StackProfile) -> Vec<&str> {
+    s.frames.iter().map(|f| f.function.as_str()).collect()
+}
+
+#[test]
+fn cxx_operator_new_through_the_standard_library_without_frame_pointers() {
+    common::require_bpf();
+    let exe = common::compile_c(
+        "nofp_cxx.cpp",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+            "-lstdc++",
+        ],
+    );
+    let mut w = Proc::spawn(Command::new(exe));
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = session_with_tables(pid);
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, pid);
+    let all: Vec<Vec<&str>> = p.stacks.iter().map(names).collect();
+    // (leaf function, chain from operator new up, live bytes and sigma)
+    let (strings, strings_sigma) = common::truth_and_sigma(2000, 4096, RATE);
+    let (buffer, buffer_sigma) = common::truth_and_sigma(1, 2048 * 32, RATE);
+    let (foos, foos_sigma) = common::truth_and_sigma(1000, 8192, RATE);
+    let sites = [
+        (
+            "grow_vector()",
+            &["operator new(unsigned long)", "grow_vector()", "main"][..],
+            strings + buffer,
+            strings_sigma.hypot(buffer_sigma),
+        ),
+        (
+            "ns::make_foo()",
+            &[
+                "operator new(unsigned long)",
+                "ns::make_foo()",
+                "ns::f()",
+                "main",
+            ][..],
+            foos,
+            foos_sigma,
+        ),
+    ];
+    for (function, chain, truth, sigma) in sites {
+        let stacks = stacks_of(p, function);
+        assert!(!stacks.is_empty(), "no stack reaches {function}: {all:#?}");
+        for s in &stacks {
+            assert!(
+                holds_chain(&s.frames, chain),
+                "{:?} lacks {chain:?}",
+                names(s)
+            );
+            assert!(
+                names(s).iter().all(|n| !n.starts_with('[')),
+                "no markers, no unknown frames: {:?}",
+                names(s)
+            );
+        }
+        let live: f64 = stacks.iter().map(|s| s.totals.live_bytes).sum();
+        assert!(
+            (live - truth).abs() <= 5.0 * sigma,
+            "{function}: {live} vs {truth} (sigma {sigma})"
+        );
+        assert!(stacks.len() <= 4, "{function}: {all:#?}");
+    }
+    // The strings' buffers come from libstdc++'s basic_string code, walked
+    // through with its tables on the way from operator new to grow_vector.
+    assert!(
+        stacks_of(p, "grow_vector()").iter().any(|s| names(s)
+            .iter()
+            .any(|n| n.starts_with("std::__cxx11::basic_string"))),
+        "{all:#?}"
+    );
+    w.send("exit");
+}
+
+#[test]
+fn a_signal_handler_that_allocates_ends_cleanly_at_the_signal_frame() {
+    common::require_bpf();
+    let exe = common::compile_c(
+        "nofp_signal.c",
+        &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
+    );
+    let mut w = Proc::spawn(Command::new(exe));
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = session_with_tables(pid);
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, pid);
+    let stacks = stacks_of(p, "handler_alloc");
+    assert!(!stacks.is_empty(), "{p:#?}");
+    for s in &stacks {
+        let names = names(s);
+        assert!(
+            holds_chain(&s.frames, &["handler_alloc", "on_signal"]),
+            "{names:?}"
+        );
+        // The handler returns into libc's signal trampoline (__restore_rt,
+        // unnamed in Debian's stripped libc); its CFI describes the
+        // interrupted registers with DWARF expressions, which the tables
+        // leave without a rule: the walk ends there in one marker.
+        let after = &names[names.iter().position(|n| *n == "on_signal").unwrap() + 1..];
+        assert!(after.len() <= 2, "garbage after the handler: {names:?}");
+        if let [trampoline, ..] = after {
+            assert!(
+                trampoline.starts_with("libc.so.6+") || *trampoline == "__restore_rt",
+                "{names:?}"
+            );
+        }
+        assert!(
+            after.iter().filter(|n| n.starts_with('[')).count() <= 1
+                && after.iter().rev().skip(1).all(|n| !n.starts_with('[')),
+            "at most one marker, last: {names:?}"
+        );
+    }
+    assert!(stacks.len() <= 2, "one site, one stack: {stacks:#?}");
+    let live: f64 = stacks.iter().map(|s| s.totals.live_bytes).sum();
+    let (truth, sigma) = common::truth_and_sigma(500, 16384, RATE);
+    assert!((live - truth).abs() <= 5.0 * sigma, "{live} vs {truth}");
     w.send("exit");
 }
