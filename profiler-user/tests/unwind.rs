@@ -17,6 +17,7 @@ use allocprof::{
     symbolize::Frame,
 };
 use common::{Proc, RATE};
+use profiler_common::DropReason;
 
 /// How a site's stacks must read from the allocation up (innermost first,
 /// other frames may sit between), its block count and size.
@@ -206,7 +207,9 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
                   keep = [bytearray(65536) for _ in range(1024)]\n\
                   print('ready', flush=True)\n\
                   sys.stdin.readline()\n";
-    let mut cmd = Command::new("python3");
+    // Debian's own, not whatever `python3` is first on PATH (a pyenv shim
+    // is a bash script that runs another python).
+    let mut cmd = Command::new("/usr/bin/python3");
     cmd.args(["-c", script]).env("PYTHONMALLOC", "malloc");
     let mut w = Proc::spawn(cmd);
     let pid = w.pid();
@@ -399,5 +402,62 @@ fn a_signal_handler_that_allocates_ends_cleanly_at_the_signal_frame() {
     let live: f64 = stacks.iter().map(|s| s.totals.live_bytes).sum();
     let (truth, sigma) = common::truth_and_sigma(500, 16384, RATE);
     assert!((live - truth).abs() <= 5.0 * sigma, "{live} vs {truth}");
+    w.send("exit");
+}
+
+#[test]
+fn a_churn_without_frame_pointers_profiled_system_wide_keeps_one_site_in_a_handful_of_stacks() {
+    common::require_bpf();
+    let exe = common::compile_c("nofp_churn.c", &["-O2", "-fomit-frame-pointer", "-pthread"]);
+    // Every allocation sampled: 400,000 samples of one call site.
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_PRELOAD", common::preload_library())
+        .env("ALLOCPROF_RATE", "1");
+    let mut w = Proc::spawn(cmd);
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::All, Limits::default()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        session.poll_events();
+        let status = session.unwind_status();
+        if status.loading == 0 && status.ready > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "unwind tables not loaded: {status:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = Instant::now();
+    w.send("go");
+    w.expect("done");
+    let churned = started.elapsed();
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, pid);
+    let stacks = stacks_of(p, "churn_alloc");
+    let all: Vec<Vec<&str>> = stacks.iter().map(|s| names(s)).collect();
+    let samples: u64 = stacks.iter().map(|s| s.totals.alloc_samples).sum();
+    eprintln!(
+        "{samples} samples of churn_alloc in {} stacks, {churned:?}: {all:#?}",
+        stacks.len()
+    );
+    assert!(samples >= 390_000, "{samples} samples: {:?}", p.drops);
+    assert!(stacks.len() <= 8, "{all:#?}");
+    for s in &stacks {
+        assert!(
+            holds_chain(&s.frames, &["churn_alloc", "worker"]),
+            "{:?}",
+            names(s)
+        );
+    }
+    for reason in [
+        DropReason::StackMapFull,
+        DropReason::AggMapFull,
+        DropReason::StackRateLimited,
+    ] {
+        assert_eq!(p.drops[reason as usize], 0, "{reason:?}: {:?}", p.drops);
+    }
     w.send("exit");
 }
