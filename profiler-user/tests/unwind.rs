@@ -461,3 +461,49 @@ fn a_churn_without_frame_pointers_profiled_system_wide_keeps_one_site_in_a_handf
     }
     w.send("exit");
 }
+
+#[test]
+fn a_rust_program_without_frame_pointers_has_whole_stacks() {
+    common::require_bpf();
+    let started = Instant::now();
+    let exe = common::example_without_frame_pointers("rust_sites");
+    eprintln!("built without frame pointers in {:?}", started.elapsed());
+    // The allocprof global allocator: no preload.
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_PRELOAD", "")
+        .env("ALLOCPROF_RATE", RATE.to_string());
+    let mut w = Proc::spawn(cmd);
+    let pid = w.pid();
+    let mut session = session_with_tables(pid);
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, pid);
+    for (site, ..) in common::SITES {
+        let function = format!("rust_sites::{site}");
+        let stacks = stacks_of(p, &function);
+        assert!(!stacks.is_empty(), "no stack reaches {function}: {p:#?}");
+        for s in &stacks {
+            assert!(
+                holds_chain(
+                    &s.frames,
+                    &[
+                        &function,
+                        "rust_sites::main",
+                        "std::rt::lang_start_internal",
+                        "main"
+                    ]
+                ),
+                "{:?}",
+                names(s)
+            );
+            assert!(
+                names(s).iter().all(|n| !n.starts_with('[')),
+                "{:?}",
+                names(s)
+            );
+        }
+    }
+    common::assert_renamed_sites_within_bounds(p, "rust_sites::site_");
+    w.send("exit");
+}
