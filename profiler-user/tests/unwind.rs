@@ -300,6 +300,21 @@ fn cxx_operator_new_through_the_standard_library_without_frame_pointers() {
     w.expect("ready");
     let profile = session.complete_profile().unwrap();
     let p = common::process(&profile, pid);
+    // The exports say the tables are in: JSON and the report's header.
+    let unwind = allocprof::export::json::report(&profile).unwind;
+    assert!(
+        unwind.files_ready >= 5 && unwind.files_loading == 0 && unwind.files_unavailable == 0,
+        "{unwind:?}"
+    );
+    let text = allocprof::report::render(&profile, Default::default());
+    let header = text.lines().next().unwrap();
+    assert!(
+        header.contains(&format!(
+            "unwind tables for {0} of {0} files",
+            unwind.files_ready
+        )),
+        "{header}"
+    );
     let all: Vec<Vec<&str>> = p.stacks.iter().map(names).collect();
     // (leaf function, chain from operator new up, live bytes and sigma)
     let (strings, strings_sigma) = common::truth_and_sigma(2000, 4096, RATE);
