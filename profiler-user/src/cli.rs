@@ -96,6 +96,14 @@ pub struct TargetArgs {
     #[arg(long, value_name = "N", default_value_t = Limits::default().new_stacks_burst,
           value_parser = clap::value_parser!(u64).range(1..=profiler_common::MAX_NEW_STACKS_BURST))]
     pub new_stacks_burst: u64,
+
+    /// Rows of unwind tables the kernel holds for all files (16 bytes each,
+    /// preallocated). 0 turns unwind tables off: stacks are walked by frame
+    /// pointers only, cheaper per sample for programs built with them, but
+    /// code built without them loses its callers.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_unwind_rows,
+          value_parser = clap::value_parser!(u32).range(0..=1 << 24))]
+    pub max_unwind_rows: u32,
 }
 
 /// The libraries armed in system-wide mode without `--probe-file`.
@@ -127,6 +135,7 @@ impl TargetArgs {
             max_live_per_process: self.max_live_per_process,
             max_new_stacks_per_second: self.max_new_stacks_per_second,
             new_stacks_burst: self.new_stacks_burst,
+            max_unwind_rows: self.max_unwind_rows,
             ..Limits::default()
         }
     }

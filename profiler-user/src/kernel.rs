@@ -50,7 +50,8 @@ pub struct Limits {
     pub max_new_stacks_per_second: u64,
     /// New stack-table entries a process may create at once.
     pub new_stacks_burst: u64,
-    /// Rows of compiled unwind tables, for all files (16 bytes each).
+    /// Rows of compiled unwind tables, for all files (16 bytes each); 0
+    /// turns unwind tables off (every stack is walked by frame pointers).
     pub max_unwind_rows: u32,
 }
 
@@ -154,7 +155,7 @@ impl Kernel {
             .map_max_entries(names::STACKS, limits.max_stacks)
             .map_max_entries(names::AGGS, limits.max_aggregates)
             .map_max_entries(names::PROCS, limits.max_processes)
-            .map_max_entries(names::UNWIND_ROWS, limits.max_unwind_rows)
+            .map_max_entries(names::UNWIND_ROWS, limits.max_unwind_rows.max(1))
             .override_global("MAX_LIVE_PER_PROCESS", &limits.max_live_per_process, true)
             .override_global("REPORT_ALL_EXECS", &report_all, true)
             .override_global(

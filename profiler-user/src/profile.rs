@@ -6,7 +6,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use profiler_common::{DROP_REASONS, NO_STACK, OVERFLOW_STACK};
 
-use crate::{stats::Totals, symbolize::Frame};
+use crate::{stats::Totals, symbolize::Frame, unwind::tables::TablesStatus};
 
 /// The one frame of a stack the kernel could not take.
 pub(crate) const STACK_UNAVAILABLE: &str = "[stack unavailable]";
@@ -117,6 +117,10 @@ pub struct Profile {
     /// could not be tied to a process).
     pub drops: [u64; DROP_REASONS],
     pub elapsed: Duration,
+    /// Where the unwind tables of the profiled files stand (a file whose
+    /// table could not be built or did not fit is `unavailable`: its code
+    /// is walked by frame pointers).
+    pub unwind: TablesStatus,
 }
 
 impl Profile {

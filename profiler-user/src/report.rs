@@ -31,9 +31,19 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     let mut out = String::new();
     let total = profile.totals();
     let dropped: u64 = profile.drops.iter().sum();
+    // Files whose code the kernel walks with unwind tables, of those mapped
+    // executable; the rest (loading, or unavailable: could not be built or
+    // did not fit) is walked by frame pointers.
+    let u = profile.unwind;
+    let files = u.ready + u.loading + u.unavailable;
+    let unwind = if files == 0 {
+        String::new()
+    } else {
+        format!(", unwind tables for {} of {files} files", u.ready)
+    };
     let _ = writeln!(
         out,
-        "allocprof: {} process{}, {:.1} s, estimated live heap {}, {} sampled allocations, {} dropped",
+        "allocprof: {} process{}, {:.1} s, estimated live heap {}, {} sampled allocations{unwind}, {} dropped",
         profile.processes.len(),
         if profile.processes.len() == 1 {
             ""
@@ -223,5 +233,20 @@ mod tests {
         assert!(text.contains("the live heap is a lower bound"), "{text}");
         assert!(text.contains("up to 3.0 GiB"), "{text}");
         assert!(text.contains("≥ "), "{text}");
+    }
+
+    #[test]
+    fn the_header_counts_files_with_unwind_tables_before_the_drops() {
+        let mut profile = hand_made();
+        let plain = render(&profile, ReportOptions::default());
+        assert!(!plain.contains("unwind"), "no files, no mention: {plain}");
+        profile.unwind.ready = 5;
+        profile.unwind.unavailable = 1;
+        let text = render(&profile, ReportOptions::default());
+        let header = text.lines().next().unwrap();
+        assert!(
+            header.contains(", unwind tables for 5 of 6 files, ") && header.ends_with(" dropped"),
+            "{header}"
+        );
     }
 }

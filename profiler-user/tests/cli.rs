@@ -245,6 +245,30 @@ fn headless_collapsed_output_is_folded_stacks() {
         report.contains("LIVE BYTES (95% CI)") && report.contains(&root),
         "{report}"
     );
+    // The header says the tables of its files are in.
+    let header = report.lines().next().unwrap_or_default();
+    assert!(header.contains(", unwind tables for "), "{header}");
+}
+
+#[test]
+fn max_unwind_rows_0_walks_frame_pointers_only() {
+    common::require_bpf();
+    let mut w = workload();
+    let profiler = attach(&w, &["-d", "3s", "--max-unwind-rows", "0"]);
+    go(&mut w);
+    let result = profiler.wait_with_output().unwrap();
+    assert!(result.status.success());
+    writeln!(w.stdin.as_mut().unwrap(), "exit").unwrap();
+    w.wait().unwrap();
+    let report = String::from_utf8_lossy(&result.stdout);
+    let header = report.lines().next().unwrap_or_default();
+    assert!(!header.contains("unwind"), "no tables: {header}");
+    // The workload is built with frame pointers: its stacks stay whole.
+    assert!(
+        report.contains("site_large") && report.contains("main"),
+        "{report}"
+    );
+    assert!(!report.contains("[truncated"), "{report}");
 }
 
 #[test]

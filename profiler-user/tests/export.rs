@@ -542,6 +542,16 @@ struct Report {
     drops: BTreeMap<String, u64>,
     lost_live_bytes: u64,
     processes: Vec<Process>,
+    unwind: Unwind,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Unwind {
+    files_ready: u64,
+    files_loading: u64,
+    files_unavailable: u64,
+    free_rows: u64,
 }
 
 #[derive(Deserialize, Debug)]
@@ -625,6 +635,12 @@ fn json_follows_the_documented_schema() {
     expected.sort_unstable();
     assert_eq!(keys, expected);
     assert_eq!(r.dropped, r.drops.values().sum::<u64>());
+    // The workload's files (itself, liballocprof.so, libc, the loader...)
+    // have their unwind tables, none missing.
+    let u = &r.unwind;
+    assert!(u.files_ready >= 3 && u.files_unavailable == 0, "{u:?}");
+    assert!(u.free_rows > 0 && u.free_rows < 1 << 20, "{u:?}");
+    let _ = u.files_loading;
 
     assert_eq!(r.processes.len(), 1);
     let p = &r.processes[0];

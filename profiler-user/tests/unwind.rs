@@ -17,6 +17,7 @@ use allocprof::{
     symbolize::Frame,
 };
 use common::{Proc, RATE};
+use profiler_common::DropReason;
 
 /// How a site's stacks must read from the allocation up (innermost first,
 /// other frames may sit between), its block count and size.
@@ -205,7 +206,8 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
                   keep = [bytearray(65536) for _ in range(1024)]\n\
                   print('ready', flush=True)\n\
                   sys.stdin.readline()\n";
-    // Debian's binary, not a pyenv shim on PATH (a bash script).
+    // Debian's own, not whatever `python3` is first on PATH (a pyenv shim
+    // is a bash script that runs another python).
     let mut cmd = Command::new("/usr/bin/python3");
     cmd.args(["-c", script]).env("PYTHONMALLOC", "malloc");
     let mut w = Proc::spawn(cmd);
@@ -246,5 +248,252 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
         (live - truth).abs() <= 5.0 * sigma + 4.0 * 1_048_576.0,
         "live {live} vs about {truth}"
     );
+    w.send("exit");
+}
+
+fn names(s: &StackProfile) -> Vec<&str> {
+    s.frames.iter().map(|f| f.function.as_str()).collect()
+}
+
+#[test]
+fn cxx_operator_new_through_the_standard_library_without_frame_pointers() {
+    common::require_bpf();
+    let exe = common::compile_c(
+        "nofp_cxx.cpp",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+            "-lstdc++",
+        ],
+    );
+    let mut w = Proc::spawn(Command::new(exe));
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = session_with_tables(pid);
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, pid);
+    // The exports say the tables are in: JSON and the report's header.
+    let unwind = allocprof::export::json::report(&profile).unwind;
+    assert!(
+        unwind.files_ready >= 5 && unwind.files_loading == 0 && unwind.files_unavailable == 0,
+        "{unwind:?}"
+    );
+    let text = allocprof::report::render(&profile, Default::default());
+    let header = text.lines().next().unwrap();
+    assert!(
+        header.contains(&format!(
+            "unwind tables for {0} of {0} files",
+            unwind.files_ready
+        )),
+        "{header}"
+    );
+    let all: Vec<Vec<&str>> = p.stacks.iter().map(names).collect();
+    // (leaf function, chain from operator new up, live bytes and sigma)
+    let (strings, strings_sigma) = common::truth_and_sigma(2000, 4096, RATE);
+    let (buffer, buffer_sigma) = common::truth_and_sigma(1, 2048 * 32, RATE);
+    let (foos, foos_sigma) = common::truth_and_sigma(1000, 8192, RATE);
+    let sites = [
+        (
+            "grow_vector()",
+            &["operator new(unsigned long)", "grow_vector()", "main"][..],
+            strings + buffer,
+            strings_sigma.hypot(buffer_sigma),
+        ),
+        (
+            "ns::make_foo()",
+            &[
+                "operator new(unsigned long)",
+                "ns::make_foo()",
+                "ns::f()",
+                "main",
+            ][..],
+            foos,
+            foos_sigma,
+        ),
+    ];
+    for (function, chain, truth, sigma) in sites {
+        let stacks = stacks_of(p, function);
+        assert!(!stacks.is_empty(), "no stack reaches {function}: {all:#?}");
+        for s in &stacks {
+            assert!(
+                holds_chain(&s.frames, chain),
+                "{:?} lacks {chain:?}",
+                names(s)
+            );
+            assert!(
+                names(s).iter().all(|n| !n.starts_with('[')),
+                "no markers, no unknown frames: {:?}",
+                names(s)
+            );
+        }
+        let live: f64 = stacks.iter().map(|s| s.totals.live_bytes).sum();
+        assert!(
+            (live - truth).abs() <= 5.0 * sigma,
+            "{function}: {live} vs {truth} (sigma {sigma})"
+        );
+        assert!(stacks.len() <= 4, "{function}: {all:#?}");
+    }
+    // The strings' buffers come from libstdc++'s basic_string code, walked
+    // through with its tables on the way from operator new to grow_vector.
+    assert!(
+        stacks_of(p, "grow_vector()").iter().any(|s| names(s)
+            .iter()
+            .any(|n| n.starts_with("std::__cxx11::basic_string"))),
+        "{all:#?}"
+    );
+    w.send("exit");
+}
+
+#[test]
+fn a_signal_handler_that_allocates_ends_cleanly_at_the_signal_frame() {
+    common::require_bpf();
+    let exe = common::compile_c(
+        "nofp_signal.c",
+        &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
+    );
+    let mut w = Proc::spawn(Command::new(exe));
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = session_with_tables(pid);
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, pid);
+    let stacks = stacks_of(p, "handler_alloc");
+    assert!(!stacks.is_empty(), "{p:#?}");
+    for s in &stacks {
+        let names = names(s);
+        assert!(
+            holds_chain(&s.frames, &["handler_alloc", "on_signal"]),
+            "{names:?}"
+        );
+        // The handler returns into libc's signal trampoline (__restore_rt,
+        // unnamed in Debian's stripped libc); its CFI describes the
+        // interrupted registers with DWARF expressions, which the tables
+        // leave without a rule: the walk ends there in one marker.
+        let after = &names[names.iter().position(|n| *n == "on_signal").unwrap() + 1..];
+        assert!(after.len() <= 2, "garbage after the handler: {names:?}");
+        if let [trampoline, ..] = after {
+            assert!(
+                trampoline.starts_with("libc.so.6+") || *trampoline == "__restore_rt",
+                "{names:?}"
+            );
+        }
+        assert!(
+            after.iter().filter(|n| n.starts_with('[')).count() <= 1
+                && after.iter().rev().skip(1).all(|n| !n.starts_with('[')),
+            "at most one marker, last: {names:?}"
+        );
+    }
+    assert!(stacks.len() <= 2, "one site, one stack: {stacks:#?}");
+    let live: f64 = stacks.iter().map(|s| s.totals.live_bytes).sum();
+    let (truth, sigma) = common::truth_and_sigma(500, 16384, RATE);
+    assert!((live - truth).abs() <= 5.0 * sigma, "{live} vs {truth}");
+    w.send("exit");
+}
+
+#[test]
+fn a_churn_without_frame_pointers_profiled_system_wide_keeps_one_site_in_a_handful_of_stacks() {
+    common::require_bpf();
+    let exe = common::compile_c("nofp_churn.c", &["-O2", "-fomit-frame-pointer", "-pthread"]);
+    // Every allocation sampled: 400,000 samples of one call site.
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_PRELOAD", common::preload_library())
+        .env("ALLOCPROF_RATE", "1");
+    let mut w = Proc::spawn(cmd);
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::All, Limits::default()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        session.poll_events();
+        let status = session.unwind_status();
+        if status.loading == 0 && status.ready > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "unwind tables not loaded: {status:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = Instant::now();
+    w.send("go");
+    w.expect("done");
+    let churned = started.elapsed();
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, pid);
+    let stacks = stacks_of(p, "churn_alloc");
+    let all: Vec<Vec<&str>> = stacks.iter().map(|s| names(s)).collect();
+    let samples: u64 = stacks.iter().map(|s| s.totals.alloc_samples).sum();
+    eprintln!(
+        "{samples} samples of churn_alloc in {} stacks, {churned:?}: {all:#?}",
+        stacks.len()
+    );
+    assert!(samples >= 390_000, "{samples} samples: {:?}", p.drops);
+    assert!(stacks.len() <= 8, "{all:#?}");
+    for s in &stacks {
+        assert!(
+            holds_chain(&s.frames, &["churn_alloc", "worker"]),
+            "{:?}",
+            names(s)
+        );
+    }
+    for reason in [
+        DropReason::StackMapFull,
+        DropReason::AggMapFull,
+        DropReason::StackRateLimited,
+    ] {
+        assert_eq!(p.drops[reason as usize], 0, "{reason:?}: {:?}", p.drops);
+    }
+    w.send("exit");
+}
+
+#[test]
+fn a_rust_program_without_frame_pointers_has_whole_stacks() {
+    common::require_bpf();
+    let started = Instant::now();
+    let exe = common::example_without_frame_pointers("rust_sites");
+    eprintln!("built without frame pointers in {:?}", started.elapsed());
+    // The allocprof global allocator: no preload.
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_PRELOAD", "")
+        .env("ALLOCPROF_RATE", RATE.to_string());
+    let mut w = Proc::spawn(cmd);
+    let pid = w.pid();
+    let mut session = session_with_tables(pid);
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, pid);
+    for (site, ..) in common::SITES {
+        let function = format!("rust_sites::{site}");
+        let stacks = stacks_of(p, &function);
+        assert!(!stacks.is_empty(), "no stack reaches {function}: {p:#?}");
+        for s in &stacks {
+            assert!(
+                holds_chain(
+                    &s.frames,
+                    &[
+                        &function,
+                        "rust_sites::main",
+                        "std::rt::lang_start_internal",
+                        "main"
+                    ]
+                ),
+                "{:?}",
+                names(s)
+            );
+            assert!(
+                names(s).iter().all(|n| !n.starts_with('[')),
+                "{:?}",
+                names(s)
+            );
+        }
+    }
+    common::assert_renamed_sites_within_bounds(p, "rust_sites::site_");
     w.send("exit");
 }

@@ -3,6 +3,8 @@
  *   cost N          time N sampled mallocs, then their N frees
  *   rate EPS SECS   EPS sampled events per second (malloc+free pairs) for SECS
  *   max SECS THR    THR threads of malloc/free pairs as fast as they go
+ *   deep N DEPTH    `cost N` at the bottom of DEPTH nested calls (built with
+ *                   and without frame pointers: the unwinder's cost)
  * Each mode waits for a line on stdin before starting (so the profiler can
  * attach), prints its results as `key value` lines then `end`, and waits for
  * another line before exiting (so the harness can read kernel statistics
@@ -54,6 +56,16 @@ static void rate(long eps, double secs) {
     printf("events_per_sec %.0f\n", 2.0 * pairs / (now() - start));
 }
 
+/* No tail call, no recursion turned into a loop: a frame per level. */
+__attribute__((noinline, noclone)) static void deep(long n, int depth) {
+    if (depth == 0) {
+        cost(n);
+        return;
+    }
+    deep(n, depth - 1);
+    __asm__ volatile("" ::: "memory");
+}
+
 static double max_secs;
 static void *churn(void *arg) {
     long *pairs = arg;
@@ -82,6 +94,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "cost")) cost(atol(argv[2]));
     else if (!strcmp(argv[1], "rate") && argc == 4) rate(atol(argv[2]), atof(argv[3]));
     else if (!strcmp(argv[1], "max") && argc == 4) max_rate(atof(argv[2]), atoi(argv[3]));
+    else if (!strcmp(argv[1], "deep") && argc == 4) deep(atol(argv[2]), atoi(argv[3]));
     else return 64;
     printf("end\n");
     fflush(stdout);

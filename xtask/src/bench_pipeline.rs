@@ -1,7 +1,9 @@
 //! `cargo xtask bench pipeline`: what profiling costs, seen from the target
 //! (time per sampled alloc and free with allocprof attached, against the same
 //! run without it), the highest sampled-event rate sustained without drops,
-//! and allocprof's own CPU and memory at 10k events/s.
+//! allocprof's own CPU and memory at 10k events/s, and the unwinder's cost:
+//! a ~20-frame stack walked with unwind tables (built without frame
+//! pointers) against the same stack walked by frame pointers.
 
 use std::{
     fs,
@@ -21,6 +23,9 @@ const RUNS: usize = 5;
 /// Nanoseconds per sampled alloc and per sampled free.
 type AllocFree = (f64, f64);
 const COST_N: &str = "20000";
+/// Nested calls above the allocations of the unwinder's bench: with main,
+/// the C runtime's frames and `cost`, about 20 frames.
+const DEEP: &str = "16";
 
 pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -63,6 +68,48 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         );
     }
 
+    println!("\n## the unwinder: sampled alloc {DEEP} calls deep (~20 frames), median of {RUNS}");
+    let (mut fp, mut tables, mut fp_tables) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        fp.push(bench.deep(&bench.workload, &["--max-unwind-rows", "0"])?);
+        tables.push(bench.deep(&bench.workload_nofp, &[])?);
+        fp_tables.push(bench.deep(&bench.workload, &[])?);
+    }
+    println!("| build | walk | target ns per sampled alloc | eBPF alloc program µs per run |");
+    println!("|---|---|---|---|");
+    let mut kernel_of = Vec::new();
+    for (build, walk, runs) in [
+        (
+            "frame pointers",
+            "frame pointers (`--max-unwind-rows 0`)",
+            &fp,
+        ),
+        ("`-fomit-frame-pointer`", "unwind tables", &tables),
+        ("frame pointers", "unwind tables", &fp_tables),
+    ] {
+        let target = medians(&runs.iter().map(|r| (r.0, 0.0)).collect::<Vec<_>>()).0;
+        let kernel: Vec<(f64, f64)> = runs.iter().filter_map(|r| r.1).map(|k| (k, 0.0)).collect();
+        let kernel = (!kernel.is_empty()).then(|| medians(&kernel).0);
+        kernel_of.push((target, kernel));
+        println!(
+            "| {build} | {walk} | {target:.0} | {} |",
+            kernel.map_or("n/a".into(), |k| format!("{:.2}", k / 1e3))
+        );
+    }
+    let ((fp_target, fp_kernel), (t_target, t_kernel)) = (kernel_of[0], kernel_of[1]);
+    println!(
+        "unwind tables vs frame pointers: {:+.2} µs per sampled alloc in the target ({:.2}x)",
+        (t_target - fp_target) / 1e3,
+        t_target / fp_target
+    );
+    if let (Some(f), Some(t)) = (fp_kernel, t_kernel) {
+        println!(
+            "eBPF program: {:+.2} µs per sampled alloc ({:.2}x)",
+            (t - f) / 1e3,
+            t / f
+        );
+    }
+
     let secs = if quick { "3" } else { "10" };
     println!(
         "\n## highest sampled-event rate, 2 threads flat out for {secs} s, allocprof attached"
@@ -87,6 +134,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
 
 struct Bench {
     workload: PathBuf,
+    /// The same built with `-fomit-frame-pointer`.
+    workload_nofp: PathBuf,
     preload: PathBuf,
     allocprof: PathBuf,
 }
@@ -96,29 +145,40 @@ impl Bench {
         let dir = root.join("target/bench");
         fs::create_dir_all(&dir)?;
         let workload = dir.join("pipeline_workload");
+        let workload_nofp = dir.join("pipeline_workload_nofp");
         let source = root.join("xtask/bench/pipeline_workload.c");
-        shell::run(
-            root,
-            "gcc",
-            &[
-                "-O2",
-                "-fno-builtin",
-                "-fno-omit-frame-pointer",
-                "-pthread",
-                "-o",
-                &workload.to_string_lossy(),
-                &source.to_string_lossy(),
-            ],
-        )?;
+        for (out, frame_pointers) in [
+            (&workload, "-fno-omit-frame-pointer"),
+            (&workload_nofp, "-fomit-frame-pointer"),
+        ] {
+            shell::run(
+                root,
+                "gcc",
+                &[
+                    "-O2",
+                    "-fno-builtin",
+                    frame_pointers,
+                    "-pthread",
+                    "-o",
+                    &out.to_string_lossy(),
+                    &source.to_string_lossy(),
+                ],
+            )?;
+        }
         Ok(Bench {
             workload,
+            workload_nofp,
             preload: root.join("target/release/liballocprof.so"),
             allocprof: root.join("target/release/allocprof"),
         })
     }
 
     fn spawn_workload(&self, args: &[&str]) -> Result<Child> {
-        Command::new(&self.workload)
+        self.spawn(&self.workload, args)
+    }
+
+    fn spawn(&self, exe: &Path, args: &[&str]) -> Result<Child> {
+        Command::new(exe)
             .args(args)
             .env("LD_PRELOAD", &self.preload)
             .env("ALLOCPROF_RATE", "1")
@@ -141,6 +201,41 @@ impl Bench {
             (out, None)
         };
         Ok(((value(&out, "alloc_ns")?, value(&out, "free_ns")?), kernel))
+    }
+
+    /// `deep` under allocprof (with `allocprof_args`), once the unwind
+    /// tables are loaded: (target ns per sampled alloc, eBPF alloc program
+    /// ns per run when bpftool can tell).
+    fn deep(&self, exe: &Path, allocprof_args: &[&str]) -> Result<(f64, Option<f64>)> {
+        let stats = BpfStats::enable();
+        let mut w = self.spawn(exe, &["deep", COST_N, DEEP])?;
+        let mut profiler = Command::new(&self.allocprof)
+            .args(["--pid", &w.id().to_string(), "--duration", "600s"])
+            .args(allocprof_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting allocprof")?;
+        let mut stderr = BufReader::new(profiler.stderr.take().expect("piped"));
+        let mut line = String::new();
+        stderr.read_line(&mut line)?;
+        if !line.contains("attached") {
+            bail!("allocprof did not attach: {line}");
+        }
+        thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        // The tables of its files take milliseconds to build and load.
+        thread::sleep(Duration::from_secs(1));
+        let out = start(&mut w)?;
+        let kernel = stats
+            .as_ref()
+            .and_then(|s| s.per_run_of(Some(profiler.id())))
+            .map(|k| k.0);
+        stop(&mut w)?;
+        let status = profiler.wait()?;
+        if !status.success() {
+            bail!("allocprof failed: {status}");
+        }
+        Ok((value(&out, "alloc_ns")?, kernel))
     }
 
     fn with_profiler(&self, args: &[&str], window: Option<u64>) -> Result<(String, String)> {
@@ -242,6 +337,13 @@ impl BpfStats {
 
     /// ns per run of the alloc and free programs, from `bpftool prog show`.
     fn per_run(&self) -> Option<AllocFree> {
+        self.per_run_of(None)
+    }
+
+    /// The same for the programs `holder` (a process id) holds open, if
+    /// given: other allocprof instances on the machine are not counted.
+    fn per_run_of(&self, holder: Option<u32>) -> Option<AllocFree> {
+        let held = holder.map(prog_ids);
         let out = Command::new("bpftool")
             .args(["prog", "show"])
             .output()
@@ -249,15 +351,25 @@ impl BpfStats {
         let text = String::from_utf8_lossy(&out.stdout);
         // Lines like `12: kprobe  name otel_memory_all  tag … run_time_ns 123 run_cnt 4`.
         let per_run = |name: &str| {
-            text.lines().filter(|l| l.contains(name)).find_map(|l| {
-                let field = |key: &str| {
-                    l.split_whitespace()
-                        .skip_while(|w| *w != key)
-                        .nth(1)
-                        .and_then(|v| v.parse::<f64>().ok())
-                };
-                Some(field("run_time_ns")? / field("run_cnt")?)
-            })
+            text.lines()
+                .filter(|l| l.contains(name))
+                .filter(|l| {
+                    held.as_ref().is_none_or(|ids| {
+                        l.split(':')
+                            .next()
+                            .and_then(|id| id.trim().parse::<u64>().ok())
+                            .is_some_and(|id| ids.contains(&id))
+                    })
+                })
+                .find_map(|l| {
+                    let field = |key: &str| {
+                        l.split_whitespace()
+                            .skip_while(|w| *w != key)
+                            .nth(1)
+                            .and_then(|v| v.parse::<f64>().ok())
+                    };
+                    Some(field("run_time_ns")? / field("run_cnt")?)
+                })
         };
         Some((
             per_run("name otel_memory_all")?,
@@ -270,6 +382,23 @@ impl Drop for BpfStats {
     fn drop(&mut self) {
         let _ = fs::write(Self::SYSCTL, "0");
     }
+}
+
+/// The ids of the BPF programs process `pid` holds open.
+fn prog_ids(pid: u32) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .into_iter()
+        .flatten()
+    {
+        let info = entry.map(|e| fs::read_to_string(e.path()).unwrap_or_default());
+        for line in info.iter().flat_map(|i| i.lines()) {
+            if let Some(id) = line.strip_prefix("prog_id:") {
+                ids.extend(id.trim().parse::<u64>().ok());
+            }
+        }
+    }
+    ids
 }
 
 /// allocprof's CPU (fraction of one core) and resident KiB over `secs`

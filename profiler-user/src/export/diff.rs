@@ -51,6 +51,7 @@ pub fn growth(a: &Profile, b: &Profile) -> Profile {
         processes,
         drops: [0; DROP_REASONS],
         elapsed: b.elapsed.saturating_sub(a.elapsed),
+        unwind: b.unwind,
     }
 }
 

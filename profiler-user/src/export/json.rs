@@ -33,6 +33,21 @@ pub struct Report {
     pub lost_live_bytes: u64,
     /// Largest live bytes first.
     pub processes: Vec<Process>,
+    /// Where the unwind tables stand (added within version 1).
+    #[serde(default)]
+    pub unwind: Unwind,
+}
+
+/// Files mapped executable by the profiled processes, by the state of their
+/// unwind table, and the kernel's free table rows.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Unwind {
+    pub files_ready: u64,
+    pub files_loading: u64,
+    /// Tables that could not be built or did not fit: those files' code is
+    /// walked by frame pointers (see the session's warnings for which).
+    pub files_unavailable: u64,
+    pub free_rows: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -188,6 +203,12 @@ pub fn report(profile: &Profile) -> Report {
         drops: drops(&profile.drops),
         lost_live_bytes: profile.lost_live_bytes(),
         processes,
+        unwind: Unwind {
+            files_ready: profile.unwind.ready as u64,
+            files_loading: profile.unwind.loading as u64,
+            files_unavailable: profile.unwind.unavailable as u64,
+            free_rows: profile.unwind.free_rows,
+        },
     }
 }
 
@@ -234,7 +255,7 @@ mod tests {
         // Plain JSON with the documented top-level keys.
         let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-        for k in ["schema_version", "processes", "totals", "drops"] {
+        for k in ["schema_version", "processes", "totals", "drops", "unwind"] {
             assert!(keys.contains(&k), "{keys:?}");
         }
     }
@@ -253,5 +274,25 @@ mod tests {
         );
         f.location = None;
         assert_eq!(frame(&f).file, None);
+    }
+
+    #[test]
+    fn unwind_tables_are_counted_and_older_documents_still_read() {
+        let mut profile = hand_made();
+        profile.unwind.ready = 4;
+        profile.unwind.loading = 1;
+        profile.unwind.unavailable = 2;
+        profile.unwind.free_rows = 1000;
+        let v: serde_json::Value = serde_json::from_slice(&render(&profile)).unwrap();
+        assert_eq!(
+            v["unwind"],
+            serde_json::json!({
+                "files_ready": 4, "files_loading": 1, "files_unavailable": 2, "free_rows": 1000
+            })
+        );
+        let mut old = v;
+        old.as_object_mut().unwrap().remove("unwind");
+        let r: Report = serde_json::from_value(old).unwrap();
+        assert_eq!(r.unwind, Unwind::default());
     }
 }

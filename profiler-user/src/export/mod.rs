@@ -242,6 +242,7 @@ pub(crate) mod tests {
             processes: vec![demo, other],
             drops,
             elapsed: Duration::from_millis(12_500),
+            unwind: Default::default(),
         }
     }
 

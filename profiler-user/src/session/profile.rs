@@ -73,6 +73,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             processes,
             drops: snapshot.drops,
             elapsed: self.started.elapsed(),
+            unwind: self.unwind.status(),
         }
     }
 

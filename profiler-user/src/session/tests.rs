@@ -665,3 +665,26 @@ fn a_process_gets_the_tables_of_its_code_and_loses_them_at_exec_and_exit() {
     s.refresh().unwrap();
     assert!(world.kernel().unwind_procs.is_empty(), "and at exit");
 }
+
+#[test]
+fn a_process_gets_no_tables_while_any_of_its_files_is_loading() {
+    // Its address space is this test binary's: the binary, libc, the
+    // loader..., whose tables come in one by one (libc long before us).
+    let world = World::default();
+    world.spawn(100, "app");
+    let mut s = session(&world, Target::All);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut polls = 0;
+    while !world.kernel().unwind_procs.contains_key(&100) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", s.warnings);
+        assert!(s.unwind_status().loading > 0, "every table in, none given");
+        s.poll_events();
+        polls += 1;
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // Given in the poll that loaded the last one: walks never start in code
+    // whose table is still on its way (they would end in a marker at once).
+    let status = s.unwind_status();
+    assert_eq!(status.loading, 0, "after {polls} polls: {status:?}");
+    assert!(world.kernel().unwind_procs[&100].len > 1, "several files");
+}

@@ -40,6 +40,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let Some(space) = self.spaces.get(&pid) else {
             return;
         };
+        if self.kernel.unwind_capacity() == 0 {
+            return; // tables turned off: the kernel walks frame pointers
+        }
         for m in space.mappings().iter().filter(|m| m.executable) {
             if let Some(file) = &m.file.open {
                 self.unwind.want(file);
@@ -48,17 +51,22 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.give_tables(pid);
     }
 
-    /// Builds `pid`'s kernel entry from the tables ready now.
+    /// Builds `pid`'s kernel entry from the tables ready now. A process's
+    /// first entry waits until none of its files is loading: with some
+    /// tables in and others not, a walk from code still without one (e.g.
+    /// the allocator's) would end at once in a marker, where frame
+    /// pointers alone may walk whole. Later entries (a library loaded
+    /// since) do not wait.
     pub(super) fn give_tables(&mut self, pid: u32) {
         let (Some(space), Some(host)) = (self.spaces.get(&pid), self.pids.host(pid)) else {
             return;
         };
-        // Only once every table is decided: until then the kernel walks the
-        // whole stack by frame pointers, rather than walking part of it with
-        // tables and taking the code whose table is still loading for code
-        // without one (one frame-pointer step, then a truncation).
         let executable = || space.mappings().iter().filter(|m| m.executable);
-        if !executable().all(|m| self.unwind.settled(m)) {
+        // The first entry only once no table is loading: until then the
+        // kernel walks the whole stack by frame pointers, rather than take the
+        // code whose table is still loading for code without one (one
+        // frame-pointer step, then a truncation).
+        if !self.unwound.contains_key(&pid) && executable().any(|m| self.unwind.loading(m)) {
             return;
         }
         let mut table = ProcUnwind::default();

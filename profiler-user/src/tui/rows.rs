@@ -424,6 +424,7 @@ pub(crate) mod tests {
             processes,
             drops: [0; DROP_REASONS],
             elapsed: Duration::from_secs(secs),
+            unwind: Default::default(),
         }
     }
 

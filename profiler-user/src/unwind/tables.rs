@@ -111,8 +111,10 @@ impl UnwindTables {
     }
 
     /// Takes in compiled tables and writes the next chunk of rows. Returns
-    /// whether a table became ready (processes mapping it can use it).
+    /// whether a file's table came out of loading (ready: processes mapping
+    /// it can use it; or unavailable: processes waiting for it need not).
     pub(crate) fn progress(&mut self, sink: &mut impl RowSink) -> bool {
+        let mut ready = false;
         while let Ok((id, compiled)) = self.responses.try_recv() {
             if !matches!(self.files.get(&id), Some(FileTable::Compiling)) {
                 continue; // released meanwhile
@@ -146,9 +148,9 @@ impl UnwindTables {
                 },
                 Err(e) => self.unavailable(id, &e),
             };
+            ready |= !matches!(table, FileTable::Writing { .. });
             self.files.insert(id, table);
         }
-        let mut ready = false;
         let mut budget = ROWS_PER_STEP;
         for (id, table) in &mut self.files {
             let FileTable::Writing {
@@ -173,6 +175,7 @@ impl UnwindTables {
                 let len = rows.len() as u32;
                 self.pool.release(*start, len);
                 *table = FileTable::Unavailable;
+                ready = true;
                 continue;
             }
             *written += chunk;
@@ -197,18 +200,6 @@ impl UnwindTables {
         FileTable::Unavailable
     }
 
-    /// Whether the table of `m`'s file is decided: loaded, or known not to
-    /// be (a file never asked for, or still loading, is not).
-    pub fn settled(&self, m: &Mapping) -> bool {
-        let Some(file) = m.file.open.as_ref() else {
-            return true; // nothing to load for it
-        };
-        matches!(
-            self.files.get(&file.id),
-            Some(FileTable::Ready { .. } | FileTable::Unavailable)
-        )
-    }
-
     /// The kernel's view of one executable mapping, if its file's table is ready.
     pub fn mapping(&self, m: &Mapping) -> Option<UnwindMapping> {
         let file = m.file.open.as_ref()?;
@@ -221,6 +212,16 @@ impl UnwindTables {
             bias: bias(loads, m.start, m.offset)?,
             rows_start: *start,
             rows_len: *len,
+        })
+    }
+
+    /// Whether the table of a mapping's file is still being built or loaded.
+    pub fn loading(&self, m: &Mapping) -> bool {
+        m.file.open.as_ref().is_some_and(|file| {
+            matches!(
+                self.files.get(&file.id),
+                Some(FileTable::Compiling | FileTable::Writing { .. })
+            )
         })
     }
 

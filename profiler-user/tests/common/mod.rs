@@ -100,6 +100,32 @@ fn build_artifacts() -> &'static Path {
     })
 }
 
+/// An example of the demo crate built without frame pointers
+/// (`-C force-frame-pointers=no` replaces the workspace's rustflags), once
+/// per test binary, into its own target dir.
+pub fn example_without_frame_pointers(name: &str) -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let target = workspace_root().join("target/test-artifacts-nofp");
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(workspace_root())
+            .args(["build", "--release", "-p", "demo", "--examples"])
+            .arg("--target-dir")
+            .arg(&target)
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env("RUSTFLAGS", "-C force-frame-pointers=no")
+            .status()
+            .expect("running cargo to build the demo examples without frame pointers");
+        assert!(
+            status.success(),
+            "building the demo examples without frame pointers failed"
+        );
+        target.join("release")
+    });
+    dir.join("examples").join(name)
+}
+
 /// liballocprof.so.
 pub fn preload_library() -> PathBuf {
     build_artifacts().join("liballocprof.so")

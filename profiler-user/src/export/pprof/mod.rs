@@ -861,6 +861,7 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
         processes: out,
         drops: [0; DROP_REASONS],
         elapsed: Duration::from_nanos(u64::try_from(p.duration_nanos).unwrap_or(0)),
+        unwind: Default::default(),
     })
 }
 
@@ -1290,6 +1291,7 @@ mod tests {
                 processes,
                 drops: [0; DROP_REASONS],
                 elapsed: Duration::from_millis(1500),
+                unwind: Default::default(),
             }
         })
     }

@@ -53,7 +53,7 @@ impl App {
             }
         }
         Effect::Export {
-            profile,
+            profile: Box::new(profile),
             selection: ViewSelection {
                 process: scope,
                 filter: query,

@@ -58,7 +58,7 @@ pub enum Effect {
     Quit,
     /// Write this profile (the current view, already restricted to it).
     Export {
-        profile: Profile,
+        profile: Box<Profile>,
         selection: ViewSelection,
     },
 }
