@@ -5,10 +5,11 @@
 //!
 //! - the *fast* site, a 5-byte NOP (`0f 1f 44 00 00`): on the first hit the
 //!   kernel (6.18+, `arch_uprobe_optimize`) rewrites it into a `call` to a
-//!   per-process `[uprobes-trampoline]` page (~0.7 µs per hit instead of an
-//!   int3 trap, ~11 µs);
+//!   per-process `[uprobes-trampoline]` page (~0.7 µs per hit, no trap);
 //! - the *trap* site, the 1-byte `nop` of `sys/sdt.h`, which the kernel never
-//!   optimizes (only 5-byte NOPs qualify): always an int3 trap.
+//!   optimizes (only 5-byte NOPs qualify): always an int3 trap, after which
+//!   the kernel emulates the `nop` (measured ~0.2 µs per hit more than the
+//!   fast site; see docs/benchmarks.md).
 //!
 //! The trampoline mapping is `VM_DONTCOPY`, but the rewritten text page is an
 //! anonymous copy that fork does copy: a fork child of a process whose fast
@@ -87,7 +88,7 @@ const INHERITED: u8 = 2;
 const CALL_OPCODE: u8 = 0xe8;
 
 /// May this process execute the fast site at `site` (state byte `index`)?
-/// Slow path only; one relaxed load once decided.
+/// Slow path only; once decided, one load of the verdict byte.
 #[inline(always)]
 fn fast_site_usable(site: *const u8, index: usize) -> bool {
     let verdict = thread_state::fork_local_byte(index);
