@@ -165,6 +165,21 @@ fn current_pid() -> i32 {
     pid
 }
 
+/// Byte `index` (< 64) of a per-process state area in the pid page, after
+/// the pid: like the pid it reads as zero in a fork child. `None` while the
+/// page is not mapped (before the first slow path, or without
+/// `MADV_WIPEONFORK`).
+pub(crate) fn fork_local_byte(index: usize) -> Option<&'static AtomicU8> {
+    debug_assert!(index < 64);
+    let page = PID_PAGE.load(Ordering::Acquire);
+    if page.is_null() {
+        return None;
+    }
+    // SAFETY: the published page is 4096 bytes, mapped for the life of the
+    // process (and of its fork children); bytes 64..128 are used only here.
+    Some(unsafe { &*page.cast::<u8>().add(64 + index).cast::<AtomicU8>() })
+}
+
 /// Map and publish the pid page; on a kernel without `MADV_WIPEONFORK`
 /// (< 4.14) leave it unpublished, so every slow path calls getpid.
 fn map_pid_page(pid: i32) {

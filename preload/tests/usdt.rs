@@ -1,12 +1,13 @@
-//! The USDT probes: notes as readelf sees them, 5-byte NOP probe sites, and
-//! bpftrace actually receiving the events.
+//! The USDT probes: notes as readelf sees them, the probe sites (a 5-byte NOP
+//! and a 1-byte `nop` per probe), and bpftrace actually receiving the events.
 
 mod common;
 
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
 use common::{
-    BACKENDS, Backend, Bpftrace, apply, c_program, library, preloaded, require_tool, run_ok,
+    BACKENDS, Backend, Bpftrace, apply, c_program, library, output_within, preloaded, require_tool,
+    run_ok,
 };
 
 struct Probe {
@@ -94,8 +95,13 @@ fn notes_declare_both_probes_with_their_arguments() {
         names.sort();
         assert_eq!(
             names,
-            [("alloc", "8@%rdi 8@%rsi 8@%rdx"), ("free", "8@%rdi")],
-            "exactly one alloc and one free site in {}",
+            [
+                ("alloc", "8@%rdi 8@%rsi 8@%rdx"),
+                ("alloc", "8@%rdi 8@%rsi 8@%rdx"),
+                ("free", "8@%rdi"),
+                ("free", "8@%rdi")
+            ],
+            "exactly two alloc and two free sites (fast and trap) in {}",
             lib.display()
         );
         let out = run_ok(Command::new("readelf").arg("-SW").arg(lib), "readelf -SW");
@@ -103,19 +109,34 @@ fn notes_declare_both_probes_with_their_arguments() {
     }
 }
 
+/// Each probe has a fast site, a 5-byte NOP (the kernel optimizes a uprobe
+/// on it into a call), and a trap site, a 1-byte `nop` (never optimized:
+/// the site a fork child of an optimized process uses; see
+/// `allocator/src/usdt.rs`).
 #[test]
-fn every_probe_site_is_a_five_byte_nop() {
+fn each_probe_has_a_five_byte_nop_site_and_a_one_byte_nop_site() {
     for backend in BACKENDS {
         let lib = library(backend);
         let bytes = std::fs::read(lib).unwrap();
-        for p in probes(lib) {
-            let off = file_offset(lib, p.pc) as usize;
+        for name in ["alloc", "free"] {
+            let mut sites: Vec<&[u8]> = probes(lib)
+                .iter()
+                .filter(|p| p.name == name)
+                .map(|p| {
+                    let off = file_offset(lib, p.pc) as usize;
+                    if bytes[off] == 0x90 {
+                        &bytes[off..off + 1]
+                    } else {
+                        &bytes[off..off + 5]
+                    }
+                })
+                .collect();
+            sites.sort();
             assert_eq!(
-                &bytes[off..off + 5],
-                &[0x0f, 0x1f, 0x44, 0x00, 0x00],
-                "probe {} at {:#x}",
-                p.name,
-                p.pc
+                sites,
+                [&[0x0f, 0x1f, 0x44, 0x00, 0x00][..], &[0x90][..]],
+                "{name} sites in {}",
+                lib.display()
             );
         }
     }
@@ -195,5 +216,52 @@ fn bpftrace_receives_alloc_and_free_events() {
     // Sequential: both attach to probes filtered by the same comm.
     for backend in BACKENDS {
         bpftrace_sees_events(backend);
+    }
+}
+
+/// Fork children (and a grandchild) of a process whose probes fired under an
+/// attached tracer all exit 0, with both libraries: on Linux 6.18+ the
+/// parent's fast sites are calls to its `[uprobes-trampoline]` page, which
+/// fork does not copy, so a child must use the trap sites. Before they
+/// existed, every child died of SIGSEGV at its first sample.
+#[test]
+fn fork_children_of_a_traced_process_survive_their_samples() {
+    for backend in BACKENDS {
+        let lib = library(backend);
+        let exe_name = "usdt_forks";
+        let exe = c_program("forks", exe_name);
+        let script = format!(
+            "usdt:{lib}:otel_memory:alloc /comm == \"{exe_name}\"/ {{ @a = count(); }}\n\
+             usdt:{lib}:otel_memory:free /comm == \"{exe_name}\"/ {{ @f = count(); }}\n",
+            lib = lib.display()
+        );
+        let bt = Bpftrace::attach(&script);
+        let mut cmd = Command::new(&exe);
+        cmd.arg("20");
+        apply(&mut cmd, preloaded(backend, Some("1")));
+        let out = output_within(&mut cmd, Duration::from_secs(20), "forks program");
+        let counts = bt.stop();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("crashed 0"),
+            "{backend:?}: {}\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if stdout.contains("trampoline no") {
+            eprintln!("{backend:?}: this kernel does not optimize uprobes: nothing to inherit");
+        }
+        // The children's samples reach the tracer too: 21 processes x 1000+.
+        let count = |name: &str| -> u64 {
+            counts
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("@{name}: ")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        assert!(
+            count("a") >= 21 * 1000 && count("f") >= 21 * 1000,
+            "{backend:?}: events {counts}"
+        );
     }
 }

@@ -459,3 +459,54 @@ fn replace(path: &Path, with: &Path) {
     std::fs::copy(with, &tmp).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
+
+/// The kernel (6.18+) turns a fast probe site, once hit, into a call to a
+/// `[uprobes-trampoline]` page of the process; fork copies the rewritten
+/// text but not that page. A fork child must not call into the void: the
+/// allocator gives it the trap sites instead, and its samples still arrive.
+/// Both ways of attaching: to the parent only, and to every process (which
+/// profiles the children too).
+#[test]
+fn fork_children_of_a_probed_process_survive_their_samples() {
+    common::require_bpf();
+    let program = common::compile_c("fork_after_sample.c", &[]);
+    for all in [false, true] {
+        let mut w = Proc::spawn(every_allocation_sampled(Command::new(&program)));
+        let pid = w.pid();
+        common::wait_for_mapping(pid, "liballocprof.so");
+        let target = if all {
+            Target::All
+        } else {
+            Target::Pids(vec![pid])
+        };
+        let mut session = Session::start(target, Limits::default()).unwrap();
+        wait_attached(&mut session, pid);
+        w.send("go");
+        let trampoline = w.line();
+        assert!(
+            trampoline == "trampoline yes" || trampoline == "trampoline no",
+            "{trampoline}"
+        );
+        if trampoline == "trampoline no" {
+            eprintln!("this kernel does not optimize uprobes: nothing to inherit");
+        }
+        w.expect("ready");
+        if all {
+            // Each child's 1 MiB block (rate 1: weight = size), seen live.
+            let mut seen = 0;
+            wait_until("the children's blocks", || {
+                let profile = session.refresh().unwrap();
+                seen = profile
+                    .processes
+                    .iter()
+                    .filter(|p| p.key.pid != pid)
+                    .filter(|p| site(p, "fork_child_keep").live_bytes == f64::from(1 << 20))
+                    .count();
+                seen == 20
+            });
+        }
+        w.send("exit");
+        w.expect("children 20 crashed 0");
+        assert!(w.child.wait().unwrap().success());
+    }
+}
