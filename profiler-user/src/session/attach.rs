@@ -19,6 +19,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // hold their mapped files open.
         if !scan.probes.is_empty() {
             self.spaces.insert(pid, scan.space);
+            // Named now: a process may be gone (a zombie, its /proc unreadable)
+            // before the first profile is built.
+            self.identity(pid);
             self.unwind_process(pid);
         }
         let mut stale = Vec::new();
