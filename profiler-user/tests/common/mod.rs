@@ -324,10 +324,10 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
-/// Entries in the kernel map `name` of the allocprof process `pid` (its
-/// maps are known by the ids its descriptors hold: other allocprof
-/// instances running meanwhile have maps of the same names).
-pub fn table_entries(pid: u32, name: &str) -> usize {
+/// The entries of the kernel map `name` of the allocprof process `pid`, as
+/// key bytes (its maps are known by the ids its descriptors hold: other
+/// allocprof instances running meanwhile have maps of the same names).
+pub fn table_keys(pid: u32, name: &str) -> Vec<Vec<u8>> {
     let bpftool = |args: &[&str]| -> serde_json::Value {
         let out = Command::new("bpftool")
             .args(args)
@@ -354,9 +354,33 @@ pub fn table_entries(pid: u32, name: &str) -> usize {
         .filter_map(|m| m["id"].as_u64())
         .find(|id| ids.contains(id))
         .unwrap_or_else(|| panic!("allocprof {pid} holds no kernel map {name}"));
-    bpftool(&["map", "dump", "id", &id.to_string(), "-j"])
+    let entries = bpftool(&["map", "dump", "id", &id.to_string(), "-j"]);
+    let byte = |b: &serde_json::Value| {
+        u8::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+    };
+    entries
         .as_array()
-        .map_or(0, Vec::len)
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|e| e["key"].as_array().unwrap().iter().map(byte).collect())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// How many entries the kernel map `name` of allocprof `pid` holds.
+pub fn table_entries(pid: u32, name: &str) -> usize {
+    table_keys(pid, name).len()
+}
+
+/// The pids the entries of `PROCS` or `AGGS` (keys starting with a pid)
+/// of allocprof `pid` belong to.
+pub fn table_pids(pid: u32, name: &str) -> Vec<u32> {
+    table_keys(pid, name)
+        .iter()
+        .map(|k| u32::from_le_bytes(k[..4].try_into().unwrap()))
+        .collect()
 }
 
 /// A child speaking a line protocol on stdin/stdout, preloaded as
