@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use profiler_common::{DROP_REASONS, NO_STACK, OVERFLOW_STACK};
+use profiler_common::{DROP_REASONS, NO_STACK, OVERFLOW_STACK, WeightForm};
 
 use crate::{stats::Totals, symbolize::Frame};
 
@@ -71,6 +71,11 @@ pub struct ProcessProfile {
     /// Unbiased bytes of samples missing from the live sums: when nonzero,
     /// the live estimate is a lower bound, short by at most this.
     pub lost_live_bytes: u64,
+    /// The probe contracts the process spoke (`ProcCounters::contracts`
+    /// bits; see [`crate::discover::PROVIDERS`]).
+    pub contracts: u64,
+    /// What its weights are, which decides its variances.
+    pub weight_form: WeightForm,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -96,7 +101,20 @@ impl ProcessProfile {
             free_events: 0,
             drops: [0; DROP_REASONS],
             lost_live_bytes: 0,
+            contracts: 0,
+            weight_form: WeightForm::NoSamples,
             stacks,
+        }
+    }
+
+    /// The contracts it spoke, by provider name: `otel_memory`, `ddheap`,
+    /// `otel_memory+ddheap`, or `-` before its first alloc probe.
+    pub fn contract(&self) -> String {
+        let names = crate::discover::contract_names(self.contracts);
+        if names.is_empty() {
+            "-".into()
+        } else {
+            names.join("+")
         }
     }
 
@@ -206,6 +224,8 @@ mod tests {
             free_events: 0,
             drops: [0; DROP_REASONS],
             lost_live_bytes: 0,
+            contracts: 0,
+            weight_form: WeightForm::NoSamples,
             stacks,
         }
     }

@@ -3,12 +3,12 @@
 
 use std::fmt::Write;
 
-use profiler_common::DropReason;
+use profiler_common::{DropReason, WeightForm};
 
 use crate::{
     inert::inert,
     profile::{Profile, StackProfile},
-    stats::{Totals, human_bytes, human_count},
+    stats::{Totals, human_bytes, human_ci, human_count},
     symbolize::{Frame, is_library_frame},
 };
 
@@ -60,13 +60,20 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     out.push_str("\nPROCESSES\n");
     let _ = writeln!(
         out,
-        "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  STATE",
-        "PROCESS", "LIVE BYTES (95% CI)", "OBJECTS", "ALLOCATED", "SAMPLES", "DROPS", "RATE"
+        "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {:<18} STATE",
+        "PROCESS",
+        "LIVE BYTES (95% CI)",
+        "OBJECTS",
+        "ALLOCATED",
+        "SAMPLES",
+        "DROPS",
+        "RATE",
+        "CONTRACT"
     );
     for p in &profile.processes {
         let _ = writeln!(
             out,
-            "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {}",
+            "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {:<18} {}",
             truncate(&inert(&p.label()), 28),
             live_with_ci(p.totals.live_bytes, p.totals.live_ci95(), p.lost_live_bytes),
             human_count(p.totals.live_objects),
@@ -74,7 +81,21 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             p.totals.alloc_samples,
             p.dropped(),
             human_bytes(p.rate as f64),
+            p.contract(),
             p.state.describe(),
+        );
+    }
+    let unrecognized: Vec<String> = profile
+        .processes
+        .iter()
+        .filter(|p| p.weight_form == WeightForm::Unrecognized)
+        .map(|p| inert(&p.label()).into_owned())
+        .collect();
+    if !unrecognized.is_empty() {
+        let _ = writeln!(
+            out,
+            "  ± ?: no confidence interval: the weights of {} fit neither `size / p` nor `nsamples × R` (docs/probe-contract.md)",
+            unrecognized.join(", ")
         );
     }
     if dropped > 0 {
@@ -169,7 +190,7 @@ fn frame_line(f: &Frame) -> String {
 }
 
 fn with_ci(value: f64, ci: f64) -> String {
-    format!("{} ± {}", human_bytes(value), human_bytes(ci))
+    format!("{} ± {}", human_bytes(value), human_ci(ci))
 }
 
 /// Live bytes, marked `≥` when samples were lost to the live sums.

@@ -240,7 +240,11 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
         100.0 * whole / live,
         p.stacks
             .iter()
-            .map(|s| s.frames.iter().map(|f| f.function.as_str()).collect::<Vec<_>>())
+            .map(|s| s
+                .frames
+                .iter()
+                .map(|f| f.function.as_str())
+                .collect::<Vec<_>>())
             .collect::<Vec<_>>()
     );
     let (truth, sigma) = common::truth_and_sigma(1024, 65536, RATE);

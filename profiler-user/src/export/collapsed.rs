@@ -81,6 +81,8 @@ mod tests {
                 free_events: 0,
                 drops: [0; DROP_REASONS],
                 lost_live_bytes: 0,
+                contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
+                weight_form: profiler_common::WeightForm::InverseProbability,
                 stacks: vec![StackProfile { frames, totals }],
             }],
             ..Default::default()

@@ -216,6 +216,8 @@ pub(crate) mod tests {
             free_events: 40,
             drops,
             lost_live_bytes: 0,
+            contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
+            weight_form: profiler_common::WeightForm::InverseProbability,
             stacks,
         };
         let other_stacks = vec![
@@ -241,6 +243,8 @@ pub(crate) mod tests {
             free_events: 0,
             drops: [0; DROP_REASONS],
             lost_live_bytes: 0,
+            contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
+            weight_form: profiler_common::WeightForm::InverseProbability,
             stacks: other_stacks,
         };
         Profile {

@@ -83,11 +83,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         proc: &ProcCounters,
         stacks: &[(u64, Totals)],
     ) -> ProcessProfile {
+        // The variance model is the process's: decided from all its weights.
+        let weight_form = proc.weight_form();
         let stacks = stacks
             .iter()
             .map(|(id, totals)| StackProfile {
                 frames: self.frames(image.incarnation, *id),
-                totals: *totals,
+                totals: totals.with_weight_form(weight_form),
             })
             .collect();
         ProcessProfile {
@@ -95,6 +97,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             free_events: proc.free_events,
             drops: proc.drops,
             lost_live_bytes: proc.lost_live_bytes,
+            contracts: proc.contracts,
+            weight_form,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }
