@@ -245,4 +245,27 @@ mod tests {
         assert!(text.contains("up to 3.0 GiB"), "{text}");
         assert!(text.contains("≥ "), "{text}");
     }
+
+    #[test]
+    fn contracts_and_unavailable_intervals_are_shown() {
+        let mut profile = hand_made();
+        let plain = render(&profile, ReportOptions::default());
+        assert!(
+            plain.contains("CONTRACT") && plain.contains("otel_memory"),
+            "{plain}"
+        );
+        assert!(!plain.contains("± ?"), "{plain}");
+        let p = &mut profile.processes[0];
+        p.contracts =
+            u64::from(profiler_common::CONTRACT_OTEL_MEMORY | profiler_common::CONTRACT_DDHEAP);
+        p.weight_form = WeightForm::Unrecognized;
+        for s in &mut p.stacks {
+            s.totals = s.totals.with_weight_form(WeightForm::Unrecognized);
+        }
+        p.totals = p.stacks.iter().map(|s| s.totals).sum();
+        let text = render(&profile, ReportOptions::default());
+        assert!(text.contains("otel_memory+ddheap"), "{text}");
+        assert!(text.contains("± ?"), "{text}");
+        assert!(text.contains("no confidence interval"), "{text}");
+    }
 }

@@ -13,6 +13,7 @@ use std::{
     ffi::OsString,
     path::{Path, PathBuf},
     process::Command,
+    time::{Duration, Instant},
 };
 
 use allocprof::{
@@ -73,7 +74,16 @@ fn profile_of_each(runs: &[(&Path, &str, &str, u64)]) -> (Profile, Vec<u32>) {
         })
         .collect();
     let pids: Vec<u32> = procs.iter().map(Proc::pid).collect();
-    let mut session = Session::start(Target::Pids(pids.clone()), Limits::default()).unwrap();
+    // System-wide: one attachment per probe site for all the runs. Per-pid
+    // attachments (20 runs × 4 sites) take ~0.1 s each to detach.
+    let mut session = Session::start(Target::All, Limits::default()).unwrap();
+    // Every run is attached before it fires.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pids.iter().all(|&pid| session.is_attached_to(pid)) {
+        assert!(Instant::now() < deadline, "a run was never attached");
+        session.poll_events();
+        std::thread::sleep(Duration::from_millis(10));
+    }
     for p in &mut procs {
         p.send("go");
     }
@@ -135,6 +145,25 @@ fn assert_coverage(form: &str, covered: u32, intervals: u32) {
 #[test]
 fn points_times_interval_weights_from_sdt_emitters_of_both_providers() {
     let exe = emitter(&[]);
+    // Both providers' sites are found, with register arguments.
+    let (sites, problems) = allocprof::discover::probe_sites(&exe).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut providers: Vec<u32> = sites.iter().map(|s| s.spec.provider).collect();
+    providers.sort_unstable();
+    assert_eq!(
+        providers,
+        [
+            profiler_common::CONTRACT_OTEL_MEMORY,
+            profiler_common::CONTRACT_OTEL_MEMORY,
+            profiler_common::CONTRACT_DDHEAP,
+            profiler_common::CONTRACT_DDHEAP
+        ]
+    );
+    assert!(
+        sites
+            .iter()
+            .all(|s| s.spec.args[0].kind == profiler_common::UsdtArgKind::Reg as u8)
+    );
     let runs: Vec<_> = (1..=RUNS)
         .map(|seed| {
             (
