@@ -33,7 +33,7 @@ const MAX_FRAME_SPAN: u64 = 8 << 20;
 #[inline(always)]
 pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
     // SAFETY: only whether the entry exists; the step looks it up itself.
-    unsafe { UNWIND_PROCS.get(&pid) }?;
+    unsafe { UNWIND_PROCS.get(pid) }?;
     // SAFETY: the context of a uprobe is its pt_regs; constant-offset reads.
     let regs = unsafe { &*ctx.regs };
     let mut walk = Walk {
@@ -84,7 +84,7 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: a per-CPU map value, claimed by the caller for this walk.
     let trace = unsafe { &mut *trace };
     // SAFETY: as above; only read.
-    let Some(proc) = (unsafe { UNWIND_PROCS.get(&walk.pid) }) else {
+    let Some(proc) = (unsafe { UNWIND_PROCS.get(walk.pid) }) else {
         return STOP;
     };
     let i = index as usize;
@@ -154,12 +154,12 @@ fn apply(row: &UnwindRow, pc: u64, sp: u64, bp: u64) -> Step {
         cfa::END => return Step::End,
         _ => return Step::Truncated,
     };
-    let cfa = base.wrapping_add(row.cfa_offset as i64 as u64);
+    let cfa = base.wrapping_add(i64::from(row.cfa_offset) as u64);
     let Some(ra) = read_user(cfa.wrapping_sub(8)) else {
         return Step::Truncated;
     };
     let bp = if row.rbp_rule == rbp::AT_CFA {
-        match read_user(cfa.wrapping_add(row.rbp_offset as i64 as u64)) {
+        match read_user(cfa.wrapping_add(i64::from(row.rbp_offset) as u64)) {
             Some(v) => v,
             None => return Step::Truncated,
         }
