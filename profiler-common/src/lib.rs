@@ -233,6 +233,11 @@ pub struct ProcCounters {
     pub weights_not_multiple: u64,
     pub weights_below_size: u64,
     pub weights_invalid: u64,
+    /// `otel_memory:mmap` minus `munmap` bytes (wrapping: user space reads
+    /// it as signed): memory the emitter mapped on its own account, beside
+    /// the heap; and how many `mmap` probes fired.
+    pub mapped_bytes: u64,
+    pub mmap_events: u64,
     pub drops: [u64; DROP_REASONS],
 }
 
@@ -493,7 +498,7 @@ mod tests {
         assert_eq!(size_of::<AggKey>(), 16);
         assert_eq!(size_of::<StackAgg>(), 64);
         assert_eq!(size_of::<StackTrace>(), 8 * (1 + MAX_STACK_DEPTH));
-        assert_eq!(size_of::<ProcCounters>(), 88 + 8 * DROP_REASONS);
+        assert_eq!(size_of::<ProcCounters>(), 104 + 8 * DROP_REASONS);
         assert_eq!(size_of::<ProcEvent>(), 8);
         assert_eq!(size_of::<UsdtArg>(), 16);
         assert_eq!(size_of::<UsdtSpec>(), 16 * MAX_USDT_ARGS + 8);

@@ -49,6 +49,41 @@ pub fn otel_memory_free(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// `otel_memory:mmap(addr, size)`: the emitter mapped memory on its own
+/// account (not sampled: every mapping is reported). Counted per process.
+#[uprobe]
+pub fn otel_memory_mmap(ctx: ProbeContext) -> u32 {
+    let pid = current_pid();
+    if let Err(reason) = try_mapping(&ctx, pid, false) {
+        count_drop(pid, reason);
+    }
+    0
+}
+
+/// `otel_memory:munmap(addr, size)`: the emitter unmapped such memory.
+#[uprobe]
+pub fn otel_memory_munmap(ctx: ProbeContext) -> u32 {
+    let pid = current_pid();
+    if let Err(reason) = try_mapping(&ctx, pid, true) {
+        count_drop(pid, reason);
+    }
+    0
+}
+
+fn try_mapping(ctx: &ProbeContext, pid: u32, unmap: bool) -> Result<(), DropReason> {
+    let spec = probe_spec(ctx)?;
+    let size = read_arg(ctx, &spec.args[1]).ok_or(DropReason::ArgReadFailed)?;
+    // SAFETY: map values stay valid for the whole program run.
+    let proc: &ProcCounters = unsafe { &*proc_state(pid)? };
+    if unmap {
+        sub(&proc.mapped_bytes, size);
+    } else {
+        add(&proc.mapped_bytes, size);
+        add(&proc.mmap_events, 1);
+    }
+    Ok(())
+}
+
 fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     let spec = probe_spec(ctx)?;
     let ptr = read_arg(ctx, &spec.args[0]).ok_or(DropReason::ArgReadFailed)?;

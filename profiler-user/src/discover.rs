@@ -61,13 +61,26 @@ pub fn contract_names(bits: u64) -> Vec<&'static str> {
 pub enum ProbeKind {
     Alloc,
     Free,
+    /// `mmap(addr, size)` / `munmap(addr, size)`: memory the emitter maps
+    /// on its own account, beside the heap (OpenTelemetry's design).
+    Mmap,
+    Munmap,
 }
 
 impl ProbeKind {
+    pub const ALL: [ProbeKind; 4] = [
+        ProbeKind::Alloc,
+        ProbeKind::Free,
+        ProbeKind::Mmap,
+        ProbeKind::Munmap,
+    ];
+
     pub fn from_name(name: &str) -> Option<ProbeKind> {
         match name {
             "alloc" => Some(ProbeKind::Alloc),
             "free" => Some(ProbeKind::Free),
+            "mmap" => Some(ProbeKind::Mmap),
+            "munmap" => Some(ProbeKind::Munmap),
             _ => None,
         }
     }

@@ -76,6 +76,10 @@ pub struct ProcessProfile {
     pub contracts: u64,
     /// What its weights are, which decides its variances.
     pub weight_form: WeightForm,
+    /// Bytes the emitter mapped on its own account (`mmap` minus `munmap`
+    /// probes), beside the heap; `mmap_events` of them.
+    pub mapped_bytes: i64,
+    pub mmap_events: u64,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -103,6 +107,8 @@ impl ProcessProfile {
             lost_live_bytes: 0,
             contracts: 0,
             weight_form: WeightForm::NoSamples,
+            mapped_bytes: 0,
+            mmap_events: 0,
             stacks,
         }
     }
@@ -226,6 +232,8 @@ mod tests {
             lost_live_bytes: 0,
             contracts: 0,
             weight_form: WeightForm::NoSamples,
+            mapped_bytes: 0,
+            mmap_events: 0,
             stacks,
         }
     }

@@ -85,6 +85,14 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             p.state.describe(),
         );
     }
+    for p in profile.processes.iter().filter(|p| p.mmap_events > 0) {
+        let _ = writeln!(
+            out,
+            "  {} also mapped {} on its own account (otel_memory:mmap/munmap), beside the heap",
+            inert(&p.label()),
+            human_bytes(p.mapped_bytes as f64),
+        );
+    }
     let unrecognized: Vec<String> = profile
         .processes
         .iter()
@@ -259,6 +267,8 @@ mod tests {
         p.contracts =
             u64::from(profiler_common::CONTRACT_OTEL_MEMORY | profiler_common::CONTRACT_DDHEAP);
         p.weight_form = WeightForm::Unrecognized;
+        p.mapped_bytes = 3 << 20;
+        p.mmap_events = 1;
         for s in &mut p.stacks {
             s.totals = s.totals.with_weight_form(WeightForm::Unrecognized);
         }
@@ -267,5 +277,9 @@ mod tests {
         assert!(text.contains("otel_memory+ddheap"), "{text}");
         assert!(text.contains("± ?"), "{text}");
         assert!(text.contains("no confidence interval"), "{text}");
+        assert!(
+            text.contains("also mapped 3.0 MiB on its own account"),
+            "{text}"
+        );
     }
 }

@@ -35,7 +35,7 @@ impl Emitter {
         common::require_bpf();
         let exe = common::compile_c("sdt_script.c", &[]);
         let (sites, problems) = discover::probe_sites(&exe).unwrap();
-        assert!(problems.is_empty() && sites.len() == 2, "{problems:?}");
+        assert!(problems.is_empty() && sites.len() == 4, "{problems:?}");
         let mut child = Command::new(&exe)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -393,4 +393,19 @@ fn forgotten_stacks_leave_the_stack_table() {
     assert_eq!(e.kernel.stack_ids(), vec![ids[2]]);
     assert!(e.kernel.stack(ids[0]).is_none() && e.kernel.stack(ids[1]).is_none());
     assert!(e.kernel.stack(ids[2]).is_some());
+}
+
+#[test]
+fn mmap_and_munmap_probes_count_the_bytes_mapped_beside_the_heap() {
+    let mut e = Emitter::start(limits());
+    e.send("m 7f0000000000 1048576");
+    e.send("m 7f0000200000 4096");
+    e.send("u 7f0000000000 1048576");
+    e.alloc(0x1000);
+    let snap = e.snapshot();
+    let proc = snap.processes[&e.child.id()];
+    assert_eq!((proc.mapped_bytes, proc.mmap_events), (4096, 2));
+    // The heap's figures are untouched.
+    assert_eq!(e.sums().alloc_bytes, WEIGHT);
+    e.assert_only_drops(&[]);
 }

@@ -561,6 +561,7 @@ struct Process {
     contracts: Vec<String>,
     weight_form: Option<String>,
     weight_interval_bytes: Option<u64>,
+    mapped_bytes: i64,
     stacks: Vec<Stack>,
 }
 
@@ -637,6 +638,7 @@ fn json_follows_the_documented_schema() {
     assert_eq!(p.contracts, ["otel_memory"]);
     assert_eq!(p.weight_form.as_deref(), Some("inverse_probability"));
     assert_eq!(p.weight_interval_bytes, None);
+    assert_eq!(p.mapped_bytes, 0, "liballocprof fires no mmap probes");
     assert!(p.alloc_events >= p.totals.alloc_samples);
     assert!(p.free_events > 0, "site_freed frees sampled blocks");
     assert_eq!(p.dropped, p.drops.values().sum::<u64>());

@@ -14,7 +14,7 @@ use crate::{
 };
 
 /// 2: `*_ci95` may be null (unavailable); `contracts`, `weight_form`,
-/// `weight_interval_bytes` added.
+/// `weight_interval_bytes`, `mapped_bytes` added.
 pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -63,6 +63,9 @@ pub struct Process {
     pub weight_form: Option<String>,
     /// R of `"points_times_interval"` weights, else null.
     pub weight_interval_bytes: Option<u64>,
+    /// Bytes the emitter mapped on its own account (`mmap` minus `munmap`
+    /// probes), beside the heap; 0 without such probes.
+    pub mapped_bytes: i64,
     /// Largest live bytes first.
     pub stacks: Vec<Stack>,
 }
@@ -192,6 +195,7 @@ pub fn report(profile: &Profile) -> Report {
                 WeightForm::PointsTimesInterval { interval } => Some(interval),
                 _ => None,
             },
+            mapped_bytes: p.mapped_bytes,
             stacks: p
                 .stacks
                 .iter()

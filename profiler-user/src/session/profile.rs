@@ -99,6 +99,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             lost_live_bytes: proc.lost_live_bytes,
             contracts: proc.contracts,
             weight_form,
+            // Wrapping in the kernel: an munmap seen without its mmap reads
+            // as negative, not as 2^64.
+            mapped_bytes: proc.mapped_bytes as i64,
+            mmap_events: proc.mmap_events,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

@@ -417,6 +417,8 @@ pub(crate) mod tests {
             lost_live_bytes: 0,
             contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
             weight_form: profiler_common::WeightForm::InverseProbability,
+            mapped_bytes: 0,
+            mmap_events: 0,
             stacks,
         }
     }

@@ -171,6 +171,13 @@ fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
             p.dropped()
         )),
     ];
+    if p.mmap_events > 0 {
+        lines.push(Line::from(format!(
+            "mapped {} beside the heap ({} mmap probes)",
+            human_bytes(p.mapped_bytes as f64),
+            human_count(p.mmap_events as f64)
+        )));
+    }
     for reason in DropReason::ALL {
         let n = p.drops[reason as usize];
         if n > 0 {

@@ -391,6 +391,8 @@ fn the_process_detail_names_its_contract_and_unavailable_intervals() {
     let p = &mut profile.processes[0];
     p.contracts = u64::from(profiler_common::CONTRACT_DDHEAP);
     p.weight_form = profiler_common::WeightForm::Unrecognized;
+    p.mapped_bytes = 2 << 20;
+    p.mmap_events = 3;
     for s in &mut p.stacks {
         s.totals = s
             .totals
