@@ -100,7 +100,7 @@ const HALF_SHIFT: u32 = VAR_UNIT_SHIFT / 2;
 /// check (the BPF backend has no 128-bit multiply): bytes and objects are
 /// exact for weights up to 1 TiB; each variance factor is exact up to
 /// 512 GiB, so any practical R (the excess `w - size` never exceeds about R).
-const MAX_WEIGHT: u64 = 1 << 40;
+pub const MAX_WEIGHT: u64 = 1 << 40;
 const MAX_VAR_FACTOR: u64 = 1 << 39;
 
 /// `x` clamped and rounded up to units of 2^HALF_SHIFT: at most 2^31.
@@ -236,7 +236,119 @@ pub struct ProcCounters {
     /// Budget of new stack-table entries: the theoretical arrival time (ns,
     /// `bpf_ktime_get_ns`) of [`new_stack_budget`]'s rate limiter.
     pub stack_budget_ns: u64,
+    /// Which probe contracts the process fired alloc probes of: a bit per
+    /// provider ([`CONTRACT_OTEL_MEMORY`], [`CONTRACT_DDHEAP`]).
+    pub contracts: u64,
+    /// The weight form, tracked per process (see [`weight_check`]): the
+    /// smallest valid weight seen (0: none yet), and how many weights were
+    /// not a multiple of the smallest (at the time), below their size, or
+    /// invalid (0, or at least [`MAX_WEIGHT`]).
+    pub min_weight: u64,
+    pub weights_not_multiple: u64,
+    pub weights_below_size: u64,
+    pub weights_invalid: u64,
+    /// `otel_memory:mmap` minus `munmap` bytes (wrapping: user space reads
+    /// it as signed): memory the emitter mapped on its own account, beside
+    /// the heap; and how many `mmap` probes fired.
+    pub mapped_bytes: u64,
+    pub mmap_events: u64,
     pub drops: [u64; DROP_REASONS],
+}
+
+/// Provider `otel_memory` (the OpenTelemetry contract; allocprof's allocator).
+pub const CONTRACT_OTEL_MEMORY: u32 = 1;
+/// Provider `ddheap` (Datadog's heap sampler, before its rename).
+pub const CONTRACT_DDHEAP: u32 = 2;
+
+/// What one alloc probe's weight says about the process's weight form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightCheck {
+    /// The process's smallest valid weight after this one.
+    pub min_weight: u64,
+    /// Not a multiple of the smallest weight (or the smallest weight, now
+    /// replaced by this one, is not a multiple of it).
+    pub not_multiple: bool,
+    /// Below the allocation's size: impossible for `size / p`.
+    pub below_size: bool,
+    /// 0, or so large the sums would be clamped ([`MAX_WEIGHT`]).
+    pub invalid: bool,
+}
+
+/// One modulo per sample: keeps `min_weight` the smallest valid weight and
+/// flags a weight that breaks "every weight is a multiple of the smallest".
+/// Checking each new weight against the current minimum in both directions
+/// keeps "no flag so far ⇒ every weight seen is a multiple of the minimum",
+/// i.e. the gcd of the weights is their minimum: a new larger weight must be
+/// a multiple of it, and a new smaller one must divide it (then it divides
+/// every earlier weight too). The converse holds once the smallest weight
+/// has been seen before any non-multiple of it: for `nsamples × R` weights
+/// the minimum is R from the first sample that crossed a single sampling
+/// point (nearly every allocation smaller than R, so in practice the first
+/// samples), and every weight is a multiple of R, so the flag stays clear.
+/// A process whose first samples all crossed several points may be flagged
+/// (then its intervals use the `size / p` model, or are unavailable).
+#[inline(always)]
+pub fn weight_check(min_weight: u64, size: u64, weight: u64) -> WeightCheck {
+    if weight == 0 || weight >= MAX_WEIGHT {
+        return WeightCheck {
+            min_weight,
+            not_multiple: false,
+            below_size: false,
+            invalid: true,
+        };
+    }
+    let (min, not_multiple) = if min_weight == 0 {
+        (weight, false)
+    } else if weight < min_weight {
+        (weight, !min_weight.is_multiple_of(weight))
+    } else {
+        (min_weight, !weight.is_multiple_of(min_weight))
+    };
+    WeightCheck {
+        min_weight: min,
+        not_multiple,
+        below_size: weight < size,
+        invalid: false,
+    }
+}
+
+/// How a process's weights estimate bytes, decided from its [`ProcCounters`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightForm {
+    /// No alloc probe weighed yet.
+    NoSamples,
+    /// `size / p` (the inverse inclusion probability, allocprof's allocator):
+    /// variance estimate `Σ w·(w − size)`, the kernel's variance sums.
+    InverseProbability,
+    /// `nsamples × R` (OpenTelemetry's design): every weight a multiple of
+    /// the smallest, `interval` (R). Each sample's count of sampling points
+    /// is Poisson(size/R), so its variance is R·size, estimated by R·w:
+    /// the variance of a sum is R times its bytes.
+    PointsTimesInterval { interval: u64 },
+    /// Neither: an invalid weight (0, huge), or a weight below its size
+    /// that is not a multiple of one R. No honest interval exists.
+    Unrecognized,
+}
+
+impl ProcCounters {
+    /// The weight form of this process's samples (all its images').
+    pub fn weight_form(&self) -> WeightForm {
+        if self.weights_invalid > 0 {
+            WeightForm::Unrecognized
+        } else if self.min_weight == 0 {
+            WeightForm::NoSamples
+        } else if self.weights_not_multiple == 0 {
+            // Also true of a process with a single `size / p` sample, or
+            // only identical ones: R·w ≥ w·(w − size) there, conservative.
+            WeightForm::PointsTimesInterval {
+                interval: self.min_weight,
+            }
+        } else if self.weights_below_size == 0 {
+            WeightForm::InverseProbability
+        } else {
+            WeightForm::Unrecognized
+        }
+    }
 }
 
 /// Process lifecycle event sent to user space through a ring buffer.
@@ -400,7 +512,7 @@ mod tests {
         assert_eq!(size_of::<AggKey>(), 16);
         assert_eq!(size_of::<StackAgg>(), 64);
         assert_eq!(size_of::<StackTrace>(), 8 * (1 + MAX_STACK_DEPTH));
-        assert_eq!(size_of::<ProcCounters>(), 48 + 8 * DROP_REASONS);
+        assert_eq!(size_of::<ProcCounters>(), 104 + 8 * DROP_REASONS);
         assert_eq!(size_of::<ProcEvent>(), 8);
         assert_eq!(size_of::<UsdtArg>(), 16);
         assert_eq!(size_of::<UsdtSpec>(), 16 * MAX_USDT_ARGS + 8);
@@ -568,6 +680,86 @@ mod tests {
         assert_eq!(new_stack_budget(5, 7, u64::MAX, 0), Some(7));
         assert!(new_stack_budget(0, u64::MAX / 2, 1, u64::MAX).is_some());
         assert_eq!(new_stack_budget(0, now, 1, 0), None, "no burst: nothing");
+    }
+
+    /// The weights a process fired, folded as the kernel does.
+    fn form_of(samples: &[(u64, u64)]) -> WeightForm {
+        let mut p = ProcCounters::default();
+        for &(size, weight) in samples {
+            let c = weight_check(p.min_weight, size, weight);
+            p.min_weight = c.min_weight;
+            p.weights_not_multiple += u64::from(c.not_multiple);
+            p.weights_below_size += u64::from(c.below_size);
+            p.weights_invalid += u64::from(c.invalid);
+        }
+        p.weight_form()
+    }
+
+    #[test]
+    fn weight_form_is_detected_per_process() {
+        const R: u64 = 4096;
+        assert_eq!(form_of(&[]), WeightForm::NoSamples);
+        // nsamples × R, in any order, sizes above and below R.
+        let points = [(100, R), (20_000, 5 * R), (9000, 2 * R), (30, R), (4096, R)];
+        assert_eq!(
+            form_of(&points),
+            WeightForm::PointsTimesInterval { interval: R }
+        );
+        // The minimum arriving last still divides everything before it.
+        assert_eq!(
+            form_of(&[(9000, 2 * R), (20_000, 6 * R), (10, R)]),
+            WeightForm::PointsTimesInterval { interval: R }
+        );
+        // size / p: never below size, not multiples of one another.
+        let ht = [(100, 4146), (8000, 9354), (64, 4128), (1 << 20, 1 << 20)];
+        assert_eq!(form_of(&ht), WeightForm::InverseProbability);
+        // Below size and not n·R; or invalid weights: no honest interval.
+        assert_eq!(
+            form_of(&[(100, 4146), (5000, 4097)]),
+            WeightForm::Unrecognized
+        );
+        assert_eq!(form_of(&[(100, R), (8, 0)]), WeightForm::Unrecognized);
+        assert_eq!(
+            form_of(&[(100, R), (8, u64::MAX)]),
+            WeightForm::Unrecognized
+        );
+        assert_eq!(form_of(&[(8, MAX_WEIGHT)]), WeightForm::Unrecognized);
+    }
+
+    #[test]
+    fn weight_check_is_the_gcd_test() {
+        // No flag ⇒ gcd(weights) == min(weights), and ⇔ when the minimum
+        // came first, over small random sets.
+        fn gcd(a: u64, b: u64) -> u64 {
+            if b == 0 { a } else { gcd(b, a % b) }
+        }
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..20_000 {
+            let mut min = 0;
+            let mut flagged = false;
+            let (mut g, mut m, mut first) = (0, u64::MAX, 0);
+            for _ in 0..1 + x % 5 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let w = 3 * (1 + x % 12);
+                let c = weight_check(min, 1, w);
+                min = c.min_weight;
+                flagged |= c.not_multiple;
+                g = gcd(g, w);
+                m = m.min(w);
+                if first == 0 {
+                    first = w;
+                }
+            }
+            assert_eq!(min, m);
+            if !flagged {
+                assert_eq!(g, m);
+            }
+            if first == m {
+                assert_eq!(!flagged, g == m, "gcd {g} min {m}");
+            }
+        }
     }
 
     #[test]

@@ -58,7 +58,10 @@ impl UsdtArg {
 pub struct UsdtSpec {
     pub args: [UsdtArg; MAX_USDT_ARGS],
     pub arg_count: u32,
-    pub _pad: u32,
+    /// The probe's provider as a bit of `ProcCounters::contracts`
+    /// ([`crate::CONTRACT_OTEL_MEMORY`], [`crate::CONTRACT_DDHEAP`]): the kernel
+    /// records which contracts each process spoke.
+    pub provider: u32,
 }
 
 #[cfg(test)]

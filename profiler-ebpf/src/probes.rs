@@ -1,5 +1,7 @@
 //! The `otel_memory:alloc(ptr, size, weight)` and `otel_memory:free(ptr)`
-//! programs: keep the live samples and the per-stack unbiased sums.
+//! programs (also attached to `ddheap:alloc/free`, the same contract under
+//! Datadog's provider name): keep the live samples and the per-stack
+//! unbiased sums.
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
@@ -16,7 +18,7 @@ use aya_ebpf::{
 use profiler_common::{
     AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK,
     OVERFLOW_STACK, ProcCounters, SampleDelta, StackTrace, UsdtSpec, new_stack_budget,
-    release_claim, stack_hash_step, stack_id, stack_seed, try_claim,
+    release_claim, stack_hash_step, stack_id, stack_seed, try_claim, weight_check,
 };
 
 use crate::{
@@ -47,12 +49,49 @@ pub fn otel_memory_free(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// `otel_memory:mmap(addr, size)`: the emitter mapped memory on its own
+/// account (not sampled: every mapping is reported). Counted per process.
+#[uprobe]
+pub fn otel_memory_mmap(ctx: ProbeContext) -> u32 {
+    let pid = current_pid();
+    if let Err(reason) = try_mapping(&ctx, pid, false) {
+        count_drop(pid, reason);
+    }
+    0
+}
+
+/// `otel_memory:munmap(addr, size)`: the emitter unmapped such memory.
+#[uprobe]
+pub fn otel_memory_munmap(ctx: ProbeContext) -> u32 {
+    let pid = current_pid();
+    if let Err(reason) = try_mapping(&ctx, pid, true) {
+        count_drop(pid, reason);
+    }
+    0
+}
+
+fn try_mapping(ctx: &ProbeContext, pid: u32, unmap: bool) -> Result<(), DropReason> {
+    let spec = probe_spec(ctx)?;
+    let size = read_arg(ctx, &spec.args[1]).ok_or(DropReason::ArgReadFailed)?;
+    // SAFETY: map values stay valid for the whole program run.
+    let proc: &ProcCounters = unsafe { &*proc_state(pid)? };
+    if unmap {
+        sub(&proc.mapped_bytes, size);
+    } else {
+        add(&proc.mapped_bytes, size);
+        add(&proc.mmap_events, 1);
+    }
+    Ok(())
+}
+
 fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     let spec = probe_spec(ctx)?;
     let ptr = read_arg(ctx, &spec.args[0]).ok_or(DropReason::ArgReadFailed)?;
     let size = read_arg(ctx, &spec.args[1]).ok_or(DropReason::ArgReadFailed)?;
     let weight = read_arg(ctx, &spec.args[2]).ok_or(DropReason::ArgReadFailed)?;
-    let proc = proc_state(pid)?;
+    let proc_ptr = proc_state(pid)?;
+    // SAFETY: map values stay valid for the whole program run.
+    let proc: &ProcCounters = unsafe { &*proc_ptr };
     add(&proc.alloc_events, 1);
 
     let generation = proc.generation;
@@ -64,6 +103,9 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
             NO_STACK
         }
     });
+    // After the stack walk: the verifier then explores the walk once, not
+    // once per outcome of the weight checks.
+    note_weight(proc_ptr, spec.provider, size, weight);
     let sample = LiveSample {
         stack_id,
         size,
@@ -289,8 +331,38 @@ fn take_new_stack_budget(pid: u32) -> Result<(), DropReason> {
     Ok(())
 }
 
-fn proc_state(pid: u32) -> Result<&'static ProcCounters, DropReason> {
-    get_or_insert(&PROCS, &pid).ok_or(DropReason::ProcMapFull)
+fn proc_state(pid: u32) -> Result<*mut ProcCounters, DropReason> {
+    get_or_insert_ptr(&PROCS, &pid).ok_or(DropReason::ProcMapFull)
+}
+
+/// Records the probe's contract and what its weight says about the
+/// process's weight form (`profiler_common::weight_check`). The minimum and
+/// the contract bits are plain racy writes, as the stack budget: a lost
+/// update of the minimum can only flag a weight as a non-multiple (an
+/// interval then falls back to the wider model, or is unavailable), never
+/// pass a wrong R; a lost contract bit is set again by the next probe.
+#[inline(always)]
+fn note_weight(proc: *mut ProcCounters, provider: u32, size: u64, weight: u64) {
+    // SAFETY: pointers to fields of a map value, valid for the whole program
+    // run; aligned reads and writes (see above for the races).
+    unsafe {
+        let contracts = core::ptr::addr_of_mut!((*proc).contracts);
+        let bits = core::ptr::read_volatile(contracts);
+        if bits & u64::from(provider) != u64::from(provider) {
+            core::ptr::write_volatile(contracts, bits | u64::from(provider));
+        }
+        let min_field = core::ptr::addr_of_mut!((*proc).min_weight);
+        let min = core::ptr::read_volatile(min_field);
+        let check = weight_check(min, size, weight);
+        if check.min_weight != min {
+            core::ptr::write_volatile(min_field, check.min_weight);
+        }
+        let proc: &ProcCounters = &*proc;
+        // Adds of 0 or 1 rather than branches: fewer paths to verify.
+        add(&proc.weights_not_multiple, u64::from(check.not_multiple));
+        add(&proc.weights_below_size, u64::from(check.below_size));
+        add(&proc.weights_invalid, u64::from(check.invalid));
+    }
 }
 
 /// Looks a value up, inserting a zeroed one first if absent.
@@ -299,14 +371,22 @@ fn get_or_insert<K, V: Default>(
     map: &aya_ebpf::maps::HashMap<K, V>,
     key: &K,
 ) -> Option<&'static V> {
+    // SAFETY: map values stay valid for the whole program run.
+    get_or_insert_ptr(map, key).map(|v| unsafe { &*v })
+}
+
+/// As [`get_or_insert`], as a pointer (for fields written in place).
+#[inline(always)]
+fn get_or_insert_ptr<K, V: Default>(
+    map: &aya_ebpf::maps::HashMap<K, V>,
+    key: &K,
+) -> Option<*mut V> {
     if let Some(v) = map.get_ptr_mut(key) {
-        // SAFETY: map values stay valid for the whole program run.
-        return Some(unsafe { &*v });
+        return Some(v);
     }
     // A concurrent insert of the same key wins; the lookup below finds it.
     let _ = map.insert(key, V::default(), u64::from(BPF_NOEXIST));
-    // SAFETY: as above.
-    map.get_ptr_mut(key).map(|v| unsafe { &*v })
+    map.get_ptr_mut(key)
 }
 
 fn count_drop(pid: u32, reason: DropReason) {

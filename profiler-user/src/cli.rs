@@ -12,8 +12,8 @@ use clap::{
 use thiserror::Error;
 
 /// allocprof: a heap profiler for processes that carry the `otel_memory`
-/// USDT probes (run them with LD_PRELOAD=liballocprof.so, or build them with
-/// the allocprof Rust global allocator).
+/// (or `ddheap`) USDT probes (run them with LD_PRELOAD=liballocprof.so, or
+/// build them with the allocprof Rust global allocator).
 ///
 /// With no --pid, every process carrying the probes is profiled, including
 /// processes started later. When stdout is not a terminal, or with

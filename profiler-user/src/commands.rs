@@ -12,7 +12,7 @@ use allocprof::{
     output::{self, Existing},
     profile::Profile,
     session::Session,
-    stats::{Quantity, human_bytes},
+    stats::{Quantity, human_bytes, human_ci},
 };
 use anyhow::{Context, Result};
 
@@ -104,7 +104,7 @@ fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
             "es"
         },
         human_bytes(total.live_bytes),
-        human_bytes(total.live_ci95()),
+        human_ci(total.live_ci95()),
     );
     Ok(())
 }

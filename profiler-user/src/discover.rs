@@ -1,4 +1,4 @@
-//! Finding the `otel_memory` probes: which files a process maps, and which of
+//! Finding the `otel_memory` (and `ddheap`) probes: which files a process maps, and which of
 //! those files carry the probes.
 //!
 //! A target controls what its mappings name, so every mapped file is opened
@@ -37,18 +37,50 @@ use crate::{
 /// The provider of the memory-profiling probe contract.
 pub(crate) const PROVIDER: &str = "otel_memory";
 
-/// Which of the two `otel_memory` probes a site is.
+/// Every provider of the contract allocprof attaches to, with its bit in
+/// `ProcCounters::contracts`: `otel_memory` (OpenTelemetry's name, emitted
+/// by allocprof's allocator) and `ddheap` (Datadog's heap sampler, before
+/// its rename). Their probes take the same arguments.
+pub const PROVIDERS: [(&str, u32); 2] = [
+    (PROVIDER, profiler_common::CONTRACT_OTEL_MEMORY),
+    ("ddheap", profiler_common::CONTRACT_DDHEAP),
+];
+
+/// The provider names of a `ProcCounters::contracts` bit set, in
+/// [`PROVIDERS`] order.
+pub fn contract_names(bits: u64) -> Vec<&'static str> {
+    PROVIDERS
+        .iter()
+        .filter(|(_, bit)| bits & u64::from(*bit) != 0)
+        .map(|(name, _)| *name)
+        .collect()
+}
+
+/// Which of the two probes of the contract a site is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ProbeKind {
     Alloc,
     Free,
+    /// `mmap(addr, size)` / `munmap(addr, size)`: memory the emitter maps
+    /// on its own account, beside the heap (OpenTelemetry's design).
+    Mmap,
+    Munmap,
 }
 
 impl ProbeKind {
-    pub(crate) fn from_name(name: &str) -> Option<ProbeKind> {
+    pub const ALL: [ProbeKind; 4] = [
+        ProbeKind::Alloc,
+        ProbeKind::Free,
+        ProbeKind::Mmap,
+        ProbeKind::Munmap,
+    ];
+
+    pub fn from_name(name: &str) -> Option<ProbeKind> {
         match name {
             "alloc" => Some(ProbeKind::Alloc),
             "free" => Some(ProbeKind::Free),
+            "mmap" => Some(ProbeKind::Mmap),
+            "munmap" => Some(ProbeKind::Munmap),
             _ => None,
         }
     }
@@ -119,7 +151,7 @@ impl std::hash::Hash for OpenFile {
     }
 }
 
-/// A file that carries `otel_memory` probes.
+/// A file that carries `otel_memory` or `ddheap` probes.
 #[derive(Debug)]
 pub struct ProbeFile {
     pub file: Arc<OpenFile>,
@@ -158,13 +190,13 @@ pub(crate) fn probe_file_at(path: &Path) -> std::io::Result<Option<ProbeFile>> {
     }))
 }
 
-/// Reads the `otel_memory` probe sites of one ELF file.
+/// Reads the `otel_memory` and `ddheap` probe sites of one ELF file.
 pub fn probe_sites(path: &Path) -> Result<(Vec<ProbeSite>, Vec<String>), NoteError> {
     sites_of(usdt::probes_in_file(path)?)
 }
 
-/// Reads the `otel_memory` probe sites of an open ELF file.
-pub(crate) fn probe_sites_in(file: &File) -> Result<(Vec<ProbeSite>, Vec<String>), NoteError> {
+/// Reads the `otel_memory` and `ddheap` probe sites of an open ELF file.
+pub fn probe_sites_in(file: &File) -> Result<(Vec<ProbeSite>, Vec<String>), NoteError> {
     sites_of(usdt::probes_in_open_file(file)?)
 }
 
@@ -172,22 +204,25 @@ fn sites_of(probes: Vec<usdt::UsdtProbe>) -> Result<(Vec<ProbeSite>, Vec<String>
     let mut sites = Vec::new();
     let mut problems = Vec::new();
     for probe in probes {
-        if probe.provider != PROVIDER {
+        let Some(&(provider, bit)) = PROVIDERS.iter().find(|(p, _)| *p == probe.provider) else {
             continue;
-        }
+        };
         let Some(kind) = ProbeKind::from_name(&probe.name) else {
             continue;
         };
         let located = probe.file_offset.map_err(|e| e.to_string());
         let spec = probe.spec().map_err(|e| e.to_string());
         match (located, spec) {
-            (Ok(file_offset), Ok(spec)) => sites.push(ProbeSite {
-                kind,
-                file_offset,
-                spec,
-            }),
+            (Ok(file_offset), Ok(mut spec)) => {
+                spec.provider = bit;
+                sites.push(ProbeSite {
+                    kind,
+                    file_offset,
+                    spec,
+                })
+            }
             (Err(e), _) | (_, Err(e)) => {
-                problems.push(format!("{PROVIDER}:{} at {:#x}: {e}", probe.name, probe.pc))
+                problems.push(format!("{provider}:{} at {:#x}: {e}", probe.name, probe.pc))
             }
         }
     }

@@ -33,6 +33,8 @@ fn program_for(kind: ProbeKind) -> &'static str {
     match kind {
         ProbeKind::Alloc => "otel_memory_alloc",
         ProbeKind::Free => "otel_memory_free",
+        ProbeKind::Mmap => "otel_memory_mmap",
+        ProbeKind::Munmap => "otel_memory_munmap",
     }
 }
 
@@ -166,7 +168,7 @@ impl Kernel {
             .override_global("NEW_STACKS_BURST", &limits.new_stacks_burst, true)
             .load(object)
             .map_err(classify_load_error)?;
-        for kind in [ProbeKind::Alloc, ProbeKind::Free] {
+        for kind in ProbeKind::ALL {
             let prog: &mut UProbe = program(&mut ebpf, program_for(kind))?;
             prog.load().map_err(classify_load_error)?;
         }

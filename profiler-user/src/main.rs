@@ -1,4 +1,4 @@
-//! `allocprof`: attach to processes carrying the `otel_memory` probes, and
+//! `allocprof`: attach to processes carrying the `otel_memory` (or `ddheap`) probes, and
 //! report or export their heap profiles.
 
 mod cli;
@@ -144,7 +144,7 @@ async fn run(cli: Cli) -> Result<()> {
         .stopped_by_signals()?;
     match (session.attachments(), cli.targets.target()) {
         (0, Target::All) => eprintln!(
-            "allocprof: attached; no running process carries the otel_memory probes yet, \
+            "allocprof: attached; no running process carries the otel_memory or ddheap probes yet, \
              waiting for one to start; {how_long}"
         ),
         (n, _) => eprintln!("allocprof: attached {n} probe sites; {how_long}"),
@@ -180,7 +180,7 @@ pub(crate) fn arm_probe_files(session: &mut Session, targets: &cli::TargetArgs) 
     let (explicit, defaults) = targets.probe_files();
     for path in &explicit {
         if !session.arm(path)? {
-            anyhow::bail!("{} carries no otel_memory probes", path.display());
+            anyhow::bail!("{} carries no otel_memory or ddheap probes", path.display());
         }
     }
     for path in defaults.iter().filter(|p| p.exists()) {

@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use profiler_common::{DROP_REASONS, NO_STACK, OVERFLOW_STACK};
+use profiler_common::{DROP_REASONS, NO_STACK, OVERFLOW_STACK, WeightForm};
 
 use crate::{stats::Totals, symbolize::Frame, unwind::tables::TablesStatus};
 
@@ -71,6 +71,15 @@ pub struct ProcessProfile {
     /// Unbiased bytes of samples missing from the live sums: when nonzero,
     /// the live estimate is a lower bound, short by at most this.
     pub lost_live_bytes: u64,
+    /// The probe contracts the process spoke (`ProcCounters::contracts`
+    /// bits; see [`crate::discover::PROVIDERS`]).
+    pub contracts: u64,
+    /// What its weights are, which decides its variances.
+    pub weight_form: WeightForm,
+    /// Bytes the emitter mapped on its own account (`mmap` minus `munmap`
+    /// probes), beside the heap; `mmap_events` of them.
+    pub mapped_bytes: i64,
+    pub mmap_events: u64,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -96,7 +105,22 @@ impl ProcessProfile {
             free_events: 0,
             drops: [0; DROP_REASONS],
             lost_live_bytes: 0,
+            contracts: 0,
+            weight_form: WeightForm::NoSamples,
+            mapped_bytes: 0,
+            mmap_events: 0,
             stacks,
+        }
+    }
+
+    /// The contracts it spoke, by provider name: `otel_memory`, `ddheap`,
+    /// `otel_memory+ddheap`, or `-` before its first alloc probe.
+    pub fn contract(&self) -> String {
+        let names = crate::discover::contract_names(self.contracts);
+        if names.is_empty() {
+            "-".into()
+        } else {
+            names.join("+")
         }
     }
 
@@ -210,6 +234,10 @@ mod tests {
             free_events: 0,
             drops: [0; DROP_REASONS],
             lost_live_bytes: 0,
+            contracts: 0,
+            weight_form: WeightForm::NoSamples,
+            mapped_bytes: 0,
+            mmap_events: 0,
             stacks,
         }
     }

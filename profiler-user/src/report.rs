@@ -3,12 +3,12 @@
 
 use std::fmt::Write;
 
-use profiler_common::DropReason;
+use profiler_common::{DropReason, WeightForm};
 
 use crate::{
     inert::inert,
     profile::{Profile, StackProfile},
-    stats::{Totals, human_bytes, human_count},
+    stats::{Totals, human_bytes, human_ci, human_count},
     symbolize::{Frame, is_library_frame},
 };
 
@@ -70,13 +70,20 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     out.push_str("\nPROCESSES\n");
     let _ = writeln!(
         out,
-        "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  STATE",
-        "PROCESS", "LIVE BYTES (95% CI)", "OBJECTS", "ALLOCATED", "SAMPLES", "DROPS", "RATE"
+        "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {:<18} STATE",
+        "PROCESS",
+        "LIVE BYTES (95% CI)",
+        "OBJECTS",
+        "ALLOCATED",
+        "SAMPLES",
+        "DROPS",
+        "RATE",
+        "CONTRACT"
     );
     for p in &profile.processes {
         let _ = writeln!(
             out,
-            "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {}",
+            "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {:<18} {}",
             truncate(&inert(&p.label()), 28),
             live_with_ci(p.totals.live_bytes, p.totals.live_ci95(), p.lost_live_bytes),
             human_count(p.totals.live_objects),
@@ -84,7 +91,29 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             p.totals.alloc_samples,
             p.dropped(),
             human_bytes(p.rate as f64),
+            p.contract(),
             p.state.describe(),
+        );
+    }
+    for p in profile.processes.iter().filter(|p| p.mmap_events > 0) {
+        let _ = writeln!(
+            out,
+            "  {} also mapped {} on its own account (otel_memory:mmap/munmap), beside the heap",
+            inert(&p.label()),
+            human_bytes(p.mapped_bytes as f64),
+        );
+    }
+    let unrecognized: Vec<String> = profile
+        .processes
+        .iter()
+        .filter(|p| p.weight_form == WeightForm::Unrecognized)
+        .map(|p| inert(&p.label()).into_owned())
+        .collect();
+    if !unrecognized.is_empty() {
+        let _ = writeln!(
+            out,
+            "  ± ?: no confidence interval: the weights of {} fit neither `size / p` nor `nsamples × R` (docs/probe-contract.md)",
+            unrecognized.join(", ")
         );
     }
     if dropped > 0 {
@@ -179,7 +208,7 @@ fn frame_line(f: &Frame) -> String {
 }
 
 fn with_ci(value: f64, ci: f64) -> String {
-    format!("{} ± {}", human_bytes(value), human_bytes(ci))
+    format!("{} ± {}", human_bytes(value), human_ci(ci))
 }
 
 /// Live bytes, marked `≥` when samples were lost to the live sums.
@@ -247,6 +276,35 @@ mod tests {
         assert!(
             header.contains(", unwind tables for 5 of 6 files, ") && header.ends_with(" dropped"),
             "{header}"
+        );
+    }
+
+    #[test]
+    fn contracts_and_unavailable_intervals_are_shown() {
+        let mut profile = hand_made();
+        let plain = render(&profile, ReportOptions::default());
+        assert!(
+            plain.contains("CONTRACT") && plain.contains("otel_memory"),
+            "{plain}"
+        );
+        assert!(!plain.contains("± ?"), "{plain}");
+        let p = &mut profile.processes[0];
+        p.contracts =
+            u64::from(profiler_common::CONTRACT_OTEL_MEMORY | profiler_common::CONTRACT_DDHEAP);
+        p.weight_form = WeightForm::Unrecognized;
+        p.mapped_bytes = 3 << 20;
+        p.mmap_events = 1;
+        for s in &mut p.stacks {
+            s.totals = s.totals.with_weight_form(WeightForm::Unrecognized);
+        }
+        p.totals = p.stacks.iter().map(|s| s.totals).sum();
+        let text = render(&profile, ReportOptions::default());
+        assert!(text.contains("otel_memory+ddheap"), "{text}");
+        assert!(text.contains("± ?"), "{text}");
+        assert!(text.contains("no confidence interval"), "{text}");
+        assert!(
+            text.contains("also mapped 3.0 MiB on its own account"),
+            "{text}"
         );
     }
 }

@@ -5,7 +5,7 @@
 
 use std::ops::AddAssign;
 
-use profiler_common::{OBJECT_SCALE, StackAgg, variance_in_bytes2};
+use profiler_common::{OBJECT_SCALE, StackAgg, WeightForm, variance_in_bytes2};
 
 /// z for a two-sided 95% interval.
 pub const Z95: f64 = 1.959_963_984_540_054;
@@ -38,13 +38,44 @@ impl Totals {
         }
     }
 
-    /// Half-width of the 95% confidence interval of the live bytes.
+    /// The variances of the process's weight form: the kernel's sums are
+    /// `Σ w·(w − size)`, right for `size / p` weights; `nsamples × R`
+    /// weights have variance R per byte (R·Σw); unrecognized weights have
+    /// no honest variance: NaN, which every sum it enters keeps, and every
+    /// view shows as unavailable.
+    pub fn with_weight_form(mut self, form: WeightForm) -> Totals {
+        match form {
+            WeightForm::NoSamples | WeightForm::InverseProbability => {}
+            WeightForm::PointsTimesInterval { interval } => {
+                let r = interval as f64;
+                self.live_var = r * self.live_bytes.max(0.0);
+                self.alloc_var = r * self.alloc_bytes.max(0.0);
+            }
+            WeightForm::Unrecognized => {
+                self.live_var = f64::NAN;
+                self.alloc_var = f64::NAN;
+            }
+        }
+        self
+    }
+
+    /// Half-width of the 95% confidence interval of the live bytes; NaN
+    /// when unavailable (weights of no known form).
     pub fn live_ci95(&self) -> f64 {
-        Z95 * self.live_var.max(0.0).sqrt()
+        ci95(self.live_var)
     }
 
     pub fn alloc_ci95(&self) -> f64 {
-        Z95 * self.alloc_var.max(0.0).sqrt()
+        ci95(self.alloc_var)
+    }
+
+    /// The live interval's half-width, if available.
+    pub fn live_ci95_known(&self) -> Option<f64> {
+        Some(self.live_ci95()).filter(|c| !c.is_nan())
+    }
+
+    pub fn alloc_ci95_known(&self) -> Option<f64> {
+        Some(self.alloc_ci95()).filter(|c| !c.is_nan())
     }
 
     /// The quantity named by `value`.
@@ -78,6 +109,24 @@ impl std::iter::Sum for Totals {
             total += t;
         }
         total
+    }
+}
+
+fn ci95(var: f64) -> f64 {
+    if var.is_nan() {
+        f64::NAN
+    } else {
+        Z95 * var.max(0.0).sqrt()
+    }
+}
+
+/// A confidence interval's half-width for people: `1.5 MiB`, or `?` when
+/// unavailable.
+pub fn human_ci(ci: f64) -> String {
+    if ci.is_nan() {
+        "?".into()
+    } else {
+        human_bytes(ci)
     }
 }
 
@@ -198,6 +247,27 @@ mod tests {
             "kernel variance units are 2^16 bytes²"
         );
         assert_eq!(s.live_samples, 2);
+    }
+
+    #[test]
+    fn weight_forms_pick_the_variance() {
+        let t = Totals {
+            live_bytes: 1000.0,
+            live_var: 7.0,
+            alloc_bytes: 3000.0,
+            alloc_var: 9.0,
+            ..Default::default()
+        };
+        let points = t.with_weight_form(WeightForm::PointsTimesInterval { interval: 100 });
+        assert_eq!((points.live_var, points.alloc_var), (100_000.0, 300_000.0));
+        assert_eq!(t.with_weight_form(WeightForm::InverseProbability), t);
+        let unknown = t.with_weight_form(WeightForm::Unrecognized);
+        assert!(unknown.live_ci95().is_nan() && unknown.alloc_ci95_known().is_none());
+        // Unavailable stays unavailable in any sum.
+        let s: Totals = [t, unknown].into_iter().sum();
+        assert_eq!(s.live_ci95_known(), None);
+        assert_eq!(human_ci(s.live_ci95()), "?");
+        assert_eq!(s.live_bytes, 2000.0);
     }
 
     #[test]

@@ -73,7 +73,7 @@ fn probe_files_that_cannot_be_armed_are_named() {
     let (code, _, err) = run(allocprof().args(["-d", "1s", "--probe-file", "/bin/true"]));
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("/bin/true carries no otel_memory probes"),
+        err.contains("/bin/true carries no otel_memory or ddheap probes"),
         "{err}"
     );
     let (code, _, err) = run(allocprof().args(["-d", "1s", "--probe-file", "/no/such.so"]));
@@ -114,7 +114,7 @@ fn process_without_probes_gets_instructions() {
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     assert_eq!(code, 4, "{err}");
-    assert!(err.contains("has no otel_memory probes"), "{err}");
+    assert!(err.contains("has no otel_memory or ddheap probes"), "{err}");
     assert!(err.contains("LD_PRELOAD="), "{err}");
     assert!(err.contains("SamplingAllocator"), "{err}");
 }

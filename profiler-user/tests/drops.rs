@@ -35,7 +35,7 @@ impl Emitter {
         common::require_bpf();
         let exe = common::compile_c("sdt_script.c", &[]);
         let (sites, problems) = discover::probe_sites(&exe).unwrap();
-        assert!(problems.is_empty() && sites.len() == 2, "{problems:?}");
+        assert!(problems.is_empty() && sites.len() == 4, "{problems:?}");
         let mut child = Command::new(&exe)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -386,4 +386,19 @@ fn second_emitter(e: &mut Emitter) -> (Child, ChildStdin, Lines<BufReader<ChildS
     let stdin = other.stdin.take().unwrap();
     let stdout = BufReader::new(other.stdout.take().unwrap()).lines();
     (other, stdin, stdout)
+}
+
+#[test]
+fn mmap_and_munmap_probes_count_the_bytes_mapped_beside_the_heap() {
+    let mut e = Emitter::start(limits());
+    e.send("m 7f0000000000 1048576");
+    e.send("m 7f0000200000 4096");
+    e.send("u 7f0000000000 1048576");
+    e.alloc(0x1000);
+    let snap = e.snapshot();
+    let proc = snap.processes[&e.child.id()];
+    assert_eq!((proc.mapped_bytes, proc.mmap_events), (4096, 2));
+    // The heap's figures are untouched.
+    assert_eq!(e.sums().alloc_bytes, WEIGHT);
+    e.assert_only_drops(&[]);
 }

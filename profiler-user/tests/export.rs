@@ -568,6 +568,10 @@ struct Process {
     dropped: u64,
     drops: BTreeMap<String, u64>,
     lost_live_bytes: u64,
+    contracts: Vec<String>,
+    weight_form: Option<String>,
+    weight_interval_bytes: Option<u64>,
+    mapped_bytes: i64,
     stacks: Vec<Stack>,
 }
 
@@ -592,11 +596,11 @@ struct Frame {
 #[serde(deny_unknown_fields)]
 struct Estimates {
     live_bytes: f64,
-    live_bytes_ci95: f64,
+    live_bytes_ci95: Option<f64>,
     live_objects: f64,
     live_samples: u64,
     alloc_bytes: f64,
-    alloc_bytes_ci95: f64,
+    alloc_bytes_ci95: Option<f64>,
     alloc_objects: f64,
     alloc_samples: u64,
 }
@@ -626,7 +630,7 @@ fn json_follows_the_documented_schema() {
     w.exit();
 
     let r: Report = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    assert_eq!(r.schema_version, 1);
+    assert_eq!(r.schema_version, 2);
     assert!(r.generator.starts_with("allocprof "));
     assert_eq!(r.confidence_level, 0.95);
     assert!(r.elapsed_seconds >= 2.5, "{}", r.elapsed_seconds);
@@ -647,6 +651,10 @@ fn json_follows_the_documented_schema() {
     assert_eq!((p.pid.to_string(), p.generation), (pid, 0));
     assert_eq!((p.name.as_str(), p.state.as_str()), ("alloc_sites", "live"));
     assert_eq!(p.sampling_rate_bytes, RATE);
+    assert_eq!(p.contracts, ["otel_memory"]);
+    assert_eq!(p.weight_form.as_deref(), Some("inverse_probability"));
+    assert_eq!(p.weight_interval_bytes, None);
+    assert_eq!(p.mapped_bytes, 0, "liballocprof fires no mmap probes");
     assert!(p.alloc_events >= p.totals.alloc_samples);
     assert!(p.free_events > 0, "site_freed frees sampled blocks");
     assert_eq!(p.dropped, p.drops.values().sum::<u64>());
@@ -675,7 +683,7 @@ fn json_follows_the_documented_schema() {
     assert_eq!(large.totals.live_bytes, LARGE as f64);
     assert_eq!(large.totals.live_objects, 8.0);
     assert_eq!(large.totals.live_samples, 8);
-    assert_eq!(large.totals.live_bytes_ci95, 0.0, "sampled surely");
+    assert_eq!(large.totals.live_bytes_ci95, Some(0.0), "sampled surely");
     let leaf = &large.frames[0];
     assert!(
         leaf.file
@@ -687,10 +695,10 @@ fn json_follows_the_documented_schema() {
     assert!(!leaf.inlined);
     assert_eq!(large.frames[1].function, "main", "innermost first");
     let small = site("site_small");
-    assert!(small.totals.live_bytes_ci95 > 0.0, "{small:?}");
+    assert!(small.totals.live_bytes_ci95 > Some(0.0), "{small:?}");
     assert!(small.totals.live_bytes > 0.0);
     let freed = site("site_freed");
     assert_eq!(freed.totals.live_bytes, 0.0);
     assert!(freed.totals.alloc_bytes > 0.0);
-    assert!(freed.totals.alloc_bytes_ci95 > 0.0);
+    assert!(freed.totals.alloc_bytes_ci95 > Some(0.0));
 }

@@ -81,6 +81,10 @@ mod tests {
                 free_events: 0,
                 drops: [0; DROP_REASONS],
                 lost_live_bytes: 0,
+                contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
+                weight_form: profiler_common::WeightForm::InverseProbability,
+                mapped_bytes: 0,
+                mmap_events: 0,
                 stacks: vec![StackProfile { frames, totals }],
             }],
             ..Default::default()

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use profiler_common::{DROP_REASONS, DropReason};
+use profiler_common::{DROP_REASONS, DropReason, WeightForm};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -13,7 +13,9 @@ use crate::{
     symbolize::Frame,
 };
 
-pub(crate) const SCHEMA_VERSION: u32 = 1;
+/// 2: `*_ci95` may be null (unavailable); `contracts`, `weight_form`,
+/// `weight_interval_bytes`, `mapped_bytes` added.
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -67,6 +69,18 @@ pub struct Process {
     /// Unbiased bytes of samples missing from the live sums; when nonzero,
     /// `totals.live_bytes` is a lower bound, short by at most this.
     pub lost_live_bytes: u64,
+    /// The probe providers the process fired alloc probes of:
+    /// `"otel_memory"`, `"ddheap"`, or both; empty before its first.
+    pub contracts: Vec<String>,
+    /// `"inverse_probability"` (`size / p`), `"points_times_interval"`
+    /// (`nsamples × R`), `"unrecognized"` (its `*_ci95` are null), or null
+    /// before its first sample.
+    pub weight_form: Option<String>,
+    /// R of `"points_times_interval"` weights, else null.
+    pub weight_interval_bytes: Option<u64>,
+    /// Bytes the emitter mapped on its own account (`mmap` minus `munmap`
+    /// probes), beside the heap; 0 without such probes.
+    pub mapped_bytes: i64,
     /// Largest live bytes first.
     pub stacks: Vec<Stack>,
 }
@@ -90,15 +104,15 @@ pub struct StackFrame {
 }
 
 /// Unbiased estimates; `x_ci95` is the half-width of the 95% confidence
-/// interval of `x`.
+/// interval of `x`, null when unavailable (weights of no known form).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Estimates {
     pub live_bytes: f64,
-    pub live_bytes_ci95: f64,
+    pub live_bytes_ci95: Option<f64>,
     pub live_objects: f64,
     pub live_samples: u64,
     pub alloc_bytes: f64,
-    pub alloc_bytes_ci95: f64,
+    pub alloc_bytes_ci95: Option<f64>,
     pub alloc_objects: f64,
     pub alloc_samples: u64,
 }
@@ -107,11 +121,11 @@ impl From<&Totals> for Estimates {
     fn from(t: &Totals) -> Estimates {
         Estimates {
             live_bytes: t.live_bytes,
-            live_bytes_ci95: t.live_ci95(),
+            live_bytes_ci95: t.live_ci95_known(),
             live_objects: t.live_objects,
             live_samples: t.live_samples,
             alloc_bytes: t.alloc_bytes,
-            alloc_bytes_ci95: t.alloc_ci95(),
+            alloc_bytes_ci95: t.alloc_ci95_known(),
             alloc_objects: t.alloc_objects,
             alloc_samples: t.alloc_samples,
         }
@@ -182,6 +196,21 @@ pub fn report(profile: &Profile) -> Report {
             dropped: p.dropped(),
             drops: drops(&p.drops),
             lost_live_bytes: p.lost_live_bytes,
+            contracts: crate::discover::contract_names(p.contracts)
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            weight_form: match p.weight_form {
+                WeightForm::NoSamples => None,
+                WeightForm::InverseProbability => Some("inverse_probability".into()),
+                WeightForm::PointsTimesInterval { .. } => Some("points_times_interval".into()),
+                WeightForm::Unrecognized => Some("unrecognized".into()),
+            },
+            weight_interval_bytes: match p.weight_form {
+                WeightForm::PointsTimesInterval { interval } => Some(interval),
+                _ => None,
+            },
+            mapped_bytes: p.mapped_bytes,
             stacks: p
                 .stacks
                 .iter()
@@ -238,7 +267,7 @@ mod tests {
         assert_eq!(p.totals.live_bytes, profile.processes[0].totals.live_bytes);
         assert_eq!(
             p.totals.live_bytes_ci95,
-            profile.processes[0].totals.live_ci95()
+            Some(profile.processes[0].totals.live_ci95())
         );
         assert_eq!(p.drops["unmatched_free"], 3);
         assert_eq!(p.dropped, 3);

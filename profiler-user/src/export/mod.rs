@@ -211,6 +211,10 @@ pub(crate) mod tests {
             free_events: 40,
             drops,
             lost_live_bytes: 0,
+            contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
+            weight_form: profiler_common::WeightForm::InverseProbability,
+            mapped_bytes: 0,
+            mmap_events: 0,
             stacks,
         };
         let other_stacks = vec![
@@ -236,6 +240,10 @@ pub(crate) mod tests {
             free_events: 0,
             drops: [0; DROP_REASONS],
             lost_live_bytes: 0,
+            contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
+            weight_form: profiler_common::WeightForm::InverseProbability,
+            mapped_bytes: 0,
+            mmap_events: 0,
             stacks: other_stacks,
         };
         Profile {

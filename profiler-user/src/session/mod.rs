@@ -86,12 +86,14 @@ pub enum StartError {
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
     #[error(
-        "process {pid} ({name}) has no otel_memory probes: start it with \
+        "process {pid} ({name}) has no otel_memory or ddheap probes: start it with \
          LD_PRELOAD=/path/to/liballocprof.so, or build it with the allocprof Rust global \
          allocator (allocator::SamplingAllocator)"
     )]
     NoProbes { pid: u32, name: String },
-    #[error("process {pid} carries otel_memory probes, but none can be attached: {problems}")]
+    #[error(
+        "process {pid} carries otel_memory or ddheap probes, but none can be attached: {problems}"
+    )]
     UnusableProbes { pid: u32, problems: String },
     #[error(transparent)]
     Kernel(#[from] KernelError),

@@ -84,11 +84,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         proc: &ProcCounters,
         stacks: &[(u64, Totals)],
     ) -> ProcessProfile {
+        // The variance model is the process's: decided from all its weights.
+        let weight_form = proc.weight_form();
         let stacks = stacks
             .iter()
             .map(|(id, totals)| StackProfile {
                 frames: self.frames(image.incarnation, *id),
-                totals: *totals,
+                totals: totals.with_weight_form(weight_form),
             })
             .collect();
         ProcessProfile {
@@ -96,6 +98,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             free_events: proc.free_events,
             drops: proc.drops,
             lost_live_bytes: proc.lost_live_bytes,
+            contracts: proc.contracts,
+            weight_form,
+            // Wrapping in the kernel: an munmap seen without its mmap reads
+            // as negative, not as 2^64.
+            mapped_bytes: proc.mapped_bytes as i64,
+            mmap_events: proc.mmap_events,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

@@ -415,6 +415,10 @@ pub(crate) mod tests {
             free_events: 5,
             drops: [0; DROP_REASONS],
             lost_live_bytes: 0,
+            contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
+            weight_form: profiler_common::WeightForm::InverseProbability,
+            mapped_bytes: 0,
+            mmap_events: 0,
             stacks,
         }
     }

@@ -4,6 +4,7 @@
  *   a PTR SIZE WEIGHT DEPTH   alloc probe, fired DEPTH calls deep (distinct
  *                             depths give distinct user stacks)
  *   f PTR                     free probe
+ *   m ADDR SIZE / u ADDR SIZE mmap / munmap probe
  * It exits at end of input. */
 #include <stdio.h>
 #include <stdint.h>
@@ -27,6 +28,13 @@ __attribute__((noinline)) static void alloc_at_depth(int depth, uintptr_t ptr, u
     __asm__ volatile("" ::: "memory"); /* not a tail call: keep the frame */
 }
 
+__attribute__((noinline)) static void fire_mapping(int unmap, uintptr_t addr, uint64_t size) {
+    if (unmap)
+        DTRACE_PROBE2(otel_memory, munmap, addr, size);
+    else
+        DTRACE_PROBE2(otel_memory, mmap, addr, size);
+}
+
 int main(void) {
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
@@ -36,6 +44,10 @@ int main(void) {
             alloc_at_depth(depth, ptr, size, weight);
         else if (sscanf(line, "f %llx", &ptr) == 1)
             fire_free(ptr);
+        else if (sscanf(line, "m %llx %llu", &ptr, &size) == 2)
+            fire_mapping(0, ptr, size);
+        else if (sscanf(line, "u %llx %llu", &ptr, &size) == 2)
+            fire_mapping(1, ptr, size);
         else
             return 64;
         printf("ok\n");

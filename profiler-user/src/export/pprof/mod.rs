@@ -34,7 +34,7 @@ use self::proto::{Function, Label, Line, Location, Mapping, Sample, ValueType};
 use super::build_id::build_id;
 use crate::{
     profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes},
-    stats::{Totals, human_bytes},
+    stats::{Totals, human_bytes, human_ci},
     symbolize::Frame,
 };
 
@@ -272,7 +272,7 @@ fn comments(profile: &Profile) -> Vec<String> {
             p.label(),
             p.state.describe(),
             human_bytes(p.totals.live_bytes),
-            human_bytes(p.totals.live_ci95()),
+            human_ci(p.totals.live_ci95()),
             p.totals.alloc_samples,
             p.rate,
             p.dropped()

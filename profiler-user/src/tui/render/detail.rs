@@ -1,6 +1,6 @@
 //! The detail pane: the selected process, or the selected stack's frames.
 
-use profiler_common::DropReason;
+use profiler_common::{DropReason, WeightForm};
 use ratatui::{
     Frame,
     layout::Rect,
@@ -17,7 +17,7 @@ use crate::tui::{
 use allocprof::{
     inert::inert,
     profile::ProcessProfile,
-    stats::{Totals, human_bytes, human_count},
+    stats::{Totals, human_bytes, human_ci, human_count},
     symbolize::{Frame as StackFrame, is_allocator_frame, is_library_frame, most_informative},
 };
 
@@ -105,6 +105,18 @@ fn stack_detail(frames: &[StackFrame], full_paths: bool) -> Vec<Line<'static>> {
         .collect()
 }
 
+/// A process's weight form, briefly (its intervals depend on it).
+fn weight_form(form: WeightForm) -> String {
+    match form {
+        WeightForm::NoSamples => "-".into(),
+        WeightForm::InverseProbability => "size/p".into(),
+        WeightForm::PointsTimesInterval { interval } => {
+            format!("n×R (R {})", human_bytes(interval as f64))
+        }
+        WeightForm::Unrecognized => "unrecognized (± ?)".into(),
+    }
+}
+
 /// The last two components of a path: enough to recognise a file.
 fn short_path(path: &str) -> String {
     let parts: Vec<&str> = path.rsplitn(3, '/').collect();
@@ -131,17 +143,25 @@ fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
                 ),
                 DIM,
             ),
+            Span::styled(
+                format!(
+                    " · {} · weights {}",
+                    p.contract(),
+                    weight_form(p.weight_form)
+                ),
+                DIM,
+            ),
         ]),
         Line::from(vec![
             Span::raw("live "),
             Span::styled(human_bytes(t.live_bytes), BOLD),
-            Span::styled(format!(" ± {}", human_bytes(t.live_ci95())), DIM),
+            Span::styled(format!(" ± {}", human_ci(t.live_ci95())), DIM),
             Span::raw(format!(" in {} objects", human_count(t.live_objects))),
         ]),
         Line::from(format!(
             "allocated {} ± {} since attach ({} samples)",
             human_bytes(t.alloc_bytes),
-            human_bytes(t.alloc_ci95()),
+            human_ci(t.alloc_ci95()),
             human_count(t.alloc_samples as f64)
         )),
         Line::from(format!(
@@ -151,6 +171,13 @@ fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
             p.dropped()
         )),
     ];
+    if p.mmap_events > 0 {
+        lines.push(Line::from(format!(
+            "mapped {} beside the heap ({} mmap probes)",
+            human_bytes(p.mapped_bytes as f64),
+            human_count(p.mmap_events as f64)
+        )));
+    }
     for reason in DropReason::ALL {
         let n = p.drops[reason as usize];
         if n > 0 {

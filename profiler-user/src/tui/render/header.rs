@@ -12,7 +12,7 @@ use super::{ACCENT, BOLD, DIM, GROWING};
 use crate::tui::state::{App, format_elapsed};
 use allocprof::{
     profile::{ProcessState, Profile},
-    stats::{human_bytes, human_count},
+    stats::{human_bytes, human_ci, human_count},
 };
 
 pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
@@ -80,7 +80,7 @@ pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
             "live heap "
         }),
         Span::styled(human_bytes(total.live_bytes), BOLD),
-        Span::styled(format!(" ± {}", human_bytes(total.live_ci95())), DIM),
+        Span::styled(format!(" ± {}", human_ci(total.live_ci95())), DIM),
         sep(),
         Span::raw(format_elapsed(profile.elapsed)),
     ]);

@@ -16,7 +16,7 @@ use crate::tui::{
 };
 use allocprof::{
     profile::ProcessState,
-    stats::{human_bytes, human_count},
+    stats::{human_bytes, human_ci, human_count},
 };
 
 /// Table rows that fit in the table's `inner` area, under the column titles.
@@ -33,7 +33,7 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
         })],
         Column::Live => vec![
             Span::raw(human_bytes(row.totals.live_bytes)),
-            Span::styled(format!(" ± {}", human_bytes(row.totals.live_ci95())), DIM),
+            Span::styled(format!(" ± {}", human_ci(row.totals.live_ci95())), DIM),
         ],
         Column::Share => vec![Span::raw(format!("{:.1}%", 100.0 * row.share))],
         Column::Objects => vec![Span::raw(human_count(row.totals.live_objects))],

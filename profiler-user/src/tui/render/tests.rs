@@ -383,3 +383,28 @@ fn the_stack_flood_is_shown_as_its_frame() {
         "{text}"
     );
 }
+
+#[test]
+fn the_process_detail_names_its_contract_and_unavailable_intervals() {
+    let mut app = App::new(options());
+    let mut profile = sample(0);
+    let p = &mut profile.processes[0];
+    p.contracts = u64::from(profiler_common::CONTRACT_DDHEAP);
+    p.weight_form = profiler_common::WeightForm::Unrecognized;
+    p.mapped_bytes = 2 << 20;
+    p.mmap_events = 3;
+    for s in &mut p.stacks {
+        s.totals = s
+            .totals
+            .with_weight_form(profiler_common::WeightForm::Unrecognized);
+    }
+    p.totals = p.stacks.iter().map(|s| s.totals).sum();
+    app.update(AppEvent::Profile(profile));
+    press(&mut app, KeyCode::Tab);
+    let (text, _) = screen(&mut app, 140, 30);
+    assert!(
+        text.contains("ddheap · weights unrecognized (± ?)"),
+        "{text}"
+    );
+    assert!(text.contains("± ?"), "{text}");
+}
