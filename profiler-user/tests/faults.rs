@@ -193,12 +193,17 @@ fn killing_allocprof_leaves_targets_running_and_detached() {
     );
     let programs = bpf_programs_of(profiler.id());
     let loaded = loaded_bpf_programs();
-    // The kernel keeps 15 bytes of a name: otel_memory_all, otel_memory_fre.
+    // The kernel keeps 15 bytes of a name: otel_memory_all, otel_memory_fre,
+    // otel_memory_mma, otel_memory_mun: one program per probe kind.
     let probes = programs
         .iter()
         .filter(|id| loaded.get(id).is_some_and(|n| n.starts_with("otel_memory")))
         .count();
-    assert_eq!(probes, 2, "allocprof's probe programs: {loaded:?}");
+    assert_eq!(
+        probes,
+        allocprof::discover::ProbeKind::ALL.len(),
+        "allocprof's probe programs: {loaded:?}"
+    );
     w.send("go");
     w.expect("started");
     // Its probes fire on both threads now.

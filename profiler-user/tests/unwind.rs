@@ -12,7 +12,7 @@ use std::{
 
 use allocprof::{
     kernel::Limits,
-    profile::{ProcessProfile, StackProfile},
+    profile::{ProcessProfile, Profile, StackProfile},
     session::{Session, Target},
     symbolize::Frame,
 };
@@ -70,6 +70,19 @@ fn session_with_tables(pid: u32) -> Session {
     }
 }
 
+/// Runs a workload (`go`/`ready` protocol) once it maps `library` and the
+/// tables of its files are loaded; returns it, waiting for `exit`, and its
+/// complete profile.
+fn profiled_with_tables(cmd: Command, library: &str) -> (Proc, Profile) {
+    let mut w = Proc::spawn(cmd);
+    common::wait_for_mapping(w.pid(), library);
+    let mut session = session_with_tables(w.pid());
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    (w, profile)
+}
+
 /// Whether `frames` (innermost first) hold `chain` in that order.
 fn holds_chain(frames: &[Frame], chain: &[&str]) -> bool {
     let mut want = chain.iter().peekable();
@@ -95,14 +108,8 @@ fn stacks_without_frame_pointers_are_whole_and_estimates_unbiased() {
         "nofp_sites.c",
         &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
     );
-    let mut w = Proc::spawn(Command::new(exe));
-    let pid = w.pid();
-    common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = session_with_tables(pid);
-    w.send("go");
-    w.expect("ready");
-    let profile = session.complete_profile().unwrap();
-    let p = common::process(&profile, pid);
+    let (mut w, profile) = profiled_with_tables(Command::new(exe), "liballocprof.so");
+    let p = common::process(&profile, w.pid());
 
     for site in &SITES {
         let leaf = site.chain[site.chain.len() - 2];
@@ -168,14 +175,8 @@ fn a_library_without_call_frame_information_ends_its_stacks_in_one_marker() {
             &format!("-Wl,-rpath,{}", dir.display()),
         ],
     );
-    let mut w = Proc::spawn(Command::new(exe));
-    let pid = w.pid();
-    common::wait_for_mapping(pid, "libnocfi.so");
-    let mut session = session_with_tables(pid);
-    w.send("go");
-    w.expect("ready");
-    let profile = session.complete_profile().unwrap();
-    let p = common::process(&profile, pid);
+    let (mut w, profile) = profiled_with_tables(Command::new(exe), "libnocfi.so");
+    let p = common::process(&profile, w.pid());
     let stacks = stacks_of(p, "nocfi_alloc");
     assert!(!stacks.is_empty(), "{p:#?}");
     for s in &stacks {
@@ -210,14 +211,8 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
     // is a bash script that runs another python).
     let mut cmd = Command::new("/usr/bin/python3");
     cmd.args(["-c", script]).env("PYTHONMALLOC", "malloc");
-    let mut w = Proc::spawn(cmd);
-    let pid = w.pid();
-    common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = session_with_tables(pid);
-    w.send("go");
-    w.expect("ready");
-    let profile = session.complete_profile().unwrap();
-    let p = common::process(&profile, pid);
+    let (mut w, profile) = profiled_with_tables(cmd, "liballocprof.so");
+    let p = common::process(&profile, w.pid());
     let reaches_main = |s: &&StackProfile| {
         s.frames
             .iter()
@@ -267,14 +262,8 @@ fn cxx_operator_new_through_the_standard_library_without_frame_pointers() {
             "-lstdc++",
         ],
     );
-    let mut w = Proc::spawn(Command::new(exe));
-    let pid = w.pid();
-    common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = session_with_tables(pid);
-    w.send("go");
-    w.expect("ready");
-    let profile = session.complete_profile().unwrap();
-    let p = common::process(&profile, pid);
+    let (mut w, profile) = profiled_with_tables(Command::new(exe), "liballocprof.so");
+    let p = common::process(&profile, w.pid());
     // The exports say the tables are in: JSON and the report's header.
     let unwind = allocprof::export::json::report(&profile).unwind;
     assert!(
@@ -354,14 +343,8 @@ fn a_signal_handler_that_allocates_ends_cleanly_at_the_signal_frame() {
         "nofp_signal.c",
         &["-O2", "-fomit-frame-pointer", "-fno-optimize-sibling-calls"],
     );
-    let mut w = Proc::spawn(Command::new(exe));
-    let pid = w.pid();
-    common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = session_with_tables(pid);
-    w.send("go");
-    w.expect("ready");
-    let profile = session.complete_profile().unwrap();
-    let p = common::process(&profile, pid);
+    let (mut w, profile) = profiled_with_tables(Command::new(exe), "liballocprof.so");
+    let p = common::process(&profile, w.pid());
     let stacks = stacks_of(p, "handler_alloc");
     assert!(!stacks.is_empty(), "{p:#?}");
     for s in &stacks {
