@@ -148,8 +148,30 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// Every process image summed, live or gone (the exports' total).
     pub fn totals(&self) -> Totals {
         self.processes.iter().map(|p| p.totals).sum()
+    }
+
+    /// The live heap: processes still running. What an exited or exec'ed
+    /// image held when it went is real, but not live heap
+    /// ([`Profile::held_at_exit`]).
+    pub fn live_totals(&self) -> Totals {
+        self.processes
+            .iter()
+            .filter(|p| p.state == ProcessState::Live)
+            .map(|p| p.totals)
+            .sum()
+    }
+
+    /// What the images that are gone (exited, or replaced by an exec) held
+    /// when they went.
+    pub fn held_at_exit(&self) -> Totals {
+        self.processes
+            .iter()
+            .filter(|p| p.state != ProcessState::Live)
+            .map(|p| p.totals)
+            .sum()
     }
 
     /// Over all processes: see [`ProcessProfile::lost_live_bytes`].

@@ -7,7 +7,7 @@ use profiler_common::{DropReason, WeightForm};
 
 use crate::{
     inert::inert,
-    profile::{Profile, StackProfile},
+    profile::{ProcessState, Profile, StackProfile},
     stats::{Totals, human_bytes, human_ci, human_count},
     symbolize::{Frame, is_library_frame},
 };
@@ -41,9 +41,25 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     } else {
         format!(", unwind tables for {} of {files} files", u.ready)
     };
+    let live = profile.live_totals();
+    let gone = profile
+        .processes
+        .iter()
+        .filter(|p| p.state != ProcessState::Live)
+        .count();
+    // Exited images are not live heap: their figures are what they held.
+    let held = if gone == 0 {
+        String::new()
+    } else {
+        let at_exit = profile.held_at_exit();
+        format!(
+            " ({gone} gone, holding {} when they went)",
+            with_ci(at_exit.live_bytes, at_exit.live_ci95())
+        )
+    };
     let _ = writeln!(
         out,
-        "allocprof: {} process{}, {:.1} s, estimated live heap {}, {} sampled allocations{unwind}, {} dropped",
+        "allocprof: {} process{}, {:.1} s, estimated live heap {}{held}, {} sampled allocations{unwind}, {} dropped",
         profile.processes.len(),
         if profile.processes.len() == 1 {
             ""
@@ -51,7 +67,7 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             "es"
         },
         profile.elapsed.as_secs_f64(),
-        with_ci(total.live_bytes, total.live_ci95()),
+        with_ci(live.live_bytes, live.live_ci95()),
         total.alloc_samples,
         dropped,
     );
@@ -275,6 +291,24 @@ mod tests {
         let header = text.lines().next().unwrap();
         assert!(
             header.contains(", unwind tables for 5 of 6 files, ") && header.ends_with(" dropped"),
+            "{header}"
+        );
+    }
+
+    #[test]
+    fn the_live_heap_is_the_running_processes_and_gone_ones_are_apart() {
+        let profile = hand_made();
+        let live = profile.live_totals().live_bytes;
+        let gone = profile.held_at_exit().live_bytes;
+        assert!(live > 0.0 && gone > 0.0, "the sample has both");
+        let text = render(&profile, ReportOptions::default());
+        let header = text.lines().next().unwrap();
+        assert!(
+            header.contains(&format!("estimated live heap {} ", human_bytes(live))),
+            "{header}"
+        );
+        assert!(
+            header.contains(&format!("(1 gone, holding {} ", human_bytes(gone))),
             "{header}"
         );
     }

@@ -538,6 +538,7 @@ struct Report {
     elapsed_seconds: f64,
     confidence_level: f64,
     totals: Estimates,
+    gone_totals: Estimates,
     dropped: u64,
     drops: BTreeMap<String, u64>,
     lost_live_bytes: u64,
@@ -665,6 +666,8 @@ fn json_follows_the_documented_schema() {
     assert!((sum(|e| e.live_bytes) - p.totals.live_bytes).abs() < 1e-6);
     assert!((sum(|e| e.alloc_objects) - p.totals.alloc_objects).abs() < 1e-6);
     assert_eq!(r.totals.live_bytes, p.totals.live_bytes);
+    // Its one process is still running: nothing is gone.
+    assert_eq!(r.gone_totals.live_bytes, 0.0);
     assert_eq!(
         p.stacks.iter().map(|s| s.totals.live_samples).sum::<u64>(),
         p.totals.live_samples

@@ -14,7 +14,8 @@ use crate::{
 };
 
 /// 2: `*_ci95` may be null (unavailable); `contracts`, `weight_form`,
-/// `weight_interval_bytes`, `mapped_bytes` added.
+/// `weight_interval_bytes`, `mapped_bytes` added; top-level `totals` are the
+/// live processes' (gone images are in `gone_totals`).
 pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,8 +26,13 @@ pub struct Report {
     pub elapsed_seconds: f64,
     /// Of every `*_ci95` half-width.
     pub confidence_level: f64,
-    /// All processes summed.
+    /// The processes still running summed: the live heap (version 2; before,
+    /// every process image, gone ones included).
     pub totals: Estimates,
+    /// The images that are gone (exited or exec'ed) summed: what they held
+    /// when they went.
+    #[serde(default)]
+    pub gone_totals: Estimates,
     /// Sampled events not accounted, over all processes (including events
     /// that could not be tied to a process).
     pub dropped: u64,
@@ -105,7 +111,7 @@ pub struct StackFrame {
 
 /// Unbiased estimates; `x_ci95` is the half-width of the 95% confidence
 /// interval of `x`, null when unavailable (weights of no known form).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Estimates {
     pub live_bytes: f64,
     pub live_bytes_ci95: Option<f64>,
@@ -227,7 +233,8 @@ pub fn report(profile: &Profile) -> Report {
         elapsed_seconds: profile.elapsed.as_secs_f64(),
         // The level of `stats::Z95`.
         confidence_level: 0.95,
-        totals: (&profile.totals()).into(),
+        totals: (&profile.live_totals()).into(),
+        gone_totals: (&profile.held_at_exit()).into(),
         dropped: profile.drops.iter().sum(),
         drops: drops(&profile.drops),
         lost_live_bytes: profile.lost_live_bytes(),
@@ -280,11 +287,27 @@ mod tests {
         assert_eq!(f.file.as_deref(), Some("/src/demo.c"));
         assert_eq!(f.line, Some(40));
         assert_eq!(large.frames[1].module.as_deref(), Some("/usr/bin/demo"));
-        assert_eq!(r.totals.live_bytes, profile.totals().live_bytes);
+        // The live heap is the running processes'; gone images apart.
+        assert_eq!(r.totals.live_bytes, profile.live_totals().live_bytes);
+        assert_eq!(
+            r.totals.live_bytes + r.gone_totals.live_bytes,
+            profile.totals().live_bytes
+        );
+        assert!(
+            r.gone_totals.live_bytes > 0.0,
+            "the sample has a gone image"
+        );
         // Plain JSON with the documented top-level keys.
         let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-        for k in ["schema_version", "processes", "totals", "drops", "unwind"] {
+        for k in [
+            "schema_version",
+            "processes",
+            "totals",
+            "gone_totals",
+            "drops",
+            "unwind",
+        ] {
             assert!(keys.contains(&k), "{keys:?}");
         }
     }

@@ -43,7 +43,7 @@ impl History {
         let at = profile.elapsed;
         self.points.push_back(Point {
             at,
-            live_bytes: profile.totals().live_bytes,
+            live_bytes: profile.live_totals().live_bytes,
             events: profile
                 .processes
                 .iter()

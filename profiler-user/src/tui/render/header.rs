@@ -53,7 +53,8 @@ pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
         );
         return;
     };
-    let total = profile.totals();
+    // Gone images held their figures when they went: not live heap.
+    let total = profile.live_totals();
     let n = profile.processes.len();
     let gone = profile
         .processes

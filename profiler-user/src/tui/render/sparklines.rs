@@ -30,10 +30,10 @@ pub(super) fn history(frame: &mut Frame, app: &App, area: Rect) {
     let growth = app
         .history()
         .reference(now, GROWTH_WINDOW)
-        .map(|r| profile.totals().live_bytes - r.totals().live_bytes);
+        .map(|r| profile.live_totals().live_bytes - r.totals().live_bytes);
     let mut title = vec![
         Span::raw("live heap "),
-        Span::styled(human_bytes(profile.totals().live_bytes), BOLD),
+        Span::styled(human_bytes(profile.live_totals().live_bytes), BOLD),
         Span::raw(" "),
         signed_bytes(growth),
         Span::styled("/1m", DIM),

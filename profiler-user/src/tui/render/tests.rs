@@ -408,3 +408,26 @@ fn the_process_detail_names_its_contract_and_unavailable_intervals() {
     );
     assert!(text.contains("± ?"), "{text}");
 }
+
+#[test]
+fn exited_processes_are_not_live_heap() {
+    let mut app = App::new(options());
+    let mut profile = sample(0);
+    let live_before = profile.live_totals().live_bytes;
+    let mut gone = profile.processes[0].clone();
+    gone.key.pid = 99;
+    gone.state = allocprof::profile::ProcessState::Exited;
+    for s in &mut gone.stacks {
+        s.totals.live_bytes = 5e9;
+    }
+    gone.totals = gone.stacks.iter().map(|s| s.totals).sum();
+    profile.processes.push(gone);
+    app.update(AppEvent::Profile(profile));
+    let (text, _) = screen(&mut app, 120, 24);
+    let header = text.lines().next().unwrap();
+    assert!(header.contains("(1 exited)"), "{header}");
+    assert!(
+        header.contains(&format!("live heap {}", human_bytes(live_before))),
+        "the exited process's 5 GB are not live heap: {header}"
+    );
+}
