@@ -104,6 +104,12 @@ pub struct TargetArgs {
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_unwind_rows,
           value_parser = clap::value_parser!(u32).range(0..=1 << 24))]
     pub max_unwind_rows: u32,
+
+    /// Memory allocprof keeps for processes that exited or exec'ed (their
+    /// figures and symbolized stacks, estimated); past it the oldest are no
+    /// longer shown.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub max_gone_memory: u64,
 }
 
 /// The libraries armed in system-wide mode without `--probe-file`.
@@ -424,6 +430,11 @@ mod tests {
             panic!("diff")
         };
         assert_eq!(d.max_profile_bytes, export::pprof::MAX_PROFILE_BYTES);
+        let cli = Cli::try_parse_from(["allocprof"]).unwrap();
+        assert_eq!(
+            cli.targets.max_gone_memory,
+            allocprof::session::MAX_GONE_MEMORY
+        );
     }
 
     #[test]

@@ -112,6 +112,7 @@ async fn run(cli: Cli) -> Result<()> {
     let headless =
         cli.duration.is_some() || !std::io::stdout().is_terminal() || cli.output.is_some();
     let mut session = Session::start(cli.targets.target(), cli.targets.limits())?;
+    session.set_max_gone_memory(cli.targets.max_gone_memory);
     arm_probe_files(&mut session, &cli.targets)?;
     print_warnings(&mut session);
     if !headless {

@@ -4,7 +4,7 @@
 
 use std::{
     cell::Cell,
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     panic::AssertUnwindSafe,
     path::{Path, PathBuf},
     sync::{Arc, Weak, mpsc},
@@ -24,21 +24,26 @@ use crate::{
     normalize::{FileAddr, MappedFile},
 };
 
+/// A name in a frame. Names repeat across stacks and processes (a module's
+/// path in each of its frames, a function in each stack through it): the
+/// symbolizer shares them (see [`Interner`]).
+pub type Name = Arc<str>;
+
 /// One frame of a symbolized stack.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Frame {
-    pub function: String,
+    pub function: Name,
     /// `file:line` where debug info has it.
-    pub location: Option<String>,
+    pub location: Option<Name>,
     /// The file (executable or library) the frame is in.
-    pub module: Option<String>,
+    pub module: Option<Name>,
     /// An inlined call (its caller is the next frame, at the same address).
     pub inlined: bool,
 }
 
 impl Frame {
     /// A frame known only by a name (placeholders, unknown code, tests).
-    pub fn named(function: impl Into<String>) -> Frame {
+    pub fn named(function: impl Into<Name>) -> Frame {
         Frame {
             function: function.into(),
             location: None,
@@ -50,7 +55,7 @@ impl Frame {
     fn unknown(addr: u64, at: Option<&FileAddr>) -> Frame {
         match at {
             Some(a) => Frame {
-                module: Some(a.file.path.display().to_string()),
+                module: Some(a.file.path.display().to_string().into()),
                 ..Frame::named(format!("{}+{:#x}", basename(&a.file.path), a.file_offset))
             },
             None => Frame::named(format!("[unknown {addr:#x}]")),
@@ -86,11 +91,12 @@ impl<K: Send + 'static> SymbolizerThread<K> {
             .spawn(move || {
                 let mut symbolizer = symbolizer();
                 let mut used = UsedFiles::default();
+                let mut names = Interner::default();
                 for batch in req_rx {
                     let _quiet = QuietContainedPanics::install();
                     for Request { key, frames } in batch {
                         used.note(&frames);
-                        let symbolized = symbolize_stack(&symbolizer, &frames);
+                        let symbolized = symbolize_stack(&symbolizer, &mut names, &frames);
                         // The request held the files open: release them
                         // before answering (nothing else may need them).
                         drop(frames);
@@ -103,6 +109,7 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                         }
                     }
                     used.evict_released(&mut symbolizer);
+                    names.sweep();
                 }
             })
             .expect("spawning the symbolization thread");
@@ -178,6 +185,36 @@ impl Drop for QuietContainedPanics {
     }
 }
 
+/// Shares equal names across frames: each distinct name is held once, for
+/// as long as some frame holds it.
+#[derive(Default)]
+pub(crate) struct Interner {
+    names: HashSet<Name>,
+    /// How many were left by the last sweep (the next is due at twice that).
+    swept: usize,
+}
+
+impl Interner {
+    pub(crate) fn name(&mut self, name: &str) -> Name {
+        if let Some(shared) = self.names.get(name) {
+            return shared.clone();
+        }
+        let shared: Name = name.into();
+        self.names.insert(shared.clone());
+        shared
+    }
+
+    /// Forgets the names no frame holds any more, once enough have come
+    /// since the last sweep (a sweep costs one pass over the set).
+    fn sweep(&mut self) {
+        if self.names.len() < 2 * self.swept.max(4096) {
+            return;
+        }
+        self.names.retain(|n| Arc::strong_count(n) > 1);
+        self.swept = self.names.len();
+    }
+}
+
 /// The files blazesym opened (by our descriptors' `/proc/self/fd/N`
 /// paths): its cache holds a descriptor of its own for each, so once nobody
 /// else needs a file (its process was pruned and its stacks symbolized) the
@@ -218,6 +255,22 @@ impl UsedFiles {
     }
 }
 
+/// The heap `frames` take as an `Arc<[Frame]>`, estimated: with the
+/// allocator's per-block overhead, and names counted whole although the
+/// interner shares them (an upper bound).
+pub(crate) fn heap_bytes(frames: &[Frame]) -> usize {
+    const BLOCK: usize = 16;
+    let names: usize = frames
+        .iter()
+        .map(|f| {
+            f.function.len()
+                + f.location.as_ref().map_or(0, |l| l.len())
+                + f.module.as_ref().map_or(0, |m| m.len())
+        })
+        .sum();
+    2 * size_of::<usize>() + size_of_val(frames) + BLOCK + names
+}
+
 /// The frame that ends a walk the kernel could not continue: which file's
 /// code had no unwind rule it could apply.
 fn truncation_marker(last: Option<&FileAddr>) -> Frame {
@@ -239,6 +292,7 @@ fn symbolizer() -> Symbolizer {
 /// Symbolizes one stack, innermost first.
 pub(crate) fn symbolize_stack(
     symbolizer: &Symbolizer,
+    names: &mut Interner,
     frames: &[(u64, Option<FileAddr>)],
 ) -> Vec<Frame> {
     // Group frames by file: one blazesym call per file.
@@ -259,7 +313,7 @@ pub(crate) fn symbolize_stack(
     let mut failures: Vec<Option<String>> = vec![None; frames.len()];
     for (file, entries) in by_file {
         let offsets: Vec<u64> = entries.iter().map(|(_, o)| *o).collect();
-        let module = file.path.display().to_string();
+        let module = names.name(&file.path.display().to_string());
         // Only the file the process mapped, through the descriptor opened
         // for it: a path may name another file by now (or in our namespace).
         let Some(open) = &file.open else {
@@ -277,7 +331,7 @@ pub(crate) fn symbolize_stack(
             Ok(Ok(results)) => {
                 for ((i, _), result) in entries.iter().zip(results) {
                     if let Some(sym) = result {
-                        symbolized[*i] = Some(expand(&sym, Some(module.clone())));
+                        symbolized[*i] = Some(expand(&sym, &module, names));
                     }
                 }
             }
@@ -307,7 +361,7 @@ pub(crate) fn symbolize_stack(
             (None, Some(reason)) => {
                 let unknown = Frame::unknown(*addr, at.as_ref());
                 out.push(Frame {
-                    function: format!("{} [{reason}]", unknown.function),
+                    function: format!("{} [{reason}]", unknown.function).into(),
                     ..unknown
                 });
             }
@@ -336,22 +390,22 @@ fn resolve<'a>(
 }
 
 /// A symbol and its inlined calls, innermost first.
-fn expand(sym: &blazesym::symbolize::Sym<'_>, module: Option<String>) -> Vec<Frame> {
+fn expand(sym: &blazesym::symbolize::Sym<'_>, module: &Name, names: &mut Interner) -> Vec<Frame> {
     // blazesym lists inlined calls outermost first (f calls g calls h: g, h);
     // the location of each call site is the caller's line.
     let mut frames = Vec::with_capacity(1 + sym.inlined.len());
     for inlined in sym.inlined.iter().rev() {
         frames.push(Frame {
-            function: demangle(&inlined.name),
-            location: inlined.code_info.as_ref().map(location),
-            module: module.clone(),
+            function: names.name(&demangle(&inlined.name)),
+            location: inlined.code_info.as_ref().map(|c| names.name(&location(c))),
+            module: Some(module.clone()),
             inlined: true,
         });
     }
     frames.push(Frame {
-        function: demangle(&sym.name),
-        location: sym.code_info.as_deref().map(location),
-        module,
+        function: names.name(&demangle(&sym.name)),
+        location: sym.code_info.as_deref().map(|c| names.name(&location(c))),
+        module: Some(module.clone()),
         inlined: false,
     });
     frames
@@ -460,6 +514,19 @@ mod tests {
     }
 
     #[test]
+    fn equal_names_are_shared_and_forgotten_once_unused() {
+        let mut names = Interner::default();
+        let held = names.name("main");
+        assert!(Arc::ptr_eq(&held, &names.name("main")));
+        for i in 0..10_000 {
+            names.name(&format!("f{i}"));
+        }
+        names.sweep();
+        assert_eq!(names.names.len(), 1, "only the name a frame holds stays");
+        assert!(Arc::ptr_eq(&held, &names.name("main")));
+    }
+
+    #[test]
     fn only_mangled_names_are_demangled() {
         for c_name in ["ra", "rb", "rc", "main", "Z", "_start", "malloc"] {
             assert_eq!(demangle(c_name), c_name);
@@ -488,7 +555,7 @@ mod tests {
             frame("main", "/usr/bin/app"),
         ];
         let kept = strip_allocator_frames(frames);
-        let names: Vec<_> = kept.iter().map(|f| f.function.as_str()).collect();
+        let names: Vec<_> = kept.iter().map(|f| &*f.function).collect();
         assert_eq!(names, ["app::build", "alloc::alloc::alloc", "main"]);
     }
 
@@ -498,7 +565,7 @@ mod tests {
         let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
         let addr = own_test_binary_symbolizes_with_file_and_line as *const () as u64;
         let at = space.normalize(addr).expect("our code is file-backed");
-        let frames = symbolize_stack(&symbolizer(), &[(addr, Some(at))]);
+        let frames = symbolize_stack(&symbolizer(), &mut Interner::default(), &[(addr, Some(at))]);
         let f = frames.last().unwrap();
         assert!(
             f.function
@@ -547,7 +614,7 @@ mod tests {
         let addr = blazesym_forgets_released_files as *const () as u64;
         let frames = vec![(addr, space.normalize(addr))];
         used.note(&frames);
-        let symbolized = symbolize_stack(&symbolizer, &frames);
+        let symbolized = symbolize_stack(&symbolizer, &mut Interner::default(), &frames);
         assert!(symbolized[0].function.contains("blazesym_forgets"));
         used.evict_released(&mut symbolizer);
         assert_eq!(used.len(), 1, "still held by the address space");
@@ -610,8 +677,8 @@ mod tests {
         let stack = [(0x7f00_0000_1234, Some(at_broken)), (addr, Some(ours))];
         let symbolizer = symbolizer();
         // Malformed, blazesym reports an error: an unknown frame.
-        let frames = symbolize_stack(&symbolizer, &stack);
-        assert_eq!(frames[0].function, "libbroken.so+0x1234", "{frames:?}");
+        let frames = symbolize_stack(&symbolizer, &mut Interner::default(), &stack);
+        assert_eq!(&*frames[0].function, "libbroken.so+0x1234", "{frames:?}");
         // Panicking on it (injected), the frame is unknown with the reason,
         // the other file still symbolizes, and the panic hook stays quiet.
         PANIC_ON.set(Some(broken.fd_path()));
@@ -623,7 +690,7 @@ mod tests {
         }));
         let frames = {
             let _quiet = QuietContainedPanics::install();
-            symbolize_stack(&symbolizer, &stack)
+            symbolize_stack(&symbolizer, &mut Interner::default(), &stack)
         };
         std::panic::set_hook(previous);
         PANIC_ON.set(None);
@@ -644,7 +711,7 @@ mod tests {
             "a contained panic must not reach the panic hook (the TUI's restores the terminal)"
         );
         // The thread is still usable.
-        let again = symbolize_stack(&symbolizer, &stack[1..]);
+        let again = symbolize_stack(&symbolizer, &mut Interner::default(), &stack[1..]);
         assert!(again[0].function.contains("a_panic_in_one_file_costs_only"));
     }
 }

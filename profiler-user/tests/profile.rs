@@ -73,7 +73,7 @@ fn rust_program_sites_within_statistical_bounds() {
                     .iter()
                     .map(|f| {
                         let mut f = f.clone();
-                        f.function = f.function.trim_start_matches("rust_sites::").to_string();
+                        f.function = f.function.trim_start_matches("rust_sites::").into();
                         f
                     })
                     .collect();
@@ -102,7 +102,7 @@ fn two_processes_are_separate_and_merge_by_sum() {
     let merged = profile.merged_stacks();
     let merged_large: Totals = merged
         .iter()
-        .filter(|s| s.frames.iter().any(|f| f.function == "site_large"))
+        .filter(|s| s.frames.iter().any(|f| &*f.function == "site_large"))
         .map(|s| s.totals)
         .sum();
     let separate = site(pa, "site_large").live_bytes + site(pb, "site_large").live_bytes;
@@ -148,7 +148,7 @@ fn dlopened_library_is_seen() {
     let plugin_mallocs: Totals = p
         .stacks
         .iter()
-        .filter(|s| s.frames.iter().any(|f| f.function == "plugin_alloc"))
+        .filter(|s| s.frames.iter().any(|f| &*f.function == "plugin_alloc"))
         .map(|s| s.totals)
         .sum();
     let (truth, sigma) = common::truth_and_sigma(4000, 4096, RATE);

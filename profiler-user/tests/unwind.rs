@@ -87,7 +87,7 @@ fn profiled_with_tables(cmd: Command, library: &str) -> (Proc, Profile) {
 fn holds_chain(frames: &[Frame], chain: &[&str]) -> bool {
     let mut want = chain.iter().peekable();
     for f in frames {
-        if want.peek().is_some_and(|w| f.function == **w) {
+        if want.peek().is_some_and(|w| &*f.function == **w) {
             want.next();
         }
     }
@@ -97,7 +97,7 @@ fn holds_chain(frames: &[Frame], chain: &[&str]) -> bool {
 fn stacks_of<'a>(p: &'a ProcessProfile, function: &str) -> Vec<&'a StackProfile> {
     p.stacks
         .iter()
-        .filter(|s| s.frames.iter().any(|f| f.function == function))
+        .filter(|s| s.frames.iter().any(|f| &*f.function == function))
         .collect()
 }
 
@@ -132,7 +132,12 @@ fn stacks_without_frame_pointers_are_whole_and_estimates_unbiased() {
     }
     let deepest = stacks_of(p, "recurse")
         .iter()
-        .map(|s| s.frames.iter().filter(|f| f.function == "recurse").count())
+        .map(|s| {
+            s.frames
+                .iter()
+                .filter(|f| &*f.function == "recurse")
+                .count()
+        })
         .max()
         .unwrap();
     assert_eq!(deepest, 101, "the whole 100-deep recursion is walked");
@@ -180,7 +185,7 @@ fn a_library_without_call_frame_information_ends_its_stacks_in_one_marker() {
     let stacks = stacks_of(p, "nocfi_alloc");
     assert!(!stacks.is_empty(), "{p:#?}");
     for s in &stacks {
-        let names: Vec<&str> = s.frames.iter().map(|f| f.function.as_str()).collect();
+        let names: Vec<&str> = s.frames.iter().map(|f| &*f.function).collect();
         assert_eq!(
             names.last().copied(),
             Some("[truncated: no unwind info for libnocfi.so]"),
@@ -216,7 +221,7 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
     let reaches_main = |s: &&StackProfile| {
         s.frames
             .iter()
-            .any(|f| f.function.starts_with("__libc_start_main") || f.function == "Py_BytesMain")
+            .any(|f| f.function.starts_with("__libc_start_main") || &*f.function == "Py_BytesMain")
     };
     let whole: f64 = p
         .stacks
@@ -231,11 +236,7 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
         100.0 * whole / live,
         p.stacks
             .iter()
-            .map(|s| s
-                .frames
-                .iter()
-                .map(|f| f.function.as_str())
-                .collect::<Vec<_>>())
+            .map(|s| s.frames.iter().map(|f| &*f.function).collect::<Vec<_>>())
             .collect::<Vec<_>>()
     );
     let (truth, sigma) = common::truth_and_sigma(1024, 65536, RATE);
@@ -247,7 +248,7 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
 }
 
 fn names(s: &StackProfile) -> Vec<&str> {
-    s.frames.iter().map(|f| f.function.as_str()).collect()
+    s.frames.iter().map(|f| &*f.function).collect()
 }
 
 #[test]

@@ -277,7 +277,7 @@ fn an_emitter_built_from_the_contract_header_is_profiled() {
                 .frames
                 .iter()
                 .filter(|f| !f.inlined)
-                .map(|f| f.function.as_str())
+                .map(|f| &*f.function)
                 .take(2)
                 .collect();
             assert_eq!(callers, ["allocprof_probe_alloc", "allocate"], "{s:?}");

@@ -173,10 +173,10 @@ fn frame(f: &Frame) -> StackFrame {
         Some((l, None)) => (Some(l.to_string()), None),
     };
     StackFrame {
-        function: f.function.clone(),
+        function: f.function.to_string(),
         file,
         line,
-        module: f.module.clone(),
+        module: f.module.as_deref().map(str::to_string),
         inlined: f.inlined,
     }
 }

@@ -147,7 +147,7 @@ pub(crate) mod tests {
         Frame {
             function: function.into(),
             location: None,
-            module: module.map(str::to_string),
+            module: module.map(crate::symbolize::Name::from),
             inlined: false,
         }
     }
@@ -288,7 +288,7 @@ pub(crate) mod tests {
                     .processes
                     .iter()
                     .flat_map(|p| p.stacks.iter())
-                    .flat_map(|s| s.frames.iter().map(|f| f.function.clone()))
+                    .flat_map(|s| s.frames.iter().map(|f| f.function.to_string()))
                     .collect();
                 functions.join("\n")
             } else {

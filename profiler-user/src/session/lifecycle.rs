@@ -3,7 +3,7 @@
 //! freed) and what only it needed is pruned.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     time::Instant,
 };
 
@@ -29,6 +29,18 @@ pub(super) struct Frozen {
     pub stacks: Vec<(u64, Totals)>,
     /// Its `STACKS` entries were deleted (all its stacks symbolized).
     pub stacks_reclaimed: bool,
+    /// Estimated heap it holds, its stacks' names included once they are
+    /// all symbolized.
+    pub bytes: u64,
+}
+
+impl Frozen {
+    /// The heap of the image itself, without its stacks' names.
+    fn own_bytes(&self) -> u64 {
+        (size_of::<Frozen>()
+            + self.name.capacity()
+            + self.stacks.capacity() * size_of::<(u64, Totals)>()) as u64
+    }
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -162,7 +174,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 ProcCounters::default()
             };
             let (name, rate) = self.identity(key.pid);
-            let frozen = Frozen {
+            let mut frozen = Frozen {
                 key,
                 incarnation: self.incarnation(key.pid),
                 name,
@@ -175,7 +187,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 proc,
                 stacks,
                 stacks_reclaimed: false,
+                bytes: 0,
             };
+            frozen.bytes = frozen.own_bytes();
+            self.gone_bytes += frozen.bytes;
             self.frozen.push_back(frozen);
         }
         self.drop_oldest_frozen();
@@ -186,26 +201,37 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.kernel.forget_images(&hosts, &keys, live_samples > 0);
     }
 
-    /// Keeps at most `max_frozen` frozen images: the oldest go, with their
-    /// names (said once).
-    fn drop_oldest_frozen(&mut self) {
-        let excess = self.frozen.len().saturating_sub(self.max_frozen);
+    /// Keeps at most `max_frozen` frozen images, taking at most
+    /// `max_gone_bytes`: the oldest go, with their stacks' names (the
+    /// dropping said once).
+    pub(super) fn drop_oldest_frozen(&mut self) {
+        let mut excess = 0;
+        while excess < self.frozen.len()
+            && (self.frozen.len() - excess > self.max_frozen
+                || self.gone_bytes > self.max_gone_bytes)
+        {
+            self.gone_bytes -= self.frozen[excess].bytes;
+            excess += 1;
+        }
         if excess == 0 {
             return;
         }
-        let gone: HashSet<Incarnation> =
-            self.frozen.drain(..excess).map(|f| f.incarnation).collect();
-        let current: HashSet<Incarnation> = self.incarnations.values().copied().collect();
-        let kept: HashSet<Incarnation> = self.frozen.iter().map(|f| f.incarnation).collect();
-        // An exec'ed process's incarnation lives on in its new image.
-        let unused =
-            |i: &Incarnation| gone.contains(i) && !current.contains(i) && !kept.contains(i);
-        self.symbols.retain(|(i, _), _| !unused(i));
+        for f in self.frozen.drain(..excess) {
+            // Stack ids belong to one image: these names served only it.
+            for (id, _) in &f.stacks {
+                let key = (f.incarnation, *id);
+                self.symbols.remove(&key);
+                if self.pending.contains(&key) {
+                    self.unwanted.insert(key);
+                }
+            }
+        }
         if self.dropped_images == 0 {
             self.warnings.push(format!(
-                "more than {} process images have exited or exec'ed: the oldest are no \
-                 longer shown",
-                self.max_frozen
+                "more than {} process images, or {} of them, have exited or exec'ed: \
+                 the oldest are no longer shown (--max-gone-memory raises the memory cap)",
+                self.max_frozen,
+                crate::stats::human_bytes(self.max_gone_bytes as f64)
             ));
         }
         self.dropped_images += excess as u64;

@@ -59,6 +59,9 @@ const FULL_SCAN_EVERY: Duration = Duration::from_secs(5);
 /// Exited and replaced images kept, so a long system-wide run over
 /// short-lived processes holds bounded memory; the oldest go first.
 const MAX_FROZEN_IMAGES: usize = 10_000;
+/// What gone images (with their symbolized stacks) may hold by default:
+/// a process with deep stacks takes megabytes of names.
+pub const MAX_GONE_MEMORY: u64 = 64 << 20;
 
 /// Which processes to profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,7 +102,6 @@ pub enum StartError {
     Kernel(#[from] KernelError),
 }
 
-/// A process image that is gone, frozen as it was.
 /// Which process incarnation a stack belongs to: a pid, once reused, is
 /// another process whose stack ids may coincide with the old one's.
 type Incarnation = u64;
@@ -126,11 +128,17 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     next_incarnation: Incarnation,
     symbols: HashMap<(Incarnation, u64), Arc<[Frame]>>,
     pending: HashSet<(Incarnation, u64)>,
+    /// Pending stacks of images dropped meanwhile: their names are not kept.
+    unwanted: HashSet<(Incarnation, u64)>,
     symbolizer: SymbolizerThread<(Incarnation, u64)>,
     /// Oldest first.
     frozen: VecDeque<Frozen>,
     max_frozen: usize,
-    /// Frozen images dropped to keep `max_frozen`.
+    /// Cap on the estimated memory of `frozen` (see [`Frozen::bytes`]).
+    max_gone_bytes: u64,
+    /// The estimated memory of `frozen`.
+    gone_bytes: u64,
+    /// Frozen images dropped to keep `max_frozen` and `max_gone_bytes`.
     dropped_images: u64,
     /// Processes that exec'ed: when, and the next of `RESCAN_AFTER_EXEC`.
     rescans: HashMap<u32, (Instant, usize)>,
@@ -186,9 +194,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             next_incarnation: 0,
             symbols: HashMap::new(),
             pending: HashSet::new(),
+            unwanted: HashSet::new(),
             symbolizer: SymbolizerThread::spawn(),
             frozen: VecDeque::new(),
             max_frozen: MAX_FROZEN_IMAGES,
+            max_gone_bytes: MAX_GONE_MEMORY,
+            gone_bytes: 0,
             dropped_images: 0,
             rescans: HashMap::new(),
             last_full_scan: Instant::now(),
@@ -231,6 +242,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.refresh()?;
         self.finish_symbols();
         self.refresh()
+    }
+
+    /// Exited and exec'ed images stay shown while they take at most
+    /// `bytes` (estimated, [`MAX_GONE_MEMORY`] by default); the oldest go
+    /// first.
+    pub fn set_max_gone_memory(&mut self, bytes: u64) {
+        self.max_gone_bytes = bytes;
+        self.drop_oldest_frozen();
     }
 
     /// In `--pid` mode: whether any target still runs.

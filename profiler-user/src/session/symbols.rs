@@ -9,8 +9,12 @@ use super::{Incarnation, KernelPort, ProcessPort, Session};
 use crate::{
     kernel::KernelSnapshot,
     profile::synthetic_stack,
-    symbolize::{Frame, Request},
+    symbolize::{Frame, Request, Response, heap_bytes},
 };
+
+/// A `symbols` entry's own share of the map (key, pointer, control byte,
+/// load factor).
+const SYMBOLS_ENTRY_BYTES: usize = 48;
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The incarnation of the process that has `pid` now.
@@ -66,16 +70,25 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Takes in what the symbolizer has finished.
     pub(super) fn collect_symbols(&mut self) {
-        for response in self.symbolizer.ready() {
+        let responses = self.symbolizer.ready();
+        self.take_symbols(responses);
+    }
+
+    fn take_symbols(&mut self, responses: Vec<Response<(Incarnation, u64)>>) {
+        for response in responses {
             self.pending.remove(&response.key);
-            self.symbols.insert(response.key, response.frames.into());
+            if !self.unwanted.remove(&response.key) {
+                self.symbols.insert(response.key, response.frames.into());
+            }
         }
         self.reclaim_stacks();
+        self.drop_oldest_frozen();
     }
 
     /// Deletes the kernel's stacks of frozen images once all are symbolized:
     /// stack ids belong to one image, so nothing will file a sample under
-    /// them again, and a long system-wide run keeps `STACKS` bounded.
+    /// them again, and a long system-wide run keeps `STACKS` bounded. The
+    /// image's names now count in the memory of gone images.
     fn reclaim_stacks(&mut self) {
         let mut ids = Vec::new();
         for f in self.frozen.iter_mut().filter(|f| !f.stacks_reclaimed) {
@@ -83,6 +96,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 synthetic_stack(*id).is_some() || self.symbols.contains_key(&(f.incarnation, *id))
             });
             if symbolized {
+                let names: usize = f
+                    .stacks
+                    .iter()
+                    .filter_map(|(id, _)| self.symbols.get(&(f.incarnation, *id)))
+                    .map(|frames| SYMBOLS_ENTRY_BYTES + heap_bytes(frames))
+                    .sum();
+                f.bytes += names as u64;
+                self.gone_bytes += names as u64;
                 ids.extend(
                     f.stacks
                         .iter()
@@ -99,11 +120,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Waits for every requested stack to be symbolized.
     pub(crate) fn finish_symbols(&mut self) {
-        for response in self.symbolizer.wait(self.pending.len()) {
-            self.pending.remove(&response.key);
-            self.symbols.insert(response.key, response.frames.into());
-        }
-        self.reclaim_stacks();
+        let responses = self.symbolizer.wait(self.pending.len());
+        self.take_symbols(responses);
     }
 
     /// The frames of a stack of an incarnation, or a placeholder saying why not.

@@ -364,7 +364,7 @@ fn only_image(profile: &Profile, pid: u32, state: ProcessState) -> &ProcessProfi
 fn functions(p: &ProcessProfile) -> Vec<String> {
     p.stacks
         .iter()
-        .flat_map(|s| s.frames.iter().map(|f| f.function.clone()))
+        .flat_map(|s| s.frames.iter().map(|f| f.function.to_string()))
         .collect()
 }
 
@@ -605,6 +605,64 @@ fn the_oldest_frozen_images_go_past_the_cap() {
         "said once: {:?}",
         s.warnings
     );
+}
+
+#[test]
+fn the_oldest_frozen_images_go_past_the_memory_cap() {
+    let world = World::default();
+    let mut s = session(&world, Target::All);
+    let mut one_image = 0;
+    for pid in 100..106 {
+        world.spawn(pid, &format!("job{pid}"));
+        world.sample(
+            pid,
+            7,
+            &[address_in(alpha_site), address_in(beta_site)],
+            1 << 20,
+        );
+        s.complete_profile().unwrap();
+        world.exit(pid);
+        s.complete_profile().unwrap();
+        if pid == 100 {
+            // Its figures and, once symbolized, its stack's names.
+            one_image = s.gone_bytes;
+            assert!(one_image > 200, "{one_image}");
+            s.set_max_gone_memory(one_image * 5 / 2);
+        }
+    }
+    let p = s.complete_profile().unwrap();
+    let mut pids: Vec<u32> = p.processes.iter().map(|p| p.key.pid).collect();
+    pids.sort_unstable();
+    assert_eq!(pids, vec![104, 105], "the newest two fit");
+    assert!(s.gone_bytes <= one_image * 5 / 2);
+    assert_eq!(s.symbols.len(), 2, "the names of dropped images go too");
+    assert_eq!(s.dropped_images, 4);
+    assert!(
+        s.warnings.iter().any(|w| w.contains("--max-gone-memory")),
+        "{:?}",
+        s.warnings
+    );
+}
+
+#[test]
+fn names_of_images_dropped_before_they_are_symbolized_are_not_kept() {
+    let world = World::default();
+    let mut s = session(&world, Target::All);
+    // Nothing gone may be kept: each image goes as it is frozen, while its
+    // stacks are still with the symbolizer.
+    s.set_max_gone_memory(1);
+    for pid in 100..103 {
+        world.spawn(pid, &format!("job{pid}"));
+        world.sample(pid, 7, &[address_in(alpha_site)], 1 << 20);
+        world.exit(pid);
+        s.refresh().unwrap();
+    }
+    let p = s.complete_profile().unwrap();
+    assert!(p.processes.is_empty(), "{p:#?}");
+    assert_eq!(s.dropped_images, 3);
+    assert!(s.symbols.is_empty(), "{} names kept", s.symbols.len());
+    assert!(s.pending.is_empty() && s.unwanted.is_empty());
+    assert_eq!(s.gone_bytes, 0);
 }
 
 /// Waits (bounded) until `pid` has the table of this test binary's code.

@@ -85,7 +85,7 @@ pub struct Inputs<'a> {
 /// The function that names a stack (`symbolize::most_informative`).
 pub fn function_of(frames: &[Frame]) -> String {
     most_informative(frames)
-        .map(|f| f.function.clone())
+        .map(|f| f.function.to_string())
         .unwrap_or_else(|| "[empty stack]".into())
 }
 
@@ -98,7 +98,7 @@ pub fn stack_label(frames: &[Frame]) -> String {
     };
     match frames[first + 1..].iter().find(informative) {
         Some(caller) => format!("{} ← {}", frames[first].function, caller.function),
-        None => frames[first].function.clone(),
+        None => frames[first].function.to_string(),
     }
 }
 
@@ -375,8 +375,8 @@ pub(crate) mod tests {
         names
             .iter()
             .map(|n| Frame {
-                function: n.to_string(),
-                location: Some(format!("/src/work.c:{}", n.len())),
+                function: (*n).into(),
+                location: Some(format!("/src/work.c:{}", n.len()).into()),
                 module: Some("/usr/bin/work".into()),
                 inlined: false,
             })
@@ -576,7 +576,7 @@ pub(crate) mod tests {
         );
         let parse = rows.iter().find(|r| r.label == "parse").unwrap();
         assert_eq!(parse.totals.live_bytes, 40.0);
-        assert_eq!(parse.frames[1].function, "main");
+        assert_eq!(&*parse.frames[1].function, "main");
         assert_eq!(parse.alloc_rate, None);
         assert_eq!(parse.since_baseline, None);
         assert_eq!(

@@ -288,7 +288,7 @@ impl Drop for Workload {
 pub fn site(p: &allocprof::profile::ProcessProfile, function: &str) -> allocprof::stats::Totals {
     p.stacks
         .iter()
-        .filter(|s| s.frames.iter().any(|f| f.function == function))
+        .filter(|s| s.frames.iter().any(|f| &*f.function == function))
         .map(|s| s.totals)
         .sum()
 }
@@ -442,7 +442,7 @@ impl Drop for Proc {
 pub fn functions(p: &allocprof::profile::ProcessProfile) -> Vec<&str> {
     p.stacks
         .iter()
-        .flat_map(|s| s.frames.iter().map(|f| f.function.as_str()))
+        .flat_map(|s| s.frames.iter().map(|f| &*f.function))
         .collect()
 }
 

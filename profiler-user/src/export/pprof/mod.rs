@@ -35,7 +35,7 @@ use super::build_id::build_id;
 use crate::{
     profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes},
     stats::{Totals, human_bytes, human_ci},
-    symbolize::Frame,
+    symbolize::{Frame, Name},
 };
 
 /// Go's heap-profile sample types, in Go's order.
@@ -750,7 +750,8 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
                     .ok_or_else(|| {
                         DecodeError::Invalid(format!("location {} has no mapping {id}", l.id))
                     })?
-                    .to_string(),
+                    .to_string()
+                    .into(),
             ),
         };
         let mut frames = Vec::with_capacity(l.line.len());
@@ -767,8 +768,8 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
                 (false, _) => Some(file.to_string()),
             };
             frames.push(Frame {
-                function: name.to_string(),
-                location,
+                function: (*name).into(),
+                location: location.map(Name::from),
                 module: module.clone(),
                 inlined: i + 1 < l.line.len(),
             });
@@ -776,7 +777,7 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
         if frames.is_empty() {
             // Unsymbolized (e.g. a raw Go profile): name it by address.
             frames.push(Frame {
-                function: format!("[unknown {:#x}]", l.address),
+                function: format!("[unknown {:#x}]", l.address).into(),
                 location: None,
                 module,
                 inlined: false,
@@ -1237,12 +1238,12 @@ mod tests {
             any::<bool>(),
         )
             .prop_map(|(function, location, module, inlined)| Frame {
-                function,
+                function: function.into(),
                 location: location.map(|(file, line)| match line {
-                    0 => file,
-                    n => format!("{file}:{n}"),
+                    0 => file.into(),
+                    n => format!("{file}:{n}").into(),
                 }),
-                module,
+                module: module.map(Name::from),
                 inlined,
             });
         let stack = (

@@ -87,7 +87,7 @@ fn stack_detail(frames: &[StackFrame], full_paths: bool) -> Vec<Line<'static>> {
                     format!(
                         "  {}",
                         inert(&if full_paths {
-                            loc.clone()
+                            loc.to_string()
                         } else {
                             short_path(loc)
                         })
