@@ -179,9 +179,13 @@ pub enum DropReason {
     /// garbage unwinds of code without frame pointers): the sample is kept,
     /// under the process's overflow stack ([`OVERFLOW_STACK`]).
     StackRateLimited = 11,
+    /// The unwinder reached code it has no rule for (a file without
+    /// call-frame information, or whose table did not fit the kernel's):
+    /// the sample is kept, its stack ends in a truncation marker.
+    StackTruncated = 12,
 }
 
-pub const DROP_REASONS: usize = 12;
+pub const DROP_REASONS: usize = 13;
 
 impl DropReason {
     pub const ALL: [DropReason; DROP_REASONS] = [
@@ -197,6 +201,7 @@ impl DropReason {
         DropReason::Unplaced,
         DropReason::ScratchBusy,
         DropReason::StackRateLimited,
+        DropReason::StackTruncated,
     ];
 
     pub const fn describe(self) -> &'static str {
@@ -214,6 +219,9 @@ impl DropReason {
             DropReason::ScratchBusy => "stack scratch busy (preempted walk)",
             DropReason::StackRateLimited => {
                 "new stacks over the per-process limit (kept under the overflow stack)"
+            }
+            DropReason::StackTruncated => {
+                "stack cut short: code without unwind info (kept, ends in a marker)"
             }
         }
     }

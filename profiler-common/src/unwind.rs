@@ -60,7 +60,15 @@ pub struct UnwindMapping {
     /// The file's rows: `UNWIND_ROWS[rows_start .. rows_start + rows_len]`.
     pub rows_start: u32,
     pub rows_len: u32,
+    /// [`FRAME_POINTERS`] or 0.
+    pub flags: u32,
+    pub _pad: u32,
 }
+
+/// [`UnwindMapping::flags`]: every function of the file keeps a frame
+/// pointer (its table proves it), so a return address in it is one
+/// frame-pointer step from its caller's: no table lookup is needed.
+pub const FRAME_POINTERS: u32 = 1;
 
 /// Every mapping with an unwind table of one process.
 #[repr(C)]
@@ -100,8 +108,8 @@ mod tests {
     #[test]
     fn rows_have_no_padding() {
         assert_eq!(size_of::<UnwindRow>(), 16);
-        assert_eq!(size_of::<UnwindMapping>(), 32);
-        assert_eq!(size_of::<ProcUnwind>(), 8 + 32 * MAX_UNWIND_MAPPINGS);
+        assert_eq!(size_of::<UnwindMapping>(), 40);
+        assert_eq!(size_of::<ProcUnwind>(), 8 + 40 * MAX_UNWIND_MAPPINGS);
     }
 
     #[test]

@@ -389,7 +389,7 @@ fn get_or_insert_ptr<K, V: Default>(
     map.get_ptr_mut(key)
 }
 
-fn count_drop(pid: u32, reason: DropReason) {
+pub(crate) fn count_drop(pid: u32, reason: DropReason) {
     if let Some(c) = DROPS.get_ptr_mut(reason as u32) {
         // SAFETY: a per-CPU counter, ours alone while this program runs.
         unsafe { *c += 1 };

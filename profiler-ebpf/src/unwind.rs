@@ -11,9 +11,10 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    MAX_STACK_DEPTH,
+    DropReason, MAX_STACK_DEPTH,
     unwind::{
-        MAX_UNWIND_MAPPINGS, ProcUnwind, TRUNCATED_FRAME, UnwindMapping, UnwindRow, cfa, rbp,
+        FRAME_POINTERS, MAX_UNWIND_MAPPINGS, ProcUnwind, TRUNCATED_FRAME, UnwindMapping, UnwindRow,
+        cfa, rbp,
     },
 };
 
@@ -96,20 +97,36 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
     walk.len = index + 1;
     // A return address points after its call: look up the call itself.
     let at = if i == 0 { pc } else { pc.wrapping_sub(1) };
-    let row = find_mapping(proc, at).and_then(|m| find_row(m, at.wrapping_sub(m.bias)));
-    let step = match row {
-        Some(row) => {
+    let mapping = find_mapping(proc, at);
+    let step = match mapping {
+        // A return address in a file that keeps frame pointers throughout:
+        // its caller is one frame-pointer step away, no table lookup needed
+        // (not the first frame, which may be anywhere in its function). A
+        // zero rbp marks the outermost frame (`_start` clears it). The two
+        // paths stay apart: the verifier checks them one after the other,
+        // not one inside the other.
+        Some(m) if i > 0 && m.flags & FRAME_POINTERS != 0 => {
             walk.fell_back = 0;
-            apply(&row, pc, walk.sp, walk.bp)
+            if walk.bp == 0 {
+                Step::End
+            } else {
+                frame_pointer_step(walk.sp, walk.bp)
+            }
         }
-        // Code without a table (JIT code, a file without CFI or whose table
-        // did not fit): one frame-pointer step, never two in a row (rbp is
-        // a general register in code built without frame pointers).
-        None if walk.fell_back == 0 => {
-            walk.fell_back = 1;
-            frame_pointer_step(walk.sp, walk.bp)
-        }
-        None => Step::Truncated,
+        _ => match mapping.and_then(|m| find_row(m, at.wrapping_sub(m.bias))) {
+            Some(row) => {
+                walk.fell_back = 0;
+                apply(&row, pc, walk.sp, walk.bp)
+            }
+            // Code without a table (JIT code, a file without CFI or whose
+            // table did not fit): one frame-pointer step, never two in a row
+            // (rbp is a general register in code built without frame pointers).
+            None if walk.fell_back == 0 => {
+                walk.fell_back = 1;
+                frame_pointer_step(walk.sp, walk.bp)
+            }
+            None => Step::Truncated,
+        },
     };
     match step {
         Step::Caller { pc, sp, bp } if pc != 0 => {
@@ -128,6 +145,8 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
                 *frame = TRUNCATED_FRAME;
                 walk.len = slot as u64 + 1;
             }
+            // Here, in the loop's callback, the verifier checks it once.
+            crate::probes::count_drop(walk.pid, DropReason::StackTruncated);
             STOP
         }
     }

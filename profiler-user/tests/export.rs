@@ -606,7 +606,7 @@ struct Estimates {
     alloc_samples: u64,
 }
 
-const DROP_KEYS: [&str; 12] = [
+const DROP_KEYS: [&str; 13] = [
     "live_map_full",
     "process_cap",
     "stack_failed",
@@ -619,6 +619,7 @@ const DROP_KEYS: [&str; 12] = [
     "unplaced",
     "scratch_busy",
     "stack_rate_limited",
+    "stack_truncated",
 ];
 
 #[test]

@@ -141,6 +141,11 @@ fn stacks_without_frame_pointers_are_whole_and_estimates_unbiased() {
         .max()
         .unwrap();
     assert_eq!(deepest, 101, "the whole 100-deep recursion is walked");
+    assert_eq!(
+        p.drops[DropReason::StackTruncated as usize],
+        0,
+        "no walk was cut short"
+    );
     // One site, one stack: no garbage frames make each sample its own.
     assert!(
         stacks_of(p, "site_one_level").len() <= 2,
@@ -198,6 +203,13 @@ fn a_library_without_call_frame_information_ends_its_stacks_in_one_marker() {
         );
     }
     assert!(stacks.len() <= 2, "one site, one stack: {stacks:#?}");
+    // Counted as well: the kernel says how many samples were cut short.
+    let truncated = p.drops[DropReason::StackTruncated as usize];
+    assert!(
+        truncated >= p.alloc_events / 2 && truncated <= p.alloc_events,
+        "{truncated} of {} samples counted truncated",
+        p.alloc_events
+    );
     let live: f64 = stacks.iter().map(|s| s.totals.live_bytes).sum();
     let (truth, sigma) = common::truth_and_sigma(1000, 8192, RATE);
     assert!((live - truth).abs() <= 5.0 * sigma, "{live} vs {truth}");

@@ -286,6 +286,12 @@ fn whole_stack_without_frame_pointers() {
     let (exe, dir) = run_workload("nofp", NOFP);
     let (frames, stop) = unwind_dump(&dir);
     check_chain(&exe, &frames, stop);
+    assert!(
+        !compile_file(&exe, &Limits::default())
+            .unwrap()
+            .frame_pointers,
+        "-fomit-frame-pointer code flagged as keeping frame pointers"
+    );
     // The point of the tables: frame pointers alone see (almost) nothing here.
     let by_fp = frame_pointer_frames(&dir);
     println!("frame pointers alone: {by_fp} frames");
@@ -303,6 +309,13 @@ fn whole_stack_with_frame_pointers() {
     );
     let (frames, stop) = unwind_dump(&dir);
     check_chain(&exe, &frames, stop);
+    // Every function keeps rbp (crt's _start aside): the kernel may step
+    // its frames by frame pointer without a table lookup.
+    assert!(
+        compile_file(&exe, &Limits::default())
+            .unwrap()
+            .frame_pointers
+    );
     // The control: frame pointers alone reach main here too.
     let by_fp = frame_pointer_frames(&dir);
     println!("frame pointers alone: {by_fp} frames");
@@ -361,8 +374,14 @@ fn compile_real(label: &str, path: &Path) {
     }
     println!(
         "  rows by CFA rule: rsp {}, rbp {}, plt {}, end {}, unknown {} (gaps, signal \
-         trampolines, expressions)",
-        by_rule[1], by_rule[2], by_rule[3], by_rule[4], by_rule[0]
+         trampolines, expressions); frame pointers throughout: {}",
+        by_rule[1], by_rule[2], by_rule[3], by_rule[4], by_rule[0], table.frame_pointers
+    );
+    // Debian builds without frame pointers: none of these may take the
+    // frame-pointer fast path.
+    assert!(
+        !table.frame_pointers,
+        "{label}: flagged as keeping frame pointers"
     );
     assert!(
         s.rows > 100 && s.fdes > 10,

@@ -97,6 +97,16 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         );
     }
     let ((fp_target, fp_kernel), (t_target, t_kernel)) = (kernel_of[0], kernel_of[1]);
+    if let (Some(f), Some(ft)) = (fp_kernel, kernel_of[2].1) {
+        // The frame-pointer fast path: a build that keeps frame pointers
+        // should cost about what `bpf_get_stack` does, tables or not.
+        println!(
+            "frame-pointer build, tables (fast path) vs bpf_get_stack: eBPF program {:+.2} µs \
+             per sampled alloc ({:.2}x)",
+            (ft - f) / 1e3,
+            ft / f
+        );
+    }
     println!(
         "unwind tables vs frame pointers: {:+.2} µs per sampled alloc in the target ({:.2}x)",
         (t_target - fp_target) / 1e3,

@@ -153,6 +153,7 @@ pub(crate) fn drop_name(reason: DropReason) -> &'static str {
         DropReason::Unplaced => "unplaced",
         DropReason::ScratchBusy => "scratch_busy",
         DropReason::StackRateLimited => "stack_rate_limited",
+        DropReason::StackTruncated => "stack_truncated",
     }
 }
 

@@ -59,6 +59,10 @@ const FULL_SCAN_EVERY: Duration = Duration::from_secs(5);
 /// Exited and replaced images kept, so a long system-wide run over
 /// short-lived processes holds bounded memory; the oldest go first.
 const MAX_FROZEN_IMAGES: usize = 10_000;
+/// With `--pid`, how long the start waits for the targets' unwind tables,
+/// so that their samples are walked whole from the first (until its
+/// tables are in, a process is walked by frame pointers).
+const TABLES_AT_START: Duration = Duration::from_secs(5);
 /// What gone images (with their symbolized stacks) may hold by default:
 /// a process with deep stacks takes megabytes of names.
 pub const MAX_GONE_MEMORY: u64 = 64 << 20;
@@ -164,7 +168,11 @@ impl Session {
             }
         }
         let kernel = Kernel::load(limits, target == Target::All)?;
-        Session::with_ports(kernel, processes, PidMap::detect(), target)
+        let mut session = Session::with_ports(kernel, processes, PidMap::detect(), target)?;
+        if matches!(session.target, Target::Pids(_)) {
+            session.settle_tables(TABLES_AT_START);
+        }
+        Ok(session)
     }
 }
 

@@ -106,6 +106,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
     }
 
+    /// Loads tables until none is loading, for at most `limit`.
+    pub(super) fn settle_tables(&mut self, limit: std::time::Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.unwind.status().loading > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            self.load_tables();
+        }
+    }
+
     /// The image of `pid` is gone (exec or exit): its tables no longer apply.
     pub(super) fn forget_tables(&mut self, pid: u32) {
         if self.unwound.remove(&pid).is_some()

@@ -102,6 +102,10 @@ pub struct UnwindTable {
     /// The file's `PT_LOAD` segments, to compute a mapping's bias.
     pub loads: Vec<LoadSegment>,
     pub stats: TableStats,
+    /// Every function keeps a frame pointer: each FDE has a row where
+    /// CFA = rbp + 16 with rbp saved at CFA − 16, exactly the frame-pointer
+    /// step (see `Fde::keeps_frame_pointer` for the FDEs exempt).
+    pub frame_pointers: bool,
 }
 
 impl UnwindTable {
@@ -373,6 +377,7 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
     stats.unused_fdes += before - fdes.len();
     stats.fdes = fdes.len();
 
+    let frame_pointers = !fdes.is_empty() && fdes.iter().all(Fde::keeps_frame_pointer);
     let rows = assemble(fdes);
     if rows.len() > limits.max_rows {
         return Err(ErrorKind::TooManyRows {
@@ -383,7 +388,12 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
     }
     stats.rows = rows.len();
     stats.bytes_read = r.read_bytes();
-    Ok(UnwindTable { rows, loads, stats })
+    Ok(UnwindTable {
+        rows,
+        loads,
+        stats,
+        frame_pointers,
+    })
 }
 
 fn unsupported(what: &'static str, value: impl Into<u64>) -> ErrorKind {
@@ -510,6 +520,27 @@ struct Fde {
     start: u64,
     end: u64,
     rows: Vec<(u64, Rule)>,
+}
+
+impl Fde {
+    fn keeps_frame_pointer(&self) -> bool {
+        let frame_pointer = |r: &Rule| {
+            r.cfa_rule == cfa::RBP
+                && r.cfa_offset == 16
+                && r.rbp_rule == rbp::AT_CFA
+                && r.rbp_offset == -16
+        };
+        // No return address is ever in these: outermost frames (`_start`:
+        // the walk ends there, and its rbp of 0 fails a frame-pointer step)
+        // and code that never moves the stack (PLT stubs, `.plt.got`
+        // entries: a call needs an aligned stack, so they make none).
+        let outermost_or_plt = |r: &Rule| r.cfa_rule == cfa::END || r.cfa_rule == cfa::PLT;
+        let still = |r: &Rule| r.cfa_rule == cfa::RSP && r.cfa_offset == 8;
+        self.rows
+            .iter()
+            .any(|(_, r)| frame_pointer(r) || outermost_or_plt(r))
+            || self.rows.iter().all(|(_, r)| still(r))
+    }
 }
 
 type R<'a> = EndianSlice<'a, LittleEndian>;

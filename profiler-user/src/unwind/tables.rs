@@ -11,7 +11,7 @@ use std::{
     thread,
 };
 
-use profiler_common::unwind::{UnwindMapping, UnwindRow};
+use profiler_common::unwind::{FRAME_POINTERS, UnwindMapping, UnwindRow};
 
 use super::{LoadSegment, UnwindTable, bias, pool::RowPool};
 use crate::{
@@ -39,11 +39,13 @@ enum FileTable {
         rows: Vec<UnwindRow>,
         written: usize,
         loads: Vec<LoadSegment>,
+        frame_pointers: bool,
     },
     Ready {
         start: u32,
         len: u32,
         loads: Vec<LoadSegment>,
+        frame_pointers: bool,
     },
     /// Not built or did not fit: said once, not tried again.
     Unavailable,
@@ -126,6 +128,7 @@ impl UnwindTables {
                     start: 0,
                     len: 0,
                     loads: c.loads,
+                    frame_pointers: false,
                 },
                 Ok(c) => match u32::try_from(c.rows.len())
                     .ok()
@@ -136,6 +139,7 @@ impl UnwindTables {
                         rows: c.rows,
                         written: 0,
                         loads: c.loads,
+                        frame_pointers: c.frame_pointers,
                     },
                     None => {
                         let why = format!(
@@ -158,6 +162,7 @@ impl UnwindTables {
                 rows,
                 written,
                 loads,
+                frame_pointers,
             } = table
             else {
                 continue;
@@ -185,6 +190,7 @@ impl UnwindTables {
                     start: *start,
                     len: rows.len() as u32,
                     loads: std::mem::take(loads),
+                    frame_pointers: *frame_pointers,
                 };
                 ready = true;
             }
@@ -203,7 +209,13 @@ impl UnwindTables {
     /// The kernel's view of one executable mapping, if its file's table is ready.
     pub fn mapping(&self, m: &Mapping) -> Option<UnwindMapping> {
         let file = m.file.open.as_ref()?;
-        let FileTable::Ready { start, len, loads } = self.files.get(&file.id)? else {
+        let FileTable::Ready {
+            start,
+            len,
+            loads,
+            frame_pointers,
+        } = self.files.get(&file.id)?
+        else {
             return None;
         };
         Some(UnwindMapping {
@@ -212,6 +224,8 @@ impl UnwindTables {
             bias: bias(loads, m.start, m.offset)?,
             rows_start: *start,
             rows_len: *len,
+            flags: if *frame_pointers { FRAME_POINTERS } else { 0 },
+            _pad: 0,
         })
     }
 
