@@ -7,16 +7,20 @@
 //! The state (`state/flame.rs`) keeps the selection and zoom as paths of
 //! [`Key`]s, so they survive a rebuild from the next profile.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, hash_map::Entry};
+
+use foldhash::fast::RandomState;
 
 use allocprof::{
-    inert::inert,
     profile::{ProcessKey, ProcessState, Profile, StackProfile},
     stats::Totals,
     symbolize::{Frame, Name},
 };
 
 pub type NodeId = usize;
+
+/// Children by parent and key, while building.
+type Index = HashMap<(NodeId, Key), NodeId, RandomState>;
 pub const ROOT: NodeId = 0;
 
 /// What a node is, among its siblings: its identity across rebuilds.
@@ -52,10 +56,10 @@ pub enum Scope {
 pub struct Node {
     /// `None` for the root.
     pub key: Option<Key>,
-    /// As shown: made inert.
-    pub name: String,
-    /// The module's path, made inert; frames only.
-    pub module: Option<String>,
+    /// As the target named it: the renderer makes it inert.
+    pub name: Name,
+    /// The module's path (raw too); frames only.
+    pub module: Option<Name>,
     /// The sums of the stacks through this node.
     pub totals: Totals,
     /// Σ max(0, growth since the baseline) over those stacks.
@@ -91,15 +95,16 @@ impl Tree {
     pub fn build(profile: &Profile, scope: Scope, baseline: Option<&Profile>) -> Tree {
         let root_name = match scope {
             Scope::All => "all".to_string(),
-            Scope::Process(key) => profile.processes.iter().find(|p| p.key == key).map_or_else(
-                || format!("pid {}", key.pid),
-                |p| inert(&p.label()).into_owned(),
-            ),
+            Scope::Process(key) => profile
+                .processes
+                .iter()
+                .find(|p| p.key == key)
+                .map_or_else(|| format!("pid {}", key.pid), |p| p.label()),
         };
         let mut tree = Tree {
             nodes: vec![Node {
                 key: None,
-                name: root_name,
+                name: root_name.into(),
                 module: None,
                 totals: Totals::default(),
                 growth: 0.0,
@@ -111,7 +116,7 @@ impl Tree {
             scope,
             has_baseline: baseline.is_some(),
         };
-        let before: HashMap<(ProcessKey, &[Frame]), f64> = baseline
+        let before: HashMap<(ProcessKey, &[Frame]), f64, RandomState> = baseline
             .map(|b| {
                 b.processes
                     .iter()
@@ -123,14 +128,18 @@ impl Tree {
                     .collect()
             })
             .unwrap_or_default();
-        let mut index: HashMap<(NodeId, Key), NodeId> = HashMap::new();
+        let frames: usize = profile
+            .processes
+            .iter()
+            .flat_map(|p| &p.stacks)
+            .map(|s| s.frames.len())
+            .sum();
+        let mut index = Index::with_capacity_and_hasher(frames, RandomState::default());
         for p in &profile.processes {
             let under = match scope {
                 Scope::All if p.state == ProcessState::Live => {
                     let key = Key::Process(p.key);
-                    tree.child(&mut index, ROOT, key, || {
-                        (inert(&p.label()).into_owned(), None)
-                    })
+                    tree.child(&mut index, ROOT, key, || (p.label().into(), None))
                 }
                 Scope::Process(k) if p.key == k => ROOT,
                 _ => continue,
@@ -157,18 +166,19 @@ impl Tree {
     /// The child of `parent` keyed `key`, made if new.
     fn child(
         &mut self,
-        index: &mut HashMap<(NodeId, Key), NodeId>,
+        index: &mut Index,
         parent: NodeId,
         key: Key,
-        names: impl FnOnce() -> (String, Option<String>),
+        names: impl FnOnce() -> (Name, Option<Name>),
     ) -> NodeId {
-        if let Some(&id) = index.get(&(parent, key.clone())) {
-            return id;
-        }
+        let slot = match index.entry((parent, key)) {
+            Entry::Occupied(e) => return *e.get(),
+            Entry::Vacant(slot) => slot,
+        };
         let (name, module) = names();
         let id = self.nodes.len();
         self.nodes.push(Node {
-            key: Some(key.clone()),
+            key: Some(slot.key().1.clone()),
             name,
             module,
             totals: Totals::default(),
@@ -179,18 +189,12 @@ impl Tree {
             depth: self.nodes[parent].depth + 1,
         });
         self.nodes[parent].children.push(id);
-        index.insert((parent, key), id);
+        slot.insert(id);
         id
     }
 
     /// Adds one stack below `under` (and to every node above it).
-    fn add(
-        &mut self,
-        index: &mut HashMap<(NodeId, Key), NodeId>,
-        under: NodeId,
-        stack: &StackProfile,
-        growth: f64,
-    ) {
+    fn add(&mut self, index: &mut Index, under: NodeId, stack: &StackProfile, growth: f64) {
         let mut chain = vec![under];
         let mut at = under;
         // Frames are innermost first: the tree grows from the outermost.
@@ -199,12 +203,7 @@ impl Tree {
                 function: f.function.clone(),
                 module: f.module.clone(),
             };
-            at = self.child(index, at, key, || {
-                (
-                    inert(&f.function).into_owned(),
-                    f.module.as_deref().map(|m| inert(m).into_owned()),
-                )
-            });
+            at = self.child(index, at, key, || (f.function.clone(), f.module.clone()));
             chain.push(at);
         }
         let mut up = self.nodes[under].parent;
@@ -224,8 +223,8 @@ impl Tree {
         &self.nodes[id]
     }
 
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
+    /// Nodes: one per distinct frame path.
+    pub fn node_count(&self) -> usize {
         self.nodes.len()
     }
 
@@ -353,7 +352,7 @@ pub(crate) mod tests {
     use crate::tui::rows::tests::{process, profile};
 
     fn names(tree: &Tree, ids: &[NodeId]) -> Vec<String> {
-        ids.iter().map(|&i| tree.node(i).name.clone()).collect()
+        ids.iter().map(|&i| tree.node(i).name.to_string()).collect()
     }
 
     /// `server (7)`: main → handle → {leak, parse}, main → cache_fill.
@@ -379,7 +378,7 @@ pub(crate) mod tests {
     fn common_prefixes_merge_and_widths_sum_to_parents() {
         let tree = Tree::build(&two_processes(), Scope::All, None);
         let root = tree.node(ROOT);
-        assert_eq!(root.name, "all");
+        assert_eq!(&*root.name, "all");
         assert_eq!(root.totals.live_bytes, 10_000.0);
         assert_eq!(root.stacks, 4);
         assert_eq!(names(&tree, &root.children), ["server (7)", "worker (9)"]);
@@ -397,7 +396,7 @@ pub(crate) mod tests {
         assert_eq!(tree.node(handle).module.as_deref(), Some("/usr/bin/work"));
         // Every node with children is the sum of them here (no stack ends
         // in the middle).
-        for id in 0..tree.len() {
+        for id in 0..tree.node_count() {
             let n = tree.node(id);
             if !n.children.is_empty() {
                 let sum: f64 = n.children.iter().map(|&c| tree.weight(c, Mode::Live)).sum();
@@ -416,7 +415,7 @@ pub(crate) mod tests {
         assert_eq!(names(&all, &all.node(ROOT).children), ["server (7)"]);
         assert_eq!(all.node(ROOT).totals.live_bytes, 8000.0);
         let one = Tree::build(&p, Scope::Process(p.processes[1].key), None);
-        assert_eq!(one.node(ROOT).name, "worker (9)");
+        assert_eq!(&*one.node(ROOT).name, "worker (9)");
         assert_eq!(names(&one, &one.node(ROOT).children), ["main"]);
         assert_eq!(one.node(ROOT).totals.live_bytes, 2000.0);
         let missing = Tree::build(
@@ -427,8 +426,8 @@ pub(crate) mod tests {
             }),
             None,
         );
-        assert_eq!(missing.node(ROOT).name, "pid 42");
-        assert_eq!(missing.len(), 1);
+        assert_eq!(&*missing.node(ROOT).name, "pid 42");
+        assert_eq!(missing.node_count(), 1);
     }
 
     #[test]
@@ -447,7 +446,7 @@ pub(crate) mod tests {
                     .node(at)
                     .children
                     .iter()
-                    .find(|&&c| tree.node(c).name == *n)
+                    .find(|&&c| &*tree.node(c).name == *n)
                     .unwrap();
             }
             at
@@ -466,10 +465,7 @@ pub(crate) mod tests {
         assert_eq!(fresh.node(ROOT).growth, 12_000.0);
         // Zero-width nodes are not laid out.
         let placed = tree.layout(ROOT, Mode::Growth, 100);
-        let shown: Vec<&str> = placed
-            .iter()
-            .map(|p| tree.node(p.node).name.as_str())
-            .collect();
+        let shown: Vec<&str> = placed.iter().map(|p| &*tree.node(p.node).name).collect();
         assert!(
             shown.contains(&"leak") && !shown.contains(&"parse"),
             "{shown:?}"
@@ -564,16 +560,16 @@ pub(crate) mod tests {
         let mut later = two_processes();
         later.processes[0].stacks.remove(0); // leak is freed
         let later = Tree::build(&later, Scope::All, None);
-        assert_eq!(later.node(later.find(&path)).name, "handle");
+        assert_eq!(&*later.node(later.find(&path)).name, "handle");
         assert!(tree.contains(server, leak) && !tree.contains(leak, server));
     }
 
     #[test]
     fn search_matches_names_and_counts_each_stack_once() {
         let tree = Tree::build(&two_processes(), Scope::All, None);
-        let matching: Vec<String> = (0..tree.len())
+        let matching: Vec<String> = (0..tree.node_count())
             .filter(|&i| tree.matches(i, "a"))
-            .map(|i| tree.node(i).name.clone())
+            .map(|i| tree.node(i).name.to_string())
             .collect();
         assert!(matching.contains(&"main".to_string()));
         assert!(matching.contains(&"leak".to_string()));
@@ -586,7 +582,7 @@ pub(crate) mod tests {
     #[test]
     fn an_empty_profile_is_a_lone_root() {
         let tree = Tree::build(&profile(0, vec![]), Scope::All, None);
-        assert_eq!(tree.len(), 1);
+        assert_eq!(tree.node_count(), 1);
         assert_eq!(tree.weight(ROOT, Mode::Live), 0.0);
         let placed = tree.layout(ROOT, Mode::Live, 80);
         assert_eq!(placed.len(), 1);

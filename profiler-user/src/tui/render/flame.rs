@@ -16,7 +16,10 @@ use crate::tui::{
     flame::{Mode, NodeId, ROOT, Scope},
     state::{App, FlameView, format_elapsed},
 };
-use allocprof::stats::{human_bytes, human_ci};
+use allocprof::{
+    inert::inert,
+    stats::{human_bytes, human_ci},
+};
 
 /// Frames narrower than this show no text: a letter or two misleads.
 const LABEL_MIN: u16 = 3;
@@ -65,6 +68,13 @@ fn graph(frame: &mut Frame, app: &App, flame: &FlameView, area: Rect) {
             (Mode::Live, _) => "live bytes ".into(),
         }),
     ];
+    let gap = flame.refresh_gap();
+    if !gap.is_zero() {
+        title.push(Span::styled(
+            format!("· redrawn every {}s (large) ", gap.as_secs()),
+            DIM,
+        ));
+    }
     if !query.is_empty() {
         let total = tree.weight(flame.zoom(), mode);
         let matched = tree.matched_weight(flame.zoom(), &query, mode);
@@ -127,7 +137,7 @@ fn graph(frame: &mut Frame, app: &App, flame: &FlameView, area: Rect) {
         } else {
             Style::new().fg(Color::Black).bg(colour(tree, p.node))
         };
-        label(buf, cell, &node.name, style);
+        label(buf, cell, &inert(&node.name), style);
     }
     let below_zoom = (zoom_row + 1).checked_sub(skip).filter(|&r| r < rows);
     if let (true, Some(row)) = (tree.weight(flame.zoom(), mode) <= 0.0, below_zoom) {
@@ -183,12 +193,12 @@ fn status_lines(frame: &mut Frame, flame: &FlameView, area: Rect) {
     let width = area.width as usize;
     let name = Line::from(vec![
         Span::raw(" "),
-        Span::styled(truncate(&node.name, width.saturating_sub(1)), BOLD),
+        Span::styled(truncate(&inert(&node.name), width.saturating_sub(1)), BOLD),
     ]);
     let sep = || Span::styled(" · ", DIM);
     let mut facts = vec![Span::raw(" ")];
     match (&node.module, &node.key) {
-        (Some(m), _) => facts.push(Span::styled(format!("[{}]", short_path(m)), DIM)),
+        (Some(m), _) => facts.push(Span::styled(format!("[{}]", inert(&short_path(m))), DIM)),
         (None, Some(_)) => facts.push(Span::styled("process", DIM)),
         (None, None) => facts.push(Span::styled("root", DIM)),
     }

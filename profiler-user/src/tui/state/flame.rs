@@ -3,6 +3,8 @@
 //! zooms are kept as paths of frame keys, so a rebuilt tree (the next
 //! profile) finds them again, or their nearest surviving ancestor.
 
+use std::time::Duration;
+
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use super::search::Search;
@@ -16,8 +18,14 @@ pub struct FlameView {
     zooms: Vec<NodeId>,
     mode: Mode,
     frozen: bool,
+    /// When the profile the tree was built from was taken.
+    built_at: Duration,
     pub search: Search,
 }
+
+/// Frames a tree may hold and still be rebuilt at every refresh: building
+/// one takes about a microsecond a frame, on the UI's thread.
+const FRAMES_PER_SECOND: usize = 100_000;
 
 /// What a key did, for the app.
 #[derive(Debug, PartialEq, Eq)]
@@ -34,13 +42,14 @@ pub enum Outcome {
 }
 
 impl FlameView {
-    pub fn new(tree: Tree) -> FlameView {
+    pub fn new(tree: Tree, built_at: Duration) -> FlameView {
         FlameView {
             tree,
             selected: ROOT,
             zooms: Vec::new(),
             mode: Mode::Live,
             frozen: false,
+            built_at,
             search: Search::default(),
         }
     }
@@ -78,11 +87,26 @@ impl FlameView {
         self.search.query.trim().to_lowercase()
     }
 
-    /// A fresh tree from the next profile; ignored while frozen.
-    pub fn update(&mut self, tree: Tree) {
+    /// How often the tree is rebuilt at most: at every refresh, but a
+    /// second per 100k frames for larger trees (the UI stays responsive,
+    /// and under a tenth of a core goes to rebuilding).
+    pub fn refresh_gap(&self) -> Duration {
+        Duration::from_secs((self.tree.node_count() / FRAMES_PER_SECOND) as u64)
+    }
+
+    /// Whether a profile taken at `elapsed` should be drawn: never while
+    /// frozen; at once when `now`, else once the refresh gap is over.
+    pub fn due(&self, elapsed: Duration, now: bool) -> bool {
+        !self.frozen && (now || elapsed.saturating_sub(self.built_at) >= self.refresh_gap())
+    }
+
+    /// A fresh tree from the profile taken at `elapsed`; ignored while
+    /// frozen.
+    pub fn update(&mut self, tree: Tree, elapsed: Duration) {
         if self.frozen {
             return;
         }
+        self.built_at = elapsed;
         let selected = self.tree.path(self.selected);
         let zooms: Vec<Vec<Key>> = self.zooms.iter().map(|&z| self.tree.path(z)).collect();
         self.tree = tree;
@@ -277,7 +301,10 @@ mod tests {
     }
 
     fn all() -> FlameView {
-        FlameView::new(Tree::build(&two_processes(), Scope::All, None))
+        FlameView::new(
+            Tree::build(&two_processes(), Scope::All, None),
+            Duration::ZERO,
+        )
     }
 
     #[test]
@@ -335,10 +362,10 @@ mod tests {
         press(&mut v, KeyCode::Char('j'));
         press(&mut v, KeyCode::Char('l'));
         press(&mut v, KeyCode::Enter);
-        assert_eq!(v.tree().node(v.zoom()).name, "handle");
+        assert_eq!(v.tree().node(v.zoom()).name.as_ref(), "handle");
         assert_eq!(v.zoom_depth(), 2);
         assert_eq!(press(&mut v, KeyCode::Esc), Outcome::Done);
-        assert_eq!(v.tree().node(v.zoom()).name, "main");
+        assert_eq!(v.tree().node(v.zoom()).name.as_ref(), "main");
         assert_eq!(name(&v), "handle", "the selection stays");
         press(&mut v, KeyCode::Home);
         assert_eq!(name(&v), "main");
@@ -364,25 +391,28 @@ mod tests {
         later.processes[0].stacks[0].totals.live_bytes = 9e9;
         assert_eq!(press(&mut v, KeyCode::Char(' ')), Outcome::Done);
         assert!(v.frozen());
-        v.update(Tree::build(&later, Scope::All, None));
+        v.update(Tree::build(&later, Scope::All, None), Duration::ZERO);
         assert_eq!(v.tree().node(ROOT).totals.live_bytes, 10_000.0);
         assert_eq!(press(&mut v, KeyCode::Char(' ')), Outcome::Thawed);
-        v.update(Tree::build(&later, Scope::All, None));
+        v.update(Tree::build(&later, Scope::All, None), Duration::ZERO);
         assert!(v.tree().node(ROOT).totals.live_bytes > 9e9);
         assert_eq!(name(&v), "leak", "found again by its path");
-        assert_eq!(v.tree().node(v.zoom()).name, "handle");
+        assert_eq!(v.tree().node(v.zoom()).name.as_ref(), "handle");
         // The zoomed frame goes: zoom and selection fall back to `main`.
         let mut gone = two_processes();
         gone.processes[0].stacks.truncate(0);
         gone.processes[0]
             .stacks
             .push(process(7, "server", &[(&["cache_fill", "main"], 1.0, 1.0)]).stacks[0].clone());
-        v.update(Tree::build(&gone, Scope::All, None));
-        assert_eq!(v.tree().node(v.zoom()).name, "main");
+        v.update(Tree::build(&gone, Scope::All, None), Duration::ZERO);
+        assert_eq!(v.tree().node(v.zoom()).name.as_ref(), "main");
         assert_eq!(name(&v), "main");
         assert_eq!(v.zoom_depth(), 1);
         // Everything goes: back at the root, one Esc leaves.
-        v.update(Tree::build(&profile(5, vec![]), Scope::All, None));
+        v.update(
+            Tree::build(&profile(5, vec![]), Scope::All, None),
+            Duration::ZERO,
+        );
         assert_eq!((v.selected(), v.zoom(), v.zoom_depth()), (ROOT, ROOT, 0));
         assert_eq!(press(&mut v, KeyCode::Esc), Outcome::Close);
     }
@@ -395,7 +425,7 @@ mod tests {
         let before = two_processes();
         let mut now = two_processes();
         now.processes[0].stacks[1].totals.live_bytes += 500.0; // parse grows
-        let mut v = FlameView::new(Tree::build(&now, Scope::All, Some(&before)));
+        let mut v = FlameView::new(Tree::build(&now, Scope::All, Some(&before)), Duration::ZERO);
         assert_eq!(press(&mut v, KeyCode::Char('d')), Outcome::Done);
         assert_eq!(v.mode(), Mode::Growth);
         // Only growth is visible: j follows it, h/l skip the flat.
@@ -410,7 +440,7 @@ mod tests {
         assert_eq!(name(&v), "leak");
         // A tree without a baseline shows live bytes whatever was chosen.
         press(&mut v, KeyCode::Char('d'));
-        v.update(Tree::build(&now, Scope::All, None));
+        v.update(Tree::build(&now, Scope::All, None), Duration::ZERO);
         assert_eq!(v.mode(), Mode::Live);
     }
 
@@ -444,5 +474,26 @@ mod tests {
         press(&mut v, KeyCode::Esc);
         assert_eq!(v.search, Search::default());
         assert_eq!(press(&mut v, KeyCode::Esc), Outcome::Close);
+    }
+
+    #[test]
+    fn large_trees_are_rebuilt_less_often_but_at_once_when_asked() {
+        let v = all();
+        assert_eq!(v.refresh_gap(), Duration::ZERO);
+        assert!(v.due(Duration::ZERO, false));
+        // One stack of 150k frames: 150k nodes, a 1 s gap.
+        let names: Vec<String> = (0..150_000).map(|i| format!("f{i}")).collect();
+        let frames: Vec<&str> = names.iter().map(String::as_str).collect();
+        let deep = profile(10, vec![process(1, "deep", &[(&frames, 1.0, 1.0)])]);
+        let mut v = FlameView::new(
+            Tree::build(&deep, Scope::All, None),
+            Duration::from_secs(10),
+        );
+        assert_eq!(v.refresh_gap(), Duration::from_secs(1));
+        assert!(!v.due(Duration::from_millis(10_500), false));
+        assert!(v.due(Duration::from_millis(10_500), true), "baseline, thaw");
+        assert!(v.due(Duration::from_secs(11), false));
+        press(&mut v, KeyCode::Char(' '));
+        assert!(!v.due(Duration::from_secs(99), true), "never while frozen");
     }
 }

@@ -282,6 +282,7 @@ impl App {
                 if !self.profiles.paused {
                     self.profiles.shown = self.profiles.latest.clone();
                     self.recompute();
+                    self.rebuild_flame(false);
                 }
                 Effect::None
             }
@@ -400,7 +401,7 @@ impl App {
         match flame.key(key) {
             FlameOutcome::Done => {}
             FlameOutcome::Close => self.flame = None,
-            FlameOutcome::Thawed => self.rebuild_flame(),
+            FlameOutcome::Thawed => self.rebuild_flame(true),
             FlameOutcome::NoBaseline => {
                 self.notice = Some(Notice::Warning(
                     "no baseline to compare with: press b to mark one, d then shows the growth \
@@ -433,25 +434,27 @@ impl App {
             self.notice = Some(Notice::Warning("no profile yet to draw".into()));
             return;
         };
-        self.flame = Some(FlameView::new(Tree::build(
-            shown,
-            scope,
-            self.profiles.baseline.as_deref(),
-        )));
+        self.flame = Some(FlameView::new(
+            Tree::build(shown, scope, self.profiles.baseline.as_deref()),
+            shown.elapsed,
+        ));
     }
 
-    /// The open flamegraph from the shown profile (it ignores this while
-    /// frozen).
-    fn rebuild_flame(&mut self) {
+    /// The open flamegraph from the shown profile: not while frozen, and
+    /// for a large tree not before its refresh gap is over, unless `now`
+    /// (what it shows changed: baseline, thaw).
+    fn rebuild_flame(&mut self, now: bool) {
         let (Some(flame), Some(shown)) = (self.flame.as_mut(), self.profiles.shown.as_deref())
         else {
             return;
         };
-        flame.update(Tree::build(
-            shown,
-            flame.scope(),
-            self.profiles.baseline.as_deref(),
-        ));
+        if !flame.due(shown.elapsed, now) {
+            return;
+        }
+        flame.update(
+            Tree::build(shown, flame.scope(), self.profiles.baseline.as_deref()),
+            shown.elapsed,
+        );
     }
 
     /// A key while the search query is edited; false if it is not for the
@@ -532,6 +535,7 @@ impl App {
              (b: mark again, B: clear)"
         )));
         self.recompute();
+        self.rebuild_flame(true);
     }
 
     fn clear_baseline(&mut self) {
@@ -548,6 +552,7 @@ impl App {
         }
         self.notice = Some(Notice::Info("baseline cleared".into()));
         self.recompute();
+        self.rebuild_flame(true);
     }
 
     fn toggle_pause(&mut self) {
@@ -560,6 +565,7 @@ impl App {
             self.notice = None;
             self.profiles.shown = self.profiles.latest.clone();
             self.recompute();
+            self.rebuild_flame(false);
         }
     }
 
@@ -591,7 +597,6 @@ impl App {
             View::Stacks => rows::stack_rows(inputs, self.settings.scope, self.settings.grouping),
         };
         self.arrange();
-        self.rebuild_flame();
     }
 
     /// Filters and sorts the rows, and finds the selected row again.

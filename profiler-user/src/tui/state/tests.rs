@@ -295,8 +295,8 @@ fn elapsed_reads_well() {
 fn flame_at(app: &App) -> (String, String) {
     let f = app.flame().expect("the flamegraph is open");
     (
-        f.tree().node(crate::tui::flame::ROOT).name.clone(),
-        f.tree().node(f.selected()).name.clone(),
+        f.tree().node(crate::tui::flame::ROOT).name.to_string(),
+        f.tree().node(f.selected()).name.to_string(),
     )
 }
 
