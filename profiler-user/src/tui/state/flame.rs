@@ -110,6 +110,10 @@ impl FlameView {
         let selected = self.tree.path(self.selected);
         let zooms: Vec<Vec<Key>> = self.zooms.iter().map(|&z| self.tree.path(z)).collect();
         self.tree = tree;
+        if !self.tree.has_baseline {
+            // The baseline was cleared: a new one starts on live bytes.
+            self.mode = Mode::Live;
+        }
         self.zooms = zooms.iter().map(|p| self.tree.find(p)).collect();
         // A zoomed frame that is gone leaves its ancestor: the same zoom
         // twice in a row would take two Esc to leave.

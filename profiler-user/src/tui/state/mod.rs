@@ -403,11 +403,14 @@ impl App {
             FlameOutcome::Close => self.flame = None,
             FlameOutcome::Thawed => self.rebuild_flame(true),
             FlameOutcome::NoBaseline => {
-                self.notice = Some(Notice::Warning(
+                self.notice = Some(Notice::Warning(if self.profiles.baseline.is_some() {
+                    // Marked after the freeze: the frozen tree has no growth.
+                    "the picture was frozen before the baseline: Space thaws it".into()
+                } else {
                     "no baseline to compare with: press b to mark one, d then shows the growth \
                      since"
-                        .into(),
-                ));
+                        .into()
+                }));
             }
             FlameOutcome::Unhandled => match key.code {
                 KeyCode::Char('?') => self.help = true,

@@ -377,6 +377,18 @@ fn the_flamegraph_shows_growth_once_a_baseline_is_marked() {
     assert_eq!(f.tree().weight(crate::tui::flame::ROOT, f.mode()), 3072.0);
     press(&mut app, KeyCode::Char('B'));
     assert_eq!(app.flame().unwrap().mode(), crate::tui::flame::Mode::Live);
+    // A baseline marked while frozen waits for the thaw.
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Char('b'));
+    press(&mut app, KeyCode::Char('d'));
+    assert!(
+        matches!(app.notice(), Some(Notice::Warning(w)) if w.contains("Space thaws it")),
+        "{:?}",
+        app.notice()
+    );
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Char('d'));
+    assert_eq!(app.flame().unwrap().mode(), crate::tui::flame::Mode::Growth);
     // `?` opens the help over it; any key closes the help only.
     press(&mut app, KeyCode::Char('?'));
     assert!(app.help());
