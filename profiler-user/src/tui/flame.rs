@@ -288,6 +288,10 @@ impl Tree {
         let mut sum = 0.0;
         let mut todo = vec![within];
         while let Some(id) = todo.pop() {
+            if self.weight(id, mode) <= 0.0 {
+                // Nothing to add below it: spare the names a lowercasing.
+                continue;
+            }
             if self.matches(id, query) {
                 sum += self.weight(id, mode);
             } else {

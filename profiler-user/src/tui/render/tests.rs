@@ -693,3 +693,36 @@ fn the_flamegraph_help_lists_its_keys() {
     }
     assert!(KEYS.iter().any(|(k, _)| *k == "f"));
 }
+
+#[test]
+fn wide_names_are_cut_within_their_frame() {
+    let mut app = App::new(options());
+    // Two callees side by side, half the width each: the wide one's name,
+    // in double-width characters, does not fit in it.
+    let wide = "数据库连接池分配器数据库连接池分配器数据库连接池分配器";
+    let p = crate::tui::rows::tests::profile(
+        1,
+        vec![crate::tui::rows::tests::process(
+            7,
+            "wide",
+            &[
+                (&[wide, "main"], 1000.0, 1.0),
+                (&["zzz", "main"], 1000.0, 1.0),
+            ],
+        )],
+    );
+    app.update(AppEvent::Profile(p));
+    press(&mut app, KeyCode::Char('f'));
+    let (text, buffer) = screen(&mut app, 80, 24);
+    let row = text.lines().nth(6).unwrap();
+    assert!(row.starts_with("│zzz "), "{text}");
+    assert!(row.contains('…'), "{text}");
+    // The wide frame starts half way; its name stops before its last
+    // column, and the border stays.
+    assert_eq!(buffer[(40, 6)].symbol(), "数", "{text}");
+    let ellipsis = (0..80).find(|&x| buffer[(x, 6)].symbol() == "…").unwrap();
+    assert!((76..=77).contains(&ellipsis), "{ellipsis}: {text}");
+    assert_eq!(buffer[(78, 6)].symbol(), " ", "{text}");
+    assert_eq!(buffer[(79, 6)].symbol(), "│", "{text}");
+    assert_ne!(buffer[(78, 6)].bg, Color::Reset);
+}
