@@ -60,8 +60,10 @@ pub struct Node {
     pub name: Name,
     /// The module's path (raw too); frames only.
     pub module: Option<Name>,
-    /// The sums of the stacks through this node.
-    pub totals: Totals,
+    /// The live bytes of the stacks through this node, and their variance
+    /// (all a node needs of their totals: a tree can have 100k's of nodes).
+    pub live_bytes: f64,
+    pub live_var: f64,
     /// Σ max(0, growth since the baseline) over those stacks.
     pub growth: f64,
     pub stacks: usize,
@@ -69,6 +71,17 @@ pub struct Node {
     /// Ordered by name, so that frames keep their place between refreshes.
     pub children: Vec<NodeId>,
     pub depth: usize,
+}
+
+impl Node {
+    /// The live bytes' 95% interval half-width; NaN when unavailable.
+    pub fn live_ci95(&self) -> f64 {
+        Totals {
+            live_var: self.live_var,
+            ..Totals::default()
+        }
+        .live_ci95()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -106,7 +119,8 @@ impl Tree {
                 key: None,
                 name: root_name.into(),
                 module: None,
-                totals: Totals::default(),
+                live_bytes: 0.0,
+                live_var: 0.0,
                 growth: 0.0,
                 stacks: 0,
                 parent: None,
@@ -181,7 +195,8 @@ impl Tree {
             key: Some(slot.key().1.clone()),
             name,
             module,
-            totals: Totals::default(),
+            live_bytes: 0.0,
+            live_var: 0.0,
             growth: 0.0,
             stacks: 0,
             parent: Some(parent),
@@ -213,7 +228,8 @@ impl Tree {
         }
         for id in chain {
             let n = &mut self.nodes[id];
-            n.totals += stack.totals;
+            n.live_bytes += stack.totals.live_bytes;
+            n.live_var += stack.totals.live_var;
             n.growth += growth;
             n.stacks += 1;
         }
@@ -232,7 +248,7 @@ impl Tree {
     pub fn weight(&self, id: NodeId, mode: Mode) -> f64 {
         let n = &self.nodes[id];
         match mode {
-            Mode::Live => n.totals.live_bytes.max(0.0),
+            Mode::Live => n.live_bytes.max(0.0),
             Mode::Growth => n.growth.max(0.0),
         }
     }
@@ -383,7 +399,7 @@ pub(crate) mod tests {
         let tree = Tree::build(&two_processes(), Scope::All, None);
         let root = tree.node(ROOT);
         assert_eq!(&*root.name, "all");
-        assert_eq!(root.totals.live_bytes, 10_000.0);
+        assert_eq!(root.live_bytes, 10_000.0);
         assert_eq!(root.stacks, 4);
         assert_eq!(names(&tree, &root.children), ["server (7)", "worker (9)"]);
         let server = root.children[0];
@@ -408,7 +424,7 @@ pub(crate) mod tests {
             }
         }
         // Variances add: the interval of a merge is the merged interval.
-        assert_eq!(tree.node(handle).totals.live_var, (1000.0 + 3000.0) * 100.0);
+        assert_eq!(tree.node(handle).live_var, (1000.0 + 3000.0) * 100.0);
     }
 
     #[test]
@@ -417,11 +433,11 @@ pub(crate) mod tests {
         p.processes[1].state = ProcessState::Exited;
         let all = Tree::build(&p, Scope::All, None);
         assert_eq!(names(&all, &all.node(ROOT).children), ["server (7)"]);
-        assert_eq!(all.node(ROOT).totals.live_bytes, 8000.0);
+        assert_eq!(all.node(ROOT).live_bytes, 8000.0);
         let one = Tree::build(&p, Scope::Process(p.processes[1].key), None);
         assert_eq!(&*one.node(ROOT).name, "worker (9)");
         assert_eq!(names(&one, &one.node(ROOT).children), ["main"]);
-        assert_eq!(one.node(ROOT).totals.live_bytes, 2000.0);
+        assert_eq!(one.node(ROOT).live_bytes, 2000.0);
         let missing = Tree::build(
             &p,
             Scope::Process(ProcessKey {

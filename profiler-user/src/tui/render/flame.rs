@@ -205,8 +205,8 @@ fn status_lines(frame: &mut Frame, flame: &FlameView, area: Rect) {
     facts.extend([
         sep(),
         Span::raw("live "),
-        Span::styled(human_bytes(node.totals.live_bytes), BOLD),
-        Span::styled(format!(" ± {}", human_ci(node.totals.live_ci95())), DIM),
+        Span::styled(human_bytes(node.live_bytes), BOLD),
+        Span::styled(format!(" ± {}", human_ci(node.live_ci95())), DIM),
     ]);
     if tree.has_baseline {
         facts.extend([

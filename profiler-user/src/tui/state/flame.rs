@@ -396,10 +396,10 @@ mod tests {
         assert_eq!(press(&mut v, KeyCode::Char(' ')), Outcome::Done);
         assert!(v.frozen());
         v.update(Tree::build(&later, Scope::All, None), Duration::ZERO);
-        assert_eq!(v.tree().node(ROOT).totals.live_bytes, 10_000.0);
+        assert_eq!(v.tree().node(ROOT).live_bytes, 10_000.0);
         assert_eq!(press(&mut v, KeyCode::Char(' ')), Outcome::Thawed);
         v.update(Tree::build(&later, Scope::All, None), Duration::ZERO);
-        assert!(v.tree().node(ROOT).totals.live_bytes > 9e9);
+        assert!(v.tree().node(ROOT).live_bytes > 9e9);
         assert_eq!(name(&v), "leak", "found again by its path");
         assert_eq!(v.tree().node(v.zoom()).name.as_ref(), "handle");
         // The zoomed frame goes: zoom and selection fall back to `main`.

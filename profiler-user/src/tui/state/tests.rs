@@ -342,7 +342,7 @@ fn the_flamegraph_follows_profiles_unless_frozen() {
     press(&mut app, KeyCode::Char('f'));
     let live = |app: &App| {
         let f = app.flame().unwrap();
-        f.tree().node(crate::tui::flame::ROOT).totals.live_bytes
+        f.tree().node(crate::tui::flame::ROOT).live_bytes
     };
     let at1 = live(&app);
     app.update(AppEvent::Profile(sample(2)));
