@@ -5,12 +5,13 @@
 //!
 //! - `state`: the state and its transitions (keys, profiles), unit-tested.
 //! - `rows`: table rows with stable identities; `history`: rates, growth,
-//!   sparkline series.
+//!   sparkline series; `flame`: the flamegraph's tree and layout.
 //! - `render`: drawing, from `&App`: before each draw it tells the state the
 //!   table's height, the one thing of the screen the state needs (to scroll);
 //!   `exporter`: the `e` key's injected writer.
 
 pub mod exporter;
+pub mod flame;
 pub mod history;
 pub mod render;
 pub mod rows;

@@ -118,7 +118,7 @@ fn weight_form(form: WeightForm) -> String {
 }
 
 /// The last two components of a path: enough to recognise a file.
-fn short_path(path: &str) -> String {
+pub(super) fn short_path(path: &str) -> String {
     let parts: Vec<&str> = path.rsplitn(3, '/').collect();
     match parts.as_slice() {
         [last, parent, _] => format!("{parent}/{last}"),

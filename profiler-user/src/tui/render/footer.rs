@@ -11,22 +11,31 @@ use ratatui::{
 
 use super::{ACCENT, BOLD, DIM, GROWING};
 use crate::tui::state::{App, Notice};
+use allocprof::inert::inert;
 
 pub(super) fn footer(frame: &mut Frame, app: &App, area: Rect) {
-    let hints = if area.width >= 110 && app.notice().is_none() {
-        "?:help  /:search  s:sort  g:group  b:baseline  p:pause  e:export  q:quit "
-    } else {
-        "?:help  q:quit "
+    let wide = area.width >= 110 && app.notice().is_none();
+    let hints = match (app.flame().is_some(), wide) {
+        (false, true) => {
+            "?:help  /:search  s:sort  g:group  b:baseline  p:pause  f:flame  e:export  q:quit "
+        }
+        (false, false) => "?:help  q:quit ",
+        (true, true) => {
+            "hjkl:move  Enter:zoom  Space:freeze  d:Δ  /:search  ?:help  Esc:out  q:table "
+        }
+        (true, false) => "?:help  q:table ",
     };
+    // The flamegraph keeps a search of its own (frames, not rows).
+    let search = app.flame().map_or(app.search(), |f| &f.search);
     let [left, right] = Layout::horizontal([
         Constraint::Min(0),
         Constraint::Length(hints.chars().count() as u16),
     ])
     .areas(area);
-    let line = if app.search().editing {
+    let line = if search.editing {
         Line::from(vec![
             Span::styled(" /", Style::new().fg(Color::Yellow)),
-            Span::raw(app.search().query.clone()),
+            Span::raw(inert(&search.query).into_owned()),
             Span::styled("█", Style::new().fg(Color::Yellow)),
             Span::styled("  Enter: keep · Esc: clear", DIM),
         ])
@@ -57,17 +66,37 @@ pub const KEYS: &[(&str, &str)] = &[
     ("b B", "mark a baseline (Δ BASELINE: growth since) / clear"),
     ("p Space", "pause / resume the view; profiling goes on"),
     ("e", "export the view to a file (the path is shown)"),
-    ("?", "this help; any key closes it"),
-    ("q Ctrl-C", "quit"),
+    (
+        "f",
+        "flamegraph of the process (or of all); ? there: its keys",
+    ),
+    ("q ?", "quit (also Ctrl-C) / this help, any key closes it"),
 ];
 
-pub(super) fn help(frame: &mut Frame, area: Rect) {
-    let key_width = KEYS
+/// The flamegraph's keys, as its help overlay lists them.
+pub const FLAME_KEYS: &[(&str, &str)] = &[
+    ("", "icicle: the root on top, callers above callees,"),
+    ("", "allocation sites at the bottom; width = bytes"),
+    ("h l ← →", "previous / next frame among the siblings"),
+    ("j k ↓ ↑", "down to the widest callee / up to the caller"),
+    ("Enter", "zoom: the frame becomes the full width"),
+    ("Esc", "zoom out one level; at the top, back to the table"),
+    ("Space p", "freeze / thaw the picture (FROZEN: no updates)"),
+    ("d", "width: live bytes / growth since the baseline"),
+    ("b B", "mark a baseline (then d shows growth) / clear it"),
+    ("/ n N", "search: highlight frames; next / previous match"),
+    ("Home", "select the zoomed frame"),
+    ("q", "back to the table (Ctrl-C quits)"),
+    ("?", "this help; any key closes it"),
+];
+
+pub(super) fn help(frame: &mut Frame, area: Rect, keys: &[(&str, &str)]) {
+    let key_width = keys
         .iter()
         .map(|(k, _)| k.chars().count())
         .max()
         .unwrap_or(0);
-    let lines: Vec<Line> = KEYS
+    let lines: Vec<Line> = keys
         .iter()
         .map(|(k, d)| {
             Line::from(vec![

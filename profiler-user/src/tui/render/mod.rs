@@ -1,12 +1,14 @@
 //! Drawing the state: the header (`header`), the process or stack table
 //! (`table`), the detail pane (`detail`), the history sparklines
-//! (`sparklines`), the status line and the help overlay (`footer`).
+//! (`sparklines`), the status line and the help overlay (`footer`); or,
+//! when open, the flamegraph (`flame`).
 //!
 //! Drawing only reads the state. What it needs of the screen to scroll, the
 //! table's height, the state is told first: [`fit_and_draw`] computes the
 //! layout, hands the height to [`App::fit_table`], then draws.
 
 mod detail;
+mod flame;
 mod footer;
 mod header;
 mod sparklines;
@@ -104,6 +106,13 @@ pub fn draw(frame: &mut Frame, app: &App) {
         too_small(frame, area);
         return;
     };
+    if let Some(view) = app.flame() {
+        flame::draw(frame, app, view, area);
+        if app.help() {
+            footer::help(frame, area, footer::FLAME_KEYS);
+        }
+        return;
+    }
     header::header(frame, app, areas.header);
     table::table(frame, app, areas.table);
     detail::detail(frame, app, areas.detail);
@@ -112,7 +121,7 @@ pub fn draw(frame: &mut Frame, app: &App) {
     }
     footer::footer(frame, app, areas.footer);
     if app.help() {
-        footer::help(frame, area);
+        footer::help(frame, area, footer::KEYS);
     }
 }
 

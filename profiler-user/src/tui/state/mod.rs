@@ -6,11 +6,12 @@
 //! loop hands it the table's height before each draw ([`App::fit_table`]),
 //! so drawing reads the state and never writes it. `columns`: the views'
 //! columns and sort orders; `search`: what a query keeps; `export`: the `e`
-//! key. `App`'s fields group what was read (`Profiles`) apart from what the
+//! key; `flame`: the flamegraph view (opened over the tables by `f`). `App`'s fields group what was read (`Profiles`) apart from what the
 //! user chose to see (`Settings`) and the rows and selections they yield.
 
 mod columns;
 mod export;
+mod flame;
 mod search;
 mod table;
 #[cfg(test)]
@@ -18,6 +19,7 @@ pub(crate) mod tests;
 
 pub use self::{
     columns::{Column, Sort, View},
+    flame::{FlameView, Outcome as FlameOutcome},
     search::Search,
     table::TableState,
 };
@@ -28,6 +30,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use super::{
     exporter::ViewSelection,
+    flame::{Scope as FlameScope, Tree},
     history::{GROWTH_WINDOW, History, RATE_WINDOW},
     rows::{self, Grouping, Inputs, Row, RowId},
 };
@@ -138,6 +141,8 @@ pub struct App {
     tables: [TableState; 2],
     help: bool,
     zoom: bool,
+    /// The flamegraph, when open: it takes the keys and the screen.
+    flame: Option<FlameView>,
     notice: Option<Notice>,
     /// Printed on exit: the terminal's history outlives the status line.
     pub log: Vec<String>,
@@ -162,6 +167,7 @@ impl App {
             tables: [TableState::default(); 2],
             help: false,
             zoom: false,
+            flame: None,
             notice: None,
             log: Vec::new(),
         }
@@ -198,6 +204,9 @@ impl App {
     }
     pub fn zoom(&self) -> bool {
         self.zoom
+    }
+    pub fn flame(&self) -> Option<&FlameView> {
+        self.flame.as_ref()
     }
     pub fn notice(&self) -> Option<&Notice> {
         self.notice.as_ref()
@@ -273,6 +282,7 @@ impl App {
                 if !self.profiles.paused {
                     self.profiles.shown = self.profiles.latest.clone();
                     self.recompute();
+                    self.rebuild_flame(false);
                 }
                 Effect::None
             }
@@ -309,6 +319,9 @@ impl App {
             // Any key closes the help; it does nothing else.
             self.help = false;
             return Effect::None;
+        }
+        if self.flame.is_some() {
+            return self.flame_key(key);
         }
         if self.settings.search.editing && self.search_key(key) {
             return Effect::None;
@@ -373,9 +386,78 @@ impl App {
             KeyCode::Char('B') => self.clear_baseline(),
             KeyCode::Char('p' | ' ') => self.toggle_pause(),
             KeyCode::Char('e') => return self.export(),
+            KeyCode::Char('f') => self.open_flame(),
             _ => {}
         }
         Effect::None
+    }
+
+    /// A key in the flamegraph: its own first, then the app's baseline and
+    /// help keys. Nothing else of the tables' (`q` leaves the view).
+    fn flame_key(&mut self, key: KeyEvent) -> Effect {
+        let Some(flame) = self.flame.as_mut() else {
+            return Effect::None;
+        };
+        match flame.key(key) {
+            FlameOutcome::Done => {}
+            FlameOutcome::Close => self.flame = None,
+            FlameOutcome::Thawed => self.rebuild_flame(true),
+            FlameOutcome::NoBaseline => {
+                self.notice = Some(Notice::Warning(if self.profiles.baseline.is_some() {
+                    // Marked after the freeze: the frozen tree has no growth.
+                    "the picture was frozen before the baseline: Space thaws it".into()
+                } else {
+                    "no baseline to compare with: press b to mark one, d then shows the growth \
+                     since"
+                        .into()
+                }));
+            }
+            FlameOutcome::Unhandled => match key.code {
+                KeyCode::Char('?') => self.help = true,
+                KeyCode::Char('b') => self.mark_baseline(),
+                KeyCode::Char('B') => self.clear_baseline(),
+                _ => {}
+            },
+        }
+        Effect::None
+    }
+
+    /// `f`: the flamegraph of the process the view is on (the selected
+    /// process, or the stack view's), else of all processes.
+    fn open_flame(&mut self) {
+        let scope = match (self.settings.view, self.selected_row().map(|r| &r.id)) {
+            (View::Processes, Some(RowId::Process(key))) => FlameScope::Process(*key),
+            (View::Processes, _) => FlameScope::All,
+            (View::Stacks, _) => self
+                .settings
+                .scope
+                .map_or(FlameScope::All, FlameScope::Process),
+        };
+        let Some(shown) = self.profiles.shown.as_deref() else {
+            self.notice = Some(Notice::Warning("no profile yet to draw".into()));
+            return;
+        };
+        self.flame = Some(FlameView::new(
+            Tree::build(shown, scope, self.profiles.baseline.as_deref()),
+            shown.elapsed,
+        ));
+    }
+
+    /// The open flamegraph from the shown profile: not while frozen, and
+    /// for a large tree not before its refresh gap is over, unless `now`
+    /// (what it shows changed: baseline, thaw).
+    fn rebuild_flame(&mut self, now: bool) {
+        let (Some(flame), Some(shown)) = (self.flame.as_mut(), self.profiles.shown.as_deref())
+        else {
+            return;
+        };
+        if !flame.due(shown.elapsed, now) {
+            return;
+        }
+        flame.update(
+            Tree::build(shown, flame.scope(), self.profiles.baseline.as_deref()),
+            shown.elapsed,
+        );
     }
 
     /// A key while the search query is edited; false if it is not for the
@@ -456,6 +538,7 @@ impl App {
              (b: mark again, B: clear)"
         )));
         self.recompute();
+        self.rebuild_flame(true);
     }
 
     fn clear_baseline(&mut self) {
@@ -472,6 +555,7 @@ impl App {
         }
         self.notice = Some(Notice::Info("baseline cleared".into()));
         self.recompute();
+        self.rebuild_flame(true);
     }
 
     fn toggle_pause(&mut self) {
@@ -484,6 +568,7 @@ impl App {
             self.notice = None;
             self.profiles.shown = self.profiles.latest.clone();
             self.recompute();
+            self.rebuild_flame(false);
         }
     }
 

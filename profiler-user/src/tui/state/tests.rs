@@ -290,3 +290,108 @@ fn elapsed_reads_well() {
     assert_eq!(format_elapsed(Duration::from_secs(187)), "3m 07s");
     assert_eq!(format_elapsed(Duration::from_secs(3723)), "1h 02m 03s");
 }
+
+/// The open flamegraph's tree root and selected frame.
+fn flame_at(app: &App) -> (String, String) {
+    let f = app.flame().expect("the flamegraph is open");
+    (
+        f.tree().node(crate::tui::flame::ROOT).name.to_string(),
+        f.tree().node(f.selected()).name.to_string(),
+    )
+}
+
+#[test]
+fn f_opens_the_flamegraph_of_all_or_of_the_process_and_esc_q_close_it() {
+    let mut app = App::new(options());
+    press(&mut app, KeyCode::Char('f'));
+    assert!(app.flame().is_none(), "no profile yet");
+    assert!(matches!(app.notice(), Some(Notice::Warning(_))));
+    let mut app = app_at(2);
+    press(&mut app, KeyCode::Char('f'));
+    assert_eq!(flame_at(&app).0, "all");
+    // Keys go to the flamegraph: j moves in it, q leaves it, not the app.
+    press(&mut app, KeyCode::Char('j'));
+    assert_eq!(flame_at(&app).1, "server (7)");
+    assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::None));
+    assert!(app.flame().is_none());
+    assert_eq!(app.view(), View::Stacks);
+    // From the process table, of the selected process.
+    press(&mut app, KeyCode::Tab);
+    press(&mut app, KeyCode::Char('j'));
+    press(&mut app, KeyCode::Char('f'));
+    assert_eq!(flame_at(&app).0, "worker (9)");
+    press(&mut app, KeyCode::Esc);
+    assert!(app.flame().is_none());
+    assert_eq!(app.view(), View::Processes);
+    // From a process's stacks, of that process.
+    press(&mut app, KeyCode::Enter);
+    press(&mut app, KeyCode::Char('f'));
+    assert_eq!(flame_at(&app).0, "worker (9)");
+    assert!(matches!(
+        app.update(AppEvent::Key(KeyEvent::new(
+            KeyCode::Char('c'),
+            KeyModifiers::CONTROL
+        ))),
+        Effect::Quit
+    ));
+}
+
+#[test]
+fn the_flamegraph_follows_profiles_unless_frozen() {
+    let mut app = app_at(1);
+    press(&mut app, KeyCode::Char('f'));
+    let live = |app: &App| {
+        let f = app.flame().unwrap();
+        f.tree().node(crate::tui::flame::ROOT).live_bytes
+    };
+    let at1 = live(&app);
+    app.update(AppEvent::Profile(sample(2)));
+    assert_eq!(live(&app), at1 + 1024.0);
+    press(&mut app, KeyCode::Char(' '));
+    assert!(app.flame().unwrap().frozen());
+    assert!(!app.paused(), "Space freezes the picture, not the app");
+    app.update(AppEvent::Profile(sample(3)));
+    assert_eq!(live(&app), at1 + 1024.0, "frozen");
+    // Thawing shows the latest at once.
+    press(&mut app, KeyCode::Char(' '));
+    assert_eq!(live(&app), at1 + 2048.0);
+}
+
+#[test]
+fn the_flamegraph_shows_growth_once_a_baseline_is_marked() {
+    let mut app = app_at(1);
+    press(&mut app, KeyCode::Char('f'));
+    press(&mut app, KeyCode::Char('d'));
+    assert_eq!(app.flame().unwrap().mode(), crate::tui::flame::Mode::Live);
+    assert!(
+        matches!(app.notice(), Some(Notice::Warning(w)) if w.contains("no baseline")),
+        "{:?}",
+        app.notice()
+    );
+    press(&mut app, KeyCode::Char('b'));
+    app.update(AppEvent::Profile(sample(4)));
+    press(&mut app, KeyCode::Char('d'));
+    let f = app.flame().unwrap();
+    assert_eq!(f.mode(), crate::tui::flame::Mode::Growth);
+    // Only `leak` grew: 3 KiB.
+    assert_eq!(f.tree().weight(crate::tui::flame::ROOT, f.mode()), 3072.0);
+    press(&mut app, KeyCode::Char('B'));
+    assert_eq!(app.flame().unwrap().mode(), crate::tui::flame::Mode::Live);
+    // A baseline marked while frozen waits for the thaw.
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Char('b'));
+    press(&mut app, KeyCode::Char('d'));
+    assert!(
+        matches!(app.notice(), Some(Notice::Warning(w)) if w.contains("Space thaws it")),
+        "{:?}",
+        app.notice()
+    );
+    press(&mut app, KeyCode::Char(' '));
+    press(&mut app, KeyCode::Char('d'));
+    assert_eq!(app.flame().unwrap().mode(), crate::tui::flame::Mode::Growth);
+    // `?` opens the help over it; any key closes the help only.
+    press(&mut app, KeyCode::Char('?'));
+    assert!(app.help());
+    press(&mut app, KeyCode::Esc);
+    assert!(!app.help() && app.flame().is_some());
+}
