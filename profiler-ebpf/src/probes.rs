@@ -389,7 +389,9 @@ fn get_or_insert_ptr<K, V: Default>(
     map.get_ptr_mut(key)
 }
 
-pub(crate) fn count_drop(pid: u32, reason: DropReason) {
+/// Counts a drop; returns the process's count of that cause after it
+/// (0 where the process has no state).
+pub(crate) fn count_drop(pid: u32, reason: DropReason) -> u64 {
     if let Some(c) = DROPS.get_ptr_mut(reason as u32) {
         // SAFETY: a per-CPU counter, ours alone while this program runs.
         unsafe { *c += 1 };
@@ -400,8 +402,11 @@ pub(crate) fn count_drop(pid: u32, reason: DropReason) {
         let i = reason as usize;
         if i < proc.drops.len() {
             add(&proc.drops[i], 1);
+            // SAFETY: an aligned read of a field others update atomically.
+            return unsafe { core::ptr::read_volatile(&proc.drops[i]) };
         }
     }
+    0
 }
 
 #[inline(always)]

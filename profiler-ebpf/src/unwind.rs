@@ -146,7 +146,23 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
                 walk.len = slot as u64 + 1;
             }
             // Here, in the loop's callback, the verifier checks it once.
-            crate::probes::count_drop(walk.pid, DropReason::StackTruncated);
+            let count = crate::probes::count_drop(walk.pid, DropReason::StackTruncated);
+            // The rare path's diagnostic (`allocprof --verbose`; compiled
+            // out by the verifier otherwise: the level is a constant): the
+            // 1st, 2nd, 4th, 8th... of a process, so a process whose every
+            // walk is cut short costs a log line now and then, not each time.
+            // Integers only: each argument costs the verifier a serialization.
+            if count & count.wrapping_sub(1) == 0 {
+                aya_log_ebpf::warn!(
+                    &(),
+                    "pid {}: stack walk cut short at pc 0x{:x} (no unwind table covers it: {}; \
+                     walks of the process cut short so far: {})",
+                    walk.pid,
+                    pc,
+                    walk.fell_back,
+                    count
+                );
+            }
             STOP
         }
     }

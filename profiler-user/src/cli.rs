@@ -110,6 +110,12 @@ pub struct TargetArgs {
     /// longer shown.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     pub max_gone_memory: u64,
+
+    /// Show the kernel programs' diagnostics as warnings: where the stack
+    /// unwinder cuts a walk short (no table for the code, a rule it cannot
+    /// apply), logged for a process's 1st, 2nd, 4th, 8th... such walk.
+    #[arg(short, long)]
+    pub verbose: bool,
 }
 
 /// The libraries armed in system-wide mode without `--probe-file`.
@@ -142,6 +148,7 @@ impl TargetArgs {
             max_new_stacks_per_second: self.max_new_stacks_per_second,
             new_stacks_burst: self.new_stacks_burst,
             max_unwind_rows: self.max_unwind_rows,
+            diagnostics: self.verbose,
             ..Limits::default()
         }
     }
@@ -430,7 +437,10 @@ mod tests {
             panic!("diff")
         };
         assert_eq!(d.max_profile_bytes, export::pprof::MAX_PROFILE_BYTES);
+        let cli = Cli::try_parse_from(["allocprof", "-v"]).unwrap();
+        assert!(cli.targets.limits().diagnostics);
         let cli = Cli::try_parse_from(["allocprof"]).unwrap();
+        assert!(!cli.targets.limits().diagnostics);
         assert_eq!(
             cli.targets.max_gone_memory,
             allocprof::session::MAX_GONE_MEMORY

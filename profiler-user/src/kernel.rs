@@ -55,6 +55,9 @@ pub struct Limits {
     /// Rows of compiled unwind tables, for all files (16 bytes each); 0
     /// turns unwind tables off (every stack is walked by frame pointers).
     pub max_unwind_rows: u32,
+    /// Stream the kernel programs' diagnostics (aya-log, the unwinder's
+    /// rare paths); off, the verifier drops their code.
+    pub diagnostics: bool,
 }
 
 impl Default for Limits {
@@ -68,6 +71,7 @@ impl Default for Limits {
             max_new_stacks_per_second: DEFAULT_NEW_STACKS_PER_SECOND,
             new_stacks_burst: DEFAULT_NEW_STACKS_BURST,
             max_unwind_rows: 1 << 20,
+            diagnostics: false,
         }
     }
 }
@@ -126,6 +130,29 @@ pub struct Kernel {
     unwind_rows: Array<MapData, UnwindRow>,
     unwind_procs: HashMap<MapData, u32, ProcUnwind>,
     max_unwind_rows: u32,
+    /// With `Limits::diagnostics`: the reader of the programs' log ring and
+    /// what it read.
+    diagnostics: Option<(aya_log::EbpfLogger<Diagnostics>, Diagnostics)>,
+}
+
+/// Log records of the kernel programs, as lines (see `Kernel::diagnostics`).
+#[derive(Clone, Default)]
+struct Diagnostics(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl log::Log for Diagnostics {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let mut lines = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded: read every poll, so only a flood reaches this.
+        if lines.len() < 1024 {
+            lines.push(record.args().to_string());
+        }
+    }
+
+    fn flush(&self) {}
 }
 
 /// An attachment: which file (by identity), which probe, where, for whom.
@@ -152,7 +179,10 @@ impl Kernel {
         report_all_execs: bool,
     ) -> Result<Kernel, KernelError> {
         let report_all = u8::from(report_all_execs);
+        // aya-log's levels: 0 off, 2 warnings (what the unwinder logs).
+        let log_level: u8 = if limits.diagnostics { 2 } else { 0 };
         let mut ebpf = EbpfLoader::new()
+            .override_global("AYA_LOG_LEVEL", &log_level, true)
             .map_max_entries(names::LIVE, limits.max_live_samples)
             .map_max_entries(names::STACKS, limits.max_stacks)
             .map_max_entries(names::AGGS, limits.max_aggregates)
@@ -195,6 +225,14 @@ impl Kernel {
             .map_err(map_err(names::UNWIND_ROWS))?;
         let unwind_procs = HashMap::try_from(take(&mut ebpf, names::UNWIND_PROCS)?)
             .map_err(map_err(names::UNWIND_PROCS))?;
+        let diagnostics = if limits.diagnostics {
+            let lines = Diagnostics::default();
+            let reader = aya_log::EbpfLogger::init_with_logger(&mut ebpf, lines.clone())
+                .map_err(|e| KernelError::Load(Box::new(e)))?;
+            Some((reader, lines))
+        } else {
+            None
+        };
         Ok(Kernel {
             ebpf,
             specs,
@@ -210,7 +248,18 @@ impl Kernel {
             unwind_rows,
             unwind_procs,
             max_unwind_rows: limits.max_unwind_rows,
+            diagnostics,
         })
+    }
+
+    /// The kernel programs' log lines since the last call (none without
+    /// `Limits::diagnostics`).
+    pub fn diagnostics(&mut self) -> Vec<String> {
+        let Some((reader, lines)) = &mut self.diagnostics else {
+            return Vec::new();
+        };
+        reader.flush();
+        std::mem::take(&mut *lines.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Attaches to `site` in the file at `path`. Attaching twice is a no-op.

@@ -52,8 +52,8 @@ const SITES: [Site; 3] = [
 
 /// A session on `pid` once the unwind tables of its files are built and
 /// loaded (so its allocations are walked with them from the first).
-fn session_with_tables(pid: u32) -> Session {
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+fn session_with_tables(pid: u32, limits: Limits) -> Session {
+    let mut session = Session::start(Target::Pids(vec![pid]), limits).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         session.poll_events();
@@ -74,13 +74,20 @@ fn session_with_tables(pid: u32) -> Session {
 /// tables of its files are loaded; returns it, waiting for `exit`, and its
 /// complete profile.
 fn profiled_with_tables(cmd: Command, library: &str) -> (Proc, Profile) {
+    let (w, profile, _) = profiled_with(cmd, library, Limits::default());
+    (w, profile)
+}
+
+/// As [`profiled_with_tables`], with `limits`; also returns the session's
+/// warnings.
+fn profiled_with(cmd: Command, library: &str, limits: Limits) -> (Proc, Profile, Vec<String>) {
     let mut w = Proc::spawn(cmd);
     common::wait_for_mapping(w.pid(), library);
-    let mut session = session_with_tables(w.pid());
+    let mut session = session_with_tables(w.pid(), limits);
     w.send("go");
     w.expect("ready");
     let profile = session.complete_profile().unwrap();
-    (w, profile)
+    (w, profile, std::mem::take(&mut session.warnings))
 }
 
 /// Whether `frames` (innermost first) hold `chain` in that order.
@@ -155,10 +162,14 @@ fn stacks_without_frame_pointers_are_whole_and_estimates_unbiased() {
     w.send("exit");
 }
 
-#[test]
-fn a_library_without_call_frame_information_ends_its_stacks_in_one_marker() {
-    common::require_bpf();
-    let dir = common::scratch_dir(&format!("nocfi-{}", std::process::id()));
+/// `nocfi_main.c` over `libnocfi.so`, a library without call-frame
+/// information (its frames end every walk in a truncation marker).
+fn nocfi_workload() -> Command {
+    // A directory per call: tests running at once must not rebuild a
+    // library another one runs.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = common::scratch_dir(&format!("nocfi-{}-{call}", std::process::id()));
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/workloads");
     // No -g either: debug info would bring a .debug_frame. (The C runtime's
     // own start files still bring a small .eh_frame for their functions.)
@@ -185,7 +196,13 @@ fn a_library_without_call_frame_information_ends_its_stacks_in_one_marker() {
             &format!("-Wl,-rpath,{}", dir.display()),
         ],
     );
-    let (mut w, profile) = profiled_with_tables(Command::new(exe), "libnocfi.so");
+    Command::new(exe)
+}
+
+#[test]
+fn a_library_without_call_frame_information_ends_its_stacks_in_one_marker() {
+    common::require_bpf();
+    let (mut w, profile) = profiled_with_tables(nocfi_workload(), "libnocfi.so");
     let p = common::process(&profile, w.pid());
     let stacks = stacks_of(p, "nocfi_alloc");
     assert!(!stacks.is_empty(), "{p:#?}");
@@ -213,6 +230,34 @@ fn a_library_without_call_frame_information_ends_its_stacks_in_one_marker() {
     let live: f64 = stacks.iter().map(|s| s.totals.live_bytes).sum();
     let (truth, sigma) = common::truth_and_sigma(1000, 8192, RATE);
     assert!((live - truth).abs() <= 5.0 * sigma, "{live} vs {truth}");
+    w.send("exit");
+}
+
+#[test]
+fn verbose_diagnostics_say_where_walks_are_cut_short() {
+    common::require_bpf();
+    let limits = Limits {
+        diagnostics: true,
+        ..Limits::default()
+    };
+    let (mut w, profile, warnings) = profiled_with(nocfi_workload(), "libnocfi.so", limits);
+    let p = common::process(&profile, w.pid());
+    let truncated = p.drops[DropReason::StackTruncated as usize];
+    let lines: Vec<&String> = warnings
+        .iter()
+        .filter(|l| l.starts_with(&format!("kernel: pid {}: stack walk cut short", w.pid())))
+        .collect();
+    // The 1st, 2nd, 4th... of the process's cut walks: one line per power
+    // of two up to the count.
+    assert!(truncated > 0, "{warnings:?}");
+    let expected = (u64::BITS - truncated.leading_zeros()) as usize;
+    assert!(
+        !lines.is_empty() && lines.len() <= expected,
+        "{} lines for {truncated} cut walks: {warnings:?}",
+        lines.len()
+    );
+    assert!(lines[0].contains("cut short so far: 1)"), "{}", lines[0]);
+    assert!(lines[0].contains("covers it: 1;"), "{}", lines[0]);
     w.send("exit");
 }
 
@@ -460,7 +505,7 @@ fn a_rust_program_without_frame_pointers_has_whole_stacks() {
         .env("ALLOCPROF_RATE", RATE.to_string());
     let mut w = Proc::spawn(cmd);
     let pid = w.pid();
-    let mut session = session_with_tables(pid);
+    let mut session = session_with_tables(pid, Limits::default());
     w.send("go");
     w.expect("ready");
     let profile = session.complete_profile().unwrap();

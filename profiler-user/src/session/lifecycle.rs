@@ -53,6 +53,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// images that went in one poll are retired together.
     pub fn poll_events(&mut self) {
         self.load_tables();
+        for line in self.kernel.diagnostics() {
+            self.warnings.push(format!("kernel: {line}"));
+        }
         let now = Instant::now();
         let mut exited = Vec::new();
         let mut execed = Vec::new();

@@ -30,6 +30,10 @@ pub trait KernelPort {
     fn attachments(&self) -> usize;
     /// Process exit/exec events reported since the last call.
     fn proc_events(&mut self) -> Vec<ProcEvent>;
+    /// The kernel programs' diagnostics since the last call (`--verbose`).
+    fn diagnostics(&mut self) -> Vec<String> {
+        Vec::new()
+    }
     /// One process's counters (a lookup, no snapshot).
     fn process(&self, pid: u32) -> Option<ProcCounters>;
     /// A copy of the aggregates, per-process counters and drops.
@@ -88,6 +92,10 @@ impl KernelPort for Kernel {
 
     fn proc_events(&mut self) -> Vec<ProcEvent> {
         Kernel::proc_events(self)
+    }
+
+    fn diagnostics(&mut self) -> Vec<String> {
+        Kernel::diagnostics(self)
     }
 
     fn process(&self, pid: u32) -> Option<ProcCounters> {
