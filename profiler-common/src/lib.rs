@@ -50,6 +50,9 @@ pub struct LiveSample {
     /// `ProcCounters::generation` when the sample was taken (bumped on exec).
     pub generation: u32,
     pub _pad: u32,
+    /// When it was allocated (`bpf_ktime_get_ns`: CLOCK_MONOTONIC), for
+    /// leaks by age.
+    pub allocated_ns: u64,
 }
 
 /// Key of the per-process, per-stack aggregates.

@@ -112,6 +112,8 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
         weight,
         generation,
         _pad: 0,
+        // SAFETY: a helper without arguments.
+        allocated_ns: unsafe { bpf_ktime_get_ns() },
     };
     let agg_key = AggKey {
         pid,

@@ -111,6 +111,12 @@ pub struct TargetArgs {
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     pub max_gone_memory: u64,
 
+    /// Live figures, in every view and export, count only allocations live
+    /// for at least this long (e.g. 5s, 10m): a leak's bytes stay, a
+    /// churning cache's go. Exited processes keep what they held.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub min_age: Option<Duration>,
+
     /// Show the kernel programs' diagnostics as warnings: where the stack
     /// unwinder cuts a walk short (no table for the code, a rule it cannot
     /// apply), logged for a process's 1st, 2nd, 4th, 8th... such walk.

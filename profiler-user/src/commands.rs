@@ -29,10 +29,7 @@ pub async fn record(args: RecordArgs) -> Result<()> {
     cli::check_preconditions()?;
     // Named before profiling, not after an hour of it.
     output::check_writable(&args.output)?;
-    let mut session = Session::start(args.targets.target(), args.targets.limits())?;
-    session.set_max_gone_memory(args.targets.max_gone_memory);
-    crate::arm_probe_files(&mut session, &args.targets)?;
-    crate::print_warnings(&mut session);
+    let mut session = crate::start_session(&args.targets)?;
     // Stop signals are handled before we say we attached (see main.rs).
     let mut driver = Driver::new(args.interval.map_or(REFRESH, |i| i.min(REFRESH)))
         .with_deadline(args.duration)

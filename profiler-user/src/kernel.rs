@@ -110,6 +110,8 @@ pub enum Scope {
 #[derive(Debug, Default)]
 pub struct KernelSnapshot {
     pub aggregates: Vec<(AggKey, StackAgg)>,
+    /// Every live sample (for their ages; see `crate::age`).
+    pub live: Vec<(LiveKey, LiveSample)>,
     pub processes: BTreeMap<u32, ProcCounters>,
     /// Drops summed over CPUs, by `DropReason`.
     pub drops: [u64; DROP_REASONS],
@@ -379,6 +381,8 @@ impl Kernel {
             let (pid, state) = entry.map_err(map_err(names::PROCS))?;
             snap.processes.insert(pid, state);
         }
+        // Entries freed while the walk runs are skipped, not an error.
+        snap.live.extend(self.live.iter().filter_map(Result::ok));
         for (i, slot) in snap.drops.iter_mut().enumerate() {
             let per_cpu = self
                 .drops

@@ -2,6 +2,7 @@
 //! cores (statistics, profile model, symbolization, output formats) that the
 //! binary drives. Only `kernel` talks to aya.
 
+pub mod age;
 pub mod discover;
 pub mod export;
 pub mod inert;

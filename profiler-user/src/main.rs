@@ -111,10 +111,7 @@ async fn run(cli: Cli) -> Result<()> {
     }
     let headless =
         cli.duration.is_some() || !std::io::stdout().is_terminal() || cli.output.is_some();
-    let mut session = Session::start(cli.targets.target(), cli.targets.limits())?;
-    session.set_max_gone_memory(cli.targets.max_gone_memory);
-    arm_probe_files(&mut session, &cli.targets)?;
-    print_warnings(&mut session);
+    let mut session = start_session(&cli.targets)?;
     if !headless {
         let dir = std::env::current_dir().context("finding the current directory")?;
         // The live view is still useful where exports cannot go: say so in it.
@@ -172,9 +169,20 @@ pub(crate) fn refresh_tick(session: &mut Session) -> Result<bool> {
     Ok(true)
 }
 
+/// Attaches to the targets as the options say, arms the probe files and
+/// prints what the start found worth a warning.
+pub(crate) fn start_session(targets: &cli::TargetArgs) -> Result<Session> {
+    let mut session = Session::start(targets.target(), targets.limits())?;
+    session.set_max_gone_memory(targets.max_gone_memory);
+    session.set_min_age(targets.min_age.unwrap_or_default());
+    arm_probe_files(&mut session, targets)?;
+    print_warnings(&mut session);
+    Ok(session)
+}
+
 /// System-wide: arms the probe files named with `--probe-file` (each must
 /// carry probes) and the liballocprof libraries next to us (where present).
-pub(crate) fn arm_probe_files(session: &mut Session, targets: &cli::TargetArgs) -> Result<()> {
+fn arm_probe_files(session: &mut Session, targets: &cli::TargetArgs) -> Result<()> {
     if targets.target() != Target::All {
         return Ok(());
     }

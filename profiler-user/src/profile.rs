@@ -145,6 +145,9 @@ pub struct Profile {
     /// table could not be built or did not fit is `unavailable`: its code
     /// is walked by frame pointers).
     pub unwind: TablesStatus,
+    /// `--min-age`: the live figures of running processes count only
+    /// samples allocated at least this long ago (zero: all).
+    pub min_age: Duration,
 }
 
 impl Profile {

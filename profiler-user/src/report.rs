@@ -1,7 +1,7 @@
 //! The text report: per process and per stack, estimated live bytes with a
 //! 95% confidence interval, live objects, allocated bytes, samples, drops.
 
-use std::fmt::Write;
+use std::{fmt::Write, time::Duration};
 
 use profiler_common::{DropReason, WeightForm};
 
@@ -71,6 +71,13 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
         total.alloc_samples,
         dropped,
     );
+    if !profile.min_age.is_zero() {
+        let _ = writeln!(
+            out,
+            "allocprof: live figures count only allocations live for at least {} (--min-age)",
+            human_age(profile.min_age)
+        );
+    }
     let lost = profile.lost_live_bytes();
     if lost > 0 {
         let _ = writeln!(
@@ -161,8 +168,8 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
 fn stacks(out: &mut String, stacks: &[StackProfile], total: Totals, opts: ReportOptions) {
     let _ = writeln!(
         out,
-        "  {:>24} {:>6} {:>10} {:>12} {:>9}",
-        "LIVE BYTES (95% CI)", "%", "OBJECTS", "ALLOCATED", "SAMPLES"
+        "  {:>24} {:>6} {:>10} {:>12} {:>9} {:>6} {:>6}",
+        "LIVE BYTES (95% CI)", "%", "OBJECTS", "ALLOCATED", "SAMPLES", ">1MIN", "OLDEST"
     );
     for s in stacks.iter().take(opts.top) {
         let share = if total.live_bytes > 0.0 {
@@ -170,19 +177,42 @@ fn stacks(out: &mut String, stacks: &[StackProfile], total: Totals, opts: Report
         } else {
             0.0
         };
+        // Of the live bytes, the share live for over a minute: a leak's
+        // grows to 100 %, a cache's stays low.
+        let old = if s.totals.live_bytes > 0.0 {
+            format!(
+                "{:.0}%",
+                (100.0 * s.totals.ages.over_old / s.totals.live_bytes).min(100.0)
+            )
+        } else {
+            "-".into()
+        };
         let _ = writeln!(
             out,
-            "  {:>24} {:>6.1} {:>10} {:>12} {:>9}",
+            "  {:>24} {:>6.1} {:>10} {:>12} {:>9} {:>6} {:>6}",
             with_ci(s.totals.live_bytes, s.totals.live_ci95()),
             share,
             human_count(s.totals.live_objects),
             human_bytes(s.totals.alloc_bytes),
             s.totals.alloc_samples,
+            old,
+            human_age(s.totals.ages.oldest),
         );
         frames(out, &s.frames, opts.depth);
     }
     if stacks.len() > opts.top {
         let _ = writeln!(out, "  ... {} more stacks", stacks.len() - opts.top);
+    }
+}
+
+/// An age for people: `45s`, `12m`, `3h`, `2d`.
+pub fn human_age(age: Duration) -> String {
+    let s = age.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
     }
 }
 

@@ -21,6 +21,9 @@ pub struct Totals {
     pub alloc_var: f64,
     pub alloc_objects: f64,
     pub alloc_samples: u64,
+    /// The live bytes by age (zero where unknown: gone processes, profiles
+    /// read back from files).
+    pub ages: crate::age::Ages,
 }
 
 impl Totals {
@@ -35,6 +38,7 @@ impl Totals {
             alloc_var: variance_in_bytes2(agg.alloc_var),
             alloc_objects: objects(agg.alloc_objects),
             alloc_samples: agg.alloc_samples,
+            ages: crate::age::Ages::default(),
         }
     }
 
@@ -99,6 +103,7 @@ impl AddAssign for Totals {
         self.alloc_var += o.alloc_var;
         self.alloc_objects += o.alloc_objects;
         self.alloc_samples += o.alloc_samples;
+        self.ages.merge(&o.ages);
     }
 }
 

@@ -544,6 +544,7 @@ struct Report {
     lost_live_bytes: u64,
     processes: Vec<Process>,
     unwind: Unwind,
+    min_age_seconds: f64,
 }
 
 #[derive(Deserialize, Debug)]
@@ -580,7 +581,16 @@ struct Process {
 #[serde(deny_unknown_fields)]
 struct Stack {
     totals: Estimates,
+    age: Age,
     frames: Vec<Frame>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Age {
+    live_bytes_older_than_1m: f64,
+    live_bytes_older_than_10m: f64,
+    oldest_seconds: f64,
 }
 
 #[derive(Deserialize, Debug)]
@@ -684,6 +694,15 @@ fn json_follows_the_documented_schema() {
             .unwrap_or_else(|| panic!("no stack at {name}: {p:#?}"))
     };
     let large = site("site_large");
+    // A 3 s run: nothing is a minute old yet, and no --min-age.
+    assert_eq!(r.min_age_seconds, 0.0);
+    assert_eq!(large.age.live_bytes_older_than_1m, 0.0);
+    assert_eq!(large.age.live_bytes_older_than_10m, 0.0);
+    assert!(
+        large.age.oldest_seconds > 0.0 && large.age.oldest_seconds < 60.0,
+        "{:?}",
+        large.age
+    );
     assert_eq!(large.totals.live_bytes, LARGE as f64);
     assert_eq!(large.totals.live_objects, 8.0);
     assert_eq!(large.totals.live_samples, 8);

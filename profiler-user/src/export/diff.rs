@@ -52,6 +52,7 @@ pub fn growth(a: &Profile, b: &Profile) -> Profile {
         drops: [0; DROP_REASONS],
         elapsed: b.elapsed.saturating_sub(a.elapsed),
         unwind: b.unwind,
+        min_age: b.min_age,
     }
 }
 

@@ -44,6 +44,10 @@ pub struct Report {
     /// Where the unwind tables stand (added within version 1).
     #[serde(default)]
     pub unwind: Unwind,
+    /// `--min-age`: live figures of running processes count only
+    /// allocations live at least this long (0: all; added within version 2).
+    #[serde(default)]
+    pub min_age_seconds: f64,
 }
 
 /// Files mapped executable by the profiled processes, by the state of their
@@ -94,8 +98,21 @@ pub struct Process {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stack {
     pub totals: Estimates,
+    /// Its live bytes by age (absent in profiles that do not know them).
+    #[serde(default)]
+    pub age: Age,
     /// Innermost first, allocator frames removed.
     pub frames: Vec<StackFrame>,
+}
+
+/// Live bytes by how long they have been live (unbiased estimates): a
+/// leak's are all old, a cache's mostly young.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Age {
+    pub live_bytes_older_than_1m: f64,
+    pub live_bytes_older_than_10m: f64,
+    /// The oldest live sample's age.
+    pub oldest_seconds: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -223,6 +240,11 @@ pub fn report(profile: &Profile) -> Report {
                 .iter()
                 .map(|s| Stack {
                     totals: (&s.totals).into(),
+                    age: Age {
+                        live_bytes_older_than_1m: s.totals.ages.over_old,
+                        live_bytes_older_than_10m: s.totals.ages.over_very_old,
+                        oldest_seconds: s.totals.ages.oldest.as_secs_f64(),
+                    },
                     frames: s.frames.iter().map(frame).collect(),
                 })
                 .collect(),
@@ -246,6 +268,7 @@ pub fn report(profile: &Profile) -> Report {
             files_unavailable: profile.unwind.unavailable as u64,
             free_rows: profile.unwind.free_rows,
         },
+        min_age_seconds: profile.min_age.as_secs_f64(),
     }
 }
 

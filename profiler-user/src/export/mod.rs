@@ -162,6 +162,7 @@ pub(crate) mod tests {
             alloc_var: alloc * 10.0,
             alloc_objects: alloc / size,
             alloc_samples: 5,
+            ages: Default::default(),
         }
     }
 
@@ -251,6 +252,7 @@ pub(crate) mod tests {
             drops,
             elapsed: Duration::from_millis(12_500),
             unwind: Default::default(),
+            min_age: Duration::ZERO,
         }
     }
 

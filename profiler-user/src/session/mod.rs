@@ -148,6 +148,8 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     rescans: HashMap<u32, (Instant, usize)>,
     last_full_scan: Instant,
     started: Instant,
+    /// `--min-age`: live figures count samples live at least this long.
+    min_age: Duration,
     /// Unwind tables of the files processes map executable.
     unwind: UnwindTables,
     /// What each process's kernel unwind entry holds (to skip rewrites).
@@ -188,6 +190,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut session = Session {
             unwind,
             unwound: HashMap::new(),
+            min_age: Duration::ZERO,
             kernel,
             processes,
             target: target.clone(),
@@ -258,6 +261,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub fn set_max_gone_memory(&mut self, bytes: u64) {
         self.max_gone_bytes = bytes;
         self.drop_oldest_frozen();
+    }
+
+    /// Live figures (every view and export) count only samples allocated
+    /// at least `age` ago (`--min-age`); zero counts all.
+    pub fn set_min_age(&mut self, age: Duration) {
+        self.min_age = age;
     }
 
     /// In `--pid` mode: whether any target still runs.

@@ -31,6 +31,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 }
                 None => false,
             });
+        snapshot
+            .live
+            .retain_mut(|(key, _)| match pids.local(key.pid) {
+                Some(local) => {
+                    key.pid = local;
+                    true
+                }
+                None => false,
+            });
         snapshot.processes = std::mem::take(&mut snapshot.processes)
             .into_iter()
             .filter_map(|(host, state)| Some((pids.local(host)?, state)))

@@ -7,6 +7,7 @@ use profiler_common::ProcCounters;
 
 use super::{Incarnation, KernelPort, ProcessPort, Session};
 use crate::{
+    age,
     kernel::KernelSnapshot,
     profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes},
     stats::Totals,
@@ -33,15 +34,28 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     pub(super) fn build(&mut self, snapshot: &KernelSnapshot) -> Profile {
+        let ages = age::by_stack(&snapshot.live, age::monotonic_now_ns(), self.min_age);
         let mut live: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
         for (key, agg) in &snapshot.aggregates {
             let pk = ProcessKey {
                 pid: key.pid,
                 generation: key.generation,
             };
-            live.entry(pk)
-                .or_default()
-                .push((key.stack_id, Totals::from_agg(agg)));
+            let stack_ages = ages.get(key).copied().unwrap_or_default();
+            let mut agg = *agg;
+            if !self.min_age.is_zero() {
+                // Only what has been live that long (`--min-age`).
+                let old = stack_ages.old_enough;
+                agg.live_bytes = old.live_bytes;
+                agg.live_objects = old.live_objects;
+                agg.live_var = old.live_var;
+                agg.live_samples = old.live_samples;
+            }
+            let totals = Totals {
+                ages: stack_ages.ages,
+                ..Totals::from_agg(&agg)
+            };
+            live.entry(pk).or_default().push((key.stack_id, totals));
         }
         let mut processes = Vec::new();
         for (key, stacks) in live {
@@ -74,6 +88,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             drops: snapshot.drops,
             elapsed: self.started.elapsed(),
             unwind: self.unwind.status(),
+            min_age: self.min_age,
         }
     }
 

@@ -9,11 +9,12 @@ use std::{
     fs::File,
     rc::Rc,
     sync::Arc,
+    time::Duration,
 };
 
 use profiler_common::{
-    AggKey, DROP_REASONS, DropReason, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcCounters, ProcEvent,
-    SampleDelta, StackAgg, UsdtSpec,
+    AggKey, DROP_REASONS, DropReason, LiveKey, LiveSample, PROC_EVENT_EXEC, PROC_EVENT_EXIT,
+    ProcCounters, ProcEvent, SampleDelta, StackAgg, UsdtSpec,
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -48,6 +49,7 @@ fn address_in(f: fn() -> u64) -> u64 {
 #[derive(Default)]
 struct KernelState {
     aggregates: HashMap<AggKey, StackAgg>,
+    live: Vec<(LiveKey, LiveSample)>,
     procs: BTreeMap<u32, ProcCounters>,
     stacks: HashMap<u64, Vec<u64>>,
     drops: [u64; DROP_REASONS],
@@ -109,6 +111,11 @@ impl World {
     /// One sampled allocation of `size` bytes in `pid`'s current image, on
     /// the stack `stack_id` (whose frames the kernel holds).
     fn sample(&self, pid: u32, stack_id: u64, frames: &[u64], size: u64) {
+        self.sample_aged(pid, stack_id, frames, size, Duration::ZERO);
+    }
+
+    /// A live sample allocated `age` ago.
+    fn sample_aged(&self, pid: u32, stack_id: u64, frames: &[u64], size: u64, age: Duration) {
         let mut w = self.0.borrow_mut();
         let k = &mut w.kernel;
         k.stacks.insert(stack_id, frames.to_vec());
@@ -127,6 +134,18 @@ impl World {
         agg.alloc_bytes += delta.bytes;
         agg.live_samples += 1;
         agg.alloc_samples += 1;
+        let ptr = k.live.len() as u64;
+        k.live.push((
+            LiveKey { pid, _pad: 0, ptr },
+            LiveSample {
+                stack_id,
+                size,
+                weight,
+                generation: key.generation,
+                _pad: 0,
+                allocated_ns: crate::age::monotonic_now_ns().saturating_sub(age.as_nanos() as u64),
+            },
+        ));
     }
 
     fn exec(&self, pid: u32, new_name: &str) {
@@ -209,6 +228,7 @@ impl KernelPort for FakeKernel {
         let k = self.0.kernel();
         Ok(KernelSnapshot {
             aggregates: k.aggregates.iter().map(|(k, v)| (*k, *v)).collect(),
+            live: k.live.clone(),
             processes: k.procs.clone(),
             drops: k.drops,
         })
@@ -667,7 +687,7 @@ fn names_of_images_dropped_before_they_are_symbolized_are_not_kept() {
 
 /// Waits (bounded) until `pid` has the table of this test binary's code.
 fn wait_for_tables(s: &mut Session<FakeKernel, FakeProcesses>, world: &World, pid: u32) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let here = address_in(alpha_site);
     let has_ours = |world: &World| {
         world.kernel().unwind_procs.get(&pid).is_some_and(|t| {
@@ -683,7 +703,7 @@ fn wait_for_tables(s: &mut Session<FakeKernel, FakeProcesses>, world: &World, pi
             s.warnings
         );
         s.poll_events();
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -731,18 +751,54 @@ fn a_process_gets_no_tables_while_any_of_its_files_is_loading() {
     let world = World::default();
     world.spawn(100, "app");
     let mut s = session(&world, Target::All);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut polls = 0;
     while !world.kernel().unwind_procs.contains_key(&100) {
         assert!(std::time::Instant::now() < deadline, "{:?}", s.warnings);
         assert!(s.unwind_status().loading > 0, "every table in, none given");
         s.poll_events();
         polls += 1;
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(1));
     }
     // Given in the poll that loaded the last one: walks never start in code
     // whose table is still on its way (they would end in a marker at once).
     let status = s.unwind_status();
     assert_eq!(status.loading, 0, "after {polls} polls: {status:?}");
     assert!(world.kernel().unwind_procs[&100].len > 1, "several files");
+}
+
+#[test]
+fn live_bytes_are_split_by_age_and_min_age_keeps_only_the_old() {
+    let world = World::default();
+    let mut s = session(&world, Target::All);
+    world.spawn(100, "leaky");
+    let (leak, cache) = (address_in(alpha_site), address_in(beta_site));
+    for _ in 0..3 {
+        world.sample_aged(100, 1, &[leak], 1 << 20, Duration::from_secs(700));
+    }
+    world.sample_aged(100, 2, &[cache], 8 << 20, Duration::from_secs(1));
+    let p = s.complete_profile().unwrap();
+    let stack = |p: &Profile, id: &str| {
+        images(p, 100)[0]
+            .stacks
+            .iter()
+            .find(|st| st.frames.iter().any(|f| f.function.contains(id)))
+            .map(|st| st.totals)
+            .unwrap()
+    };
+    let old = stack(&p, "alpha_site");
+    assert_eq!(old.ages.over_old, old.live_bytes);
+    assert_eq!(old.ages.over_very_old, old.live_bytes);
+    assert!(old.ages.oldest >= Duration::from_secs(700));
+    let young = stack(&p, "beta_site");
+    assert_eq!(young.ages.over_old, 0.0);
+    assert!(young.live_bytes > old.live_bytes, "the cache is larger now");
+    assert_eq!(images(&p, 100)[0].totals.ages.over_old, old.live_bytes);
+
+    // `--min-age 5s`: the leak alone is live that long.
+    s.set_min_age(Duration::from_secs(5));
+    let p = s.complete_profile().unwrap();
+    assert_eq!(stack(&p, "alpha_site").live_bytes, old.live_bytes);
+    assert_eq!(stack(&p, "beta_site").live_bytes, 0.0);
+    assert_eq!(images(&p, 100)[0].totals.live_bytes, old.live_bytes);
 }

@@ -393,6 +393,7 @@ pub(crate) mod tests {
             alloc_var: 0.0,
             alloc_objects: alloc / 64.0,
             alloc_samples: 2,
+            ages: Default::default(),
         }
     }
 
@@ -429,6 +430,7 @@ pub(crate) mod tests {
             drops: [0; DROP_REASONS],
             elapsed: Duration::from_secs(secs),
             unwind: Default::default(),
+            min_age: Duration::ZERO,
         }
     }
 

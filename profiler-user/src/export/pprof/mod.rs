@@ -863,6 +863,7 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
         drops: [0; DROP_REASONS],
         elapsed: Duration::from_nanos(u64::try_from(p.duration_nanos).unwrap_or(0)),
         unwind: Default::default(),
+        min_age: Duration::ZERO,
     })
 }
 
@@ -1293,6 +1294,7 @@ mod tests {
                 drops: [0; DROP_REASONS],
                 elapsed: Duration::from_millis(1500),
                 unwind: Default::default(),
+                min_age: Duration::ZERO,
             }
         })
     }

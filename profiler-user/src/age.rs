@@ -1,0 +1,178 @@
+//! Leaks by age: each live sample carries its allocation time (the
+//! kernel's CLOCK_MONOTONIC), so the live bytes of a stack split by how
+//! long they have been live. A leak's samples only grow older; a cache's
+//! are replaced. Pure: the kernel's live samples and a clock reading in,
+//! per-image-and-stack figures out.
+
+use std::{collections::HashMap, time::Duration};
+
+use profiler_common::{AggKey, LiveKey, LiveSample, SampleDelta, StackAgg};
+
+/// The ages the views show live bytes past.
+pub const OLD: Duration = Duration::from_secs(60);
+pub const VERY_OLD: Duration = Duration::from_secs(600);
+
+/// Live bytes of a stack by age (unbiased, like the live bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Ages {
+    /// Live bytes allocated more than [`OLD`] ago.
+    pub over_old: f64,
+    /// Live bytes allocated more than [`VERY_OLD`] ago.
+    pub over_very_old: f64,
+    /// The oldest live sample's age (zero without samples).
+    pub oldest: Duration,
+}
+
+impl Ages {
+    /// Sums two stacks' figures (merged stacks, process totals).
+    pub fn merge(&mut self, o: &Ages) {
+        self.over_old += o.over_old;
+        self.over_very_old += o.over_very_old;
+        self.oldest = self.oldest.max(o.oldest);
+    }
+}
+
+/// What the live samples say per (process image, stack).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StackAges {
+    pub ages: Ages,
+    /// The live sums of the samples older than the minimum age (see
+    /// [`by_stack`]), in the kernel's aggregate form.
+    pub old_enough: StackAgg,
+}
+
+/// The live samples' ages per (pid, generation, stack) at `now_ns` (same
+/// clock as the samples'); `old_enough` sums those allocated at least
+/// `min_age` ago. A sample stamped after `now_ns` (read after the clock)
+/// counts as age zero.
+pub fn by_stack(
+    live: &[(LiveKey, LiveSample)],
+    now_ns: u64,
+    min_age: Duration,
+) -> HashMap<AggKey, StackAges> {
+    let mut out: HashMap<AggKey, StackAges> = HashMap::new();
+    for (key, sample) in live {
+        let age = Duration::from_nanos(now_ns.saturating_sub(sample.allocated_ns));
+        let entry = out
+            .entry(AggKey {
+                pid: key.pid,
+                generation: sample.generation,
+                stack_id: sample.stack_id,
+            })
+            .or_default();
+        let weight = sample.weight as f64;
+        if age >= OLD {
+            entry.ages.over_old += weight;
+        }
+        if age >= VERY_OLD {
+            entry.ages.over_very_old += weight;
+        }
+        entry.ages.oldest = entry.ages.oldest.max(age);
+        if age >= min_age {
+            // The kernel's own arithmetic, so the sums mean what its do.
+            let d = SampleDelta::of(sample.size, sample.weight);
+            let old = &mut entry.old_enough;
+            old.live_bytes = old.live_bytes.wrapping_add(d.bytes);
+            old.live_objects = old.live_objects.wrapping_add(d.objects);
+            old.live_var = old.live_var.wrapping_add(d.var);
+            old.live_samples += 1;
+        }
+    }
+    out
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the current time into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(stack_id: u64, weight: u64, allocated_s: u64) -> (LiveKey, LiveSample) {
+        (
+            LiveKey {
+                pid: 7,
+                _pad: 0,
+                ptr: stack_id * 1000 + allocated_s,
+            },
+            LiveSample {
+                stack_id,
+                size: 64,
+                weight,
+                generation: 1,
+                _pad: 0,
+                allocated_ns: allocated_s * 1_000_000_000,
+            },
+        )
+    }
+
+    #[test]
+    fn live_bytes_split_by_age_and_the_oldest_is_kept() {
+        let now = 1000 * 1_000_000_000;
+        let live = [
+            sample(1, 100, 1000), // just now
+            sample(1, 200, 930),  // 70 s
+            sample(1, 400, 300),  // 700 s
+            sample(2, 800, 999),
+        ];
+        let ages = by_stack(&live, now, Duration::from_secs(5));
+        let key = |stack_id| AggKey {
+            pid: 7,
+            generation: 1,
+            stack_id,
+        };
+        let a = ages[&key(1)];
+        assert_eq!(a.ages.over_old, 600.0);
+        assert_eq!(a.ages.over_very_old, 400.0);
+        assert_eq!(a.ages.oldest, Duration::from_secs(700));
+        assert_eq!(a.old_enough.live_bytes, 600, "older than 5 s");
+        assert_eq!(a.old_enough.live_samples, 2);
+        let expected_var = SampleDelta::of(64, 200).var + SampleDelta::of(64, 400).var;
+        assert_eq!(a.old_enough.live_var, expected_var);
+        let b = ages[&key(2)];
+        assert_eq!(
+            b.ages,
+            Ages {
+                over_old: 0.0,
+                over_very_old: 0.0,
+                oldest: Duration::from_secs(1),
+            }
+        );
+        assert_eq!(b.old_enough, StackAgg::default(), "1 s is younger than 5 s");
+    }
+
+    #[test]
+    fn samples_stamped_after_the_clock_reading_are_new() {
+        let ages = by_stack(&[sample(1, 100, 10)], 5_000_000_000, Duration::ZERO);
+        let a = ages.values().next().unwrap();
+        assert_eq!(a.ages.oldest, Duration::ZERO);
+        assert_eq!(a.old_enough.live_bytes, 100, "a zero minimum age keeps all");
+    }
+
+    #[test]
+    fn merging_sums_bytes_and_keeps_the_oldest() {
+        let mut a = Ages {
+            over_old: 1.0,
+            over_very_old: 0.0,
+            oldest: Duration::from_secs(90),
+        };
+        a.merge(&Ages {
+            over_old: 2.0,
+            over_very_old: 2.0,
+            oldest: Duration::from_secs(700),
+        });
+        assert_eq!(a.over_old, 3.0);
+        assert_eq!(a.over_very_old, 2.0);
+        assert_eq!(a.oldest, Duration::from_secs(700));
+    }
+}
