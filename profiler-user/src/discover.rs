@@ -332,6 +332,36 @@ pub fn effective_caps(status: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// What a process has resident, by kind (`/proc/PID/status`), in bytes:
+/// the heap lives in anonymous memory, next to the rest of it (allocator
+/// overhead, fragmentation, memory not from malloc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resident {
+    pub anon: u64,
+    pub file: u64,
+    pub shmem: u64,
+}
+
+/// The `RssAnon:`, `RssFile:` and `RssShmem:` lines of `/proc/PID/status`
+/// (kB); none if any is missing or malformed (kernel threads have none).
+pub fn parse_resident(status: &str) -> Option<Resident> {
+    let kib = |name: &str| -> Option<u64> {
+        let value = status.lines().find_map(|l| l.strip_prefix(name))?;
+        let n = value
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse::<u64>()
+            .ok()?;
+        n.checked_mul(1024)
+    };
+    Some(Resident {
+        anon: kib("RssAnon:")?,
+        file: kib("RssFile:")?,
+        shmem: kib("RssShmem:")?,
+    })
+}
+
 /// Reads at most `limit` bytes of a file.
 fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     let mut data = Vec::new();
@@ -397,6 +427,11 @@ impl Process {
     pub fn maps(&self) -> std::io::Result<Vec<MapsEntry>> {
         let text = read_bounded(&self.dir.join("maps"), MAX_MAPS_BYTES)?;
         Ok(parse_maps_read(text, MAX_MAPS_BYTES))
+    }
+
+    /// What it has resident now.
+    pub fn resident(&self) -> Option<Resident> {
+        parse_resident(&read_string(&self.dir.join("status"), MAX_SMALL_BYTES).ok()?)
     }
 
     /// Its name (`comm`).
@@ -596,6 +631,30 @@ pub(crate) fn sampling_rate(pid: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resident_memory_comes_from_the_rss_lines_of_status() {
+        let status = "Name:\tx\nVmRSS:\t  120 kB\nRssAnon:\t   100 kB\nRssFile:\t    18 kB\nRssShmem:\t     2 kB\n";
+        assert_eq!(
+            parse_resident(status),
+            Some(Resident {
+                anon: 100 << 10,
+                file: 18 << 10,
+                shmem: 2 << 10
+            })
+        );
+        assert_eq!(
+            parse_resident("RssAnon: 1 kB\nRssFile: 2 kB\n"),
+            None,
+            "no RssShmem"
+        );
+        assert_eq!(
+            parse_resident("RssAnon: x kB\nRssFile: 2 kB\nRssShmem: 0 kB"),
+            None
+        );
+        let huge = format!("RssAnon: {} kB\nRssFile: 0 kB\nRssShmem: 0 kB", u64::MAX);
+        assert_eq!(parse_resident(&huge), None, "overflow is malformed");
+    }
 
     #[test]
     fn maps_lines_parse() {

@@ -80,6 +80,9 @@ pub struct ProcessProfile {
     /// probes), beside the heap; `mmap_events` of them.
     pub mapped_bytes: i64,
     pub mmap_events: u64,
+    /// What a running process has resident (`/proc/PID/status`), to set
+    /// the heap against; none for gone processes.
+    pub resident: Option<crate::discover::Resident>,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -109,6 +112,7 @@ impl ProcessProfile {
             weight_form: WeightForm::NoSamples,
             mapped_bytes: 0,
             mmap_events: 0,
+            resident: None,
             stacks,
         }
     }
@@ -263,6 +267,7 @@ mod tests {
             weight_form: WeightForm::NoSamples,
             mapped_bytes: 0,
             mmap_events: 0,
+            resident: None,
             stacks,
         }
     }

@@ -118,6 +118,7 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             p.state.describe(),
         );
     }
+    resident(&mut out, profile);
     for p in profile.processes.iter().filter(|p| p.mmap_events > 0) {
         let _ = writeln!(
             out,
@@ -163,6 +164,46 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
         stacks(&mut out, &p.stacks, p.totals, opts);
     }
     out
+}
+
+/// The heap next to what each running process has resident: the heap
+/// lives in anonymous memory; the rest of that is allocator overhead,
+/// fragmentation, or memory not from malloc.
+fn resident(out: &mut String, profile: &Profile) {
+    let with: Vec<_> = profile
+        .processes
+        .iter()
+        .filter_map(|p| Some((p, p.resident?)))
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    out.push_str("\nRESIDENT MEMORY (/proc/PID/status) NEXT TO THE LIVE HEAP\n");
+    for (p, r) in with {
+        let heap = p.totals.live_bytes;
+        let rest = r.anon as f64 - heap;
+        let beyond = if rest >= 0.0 {
+            format!(
+                "{} of anonymous memory is not live heap (allocator overhead, fragmentation, memory not from malloc)",
+                human_bytes(rest)
+            )
+        } else {
+            format!(
+                "the live heap estimate exceeds anonymous memory by {} (estimation error, or heap not yet touched)",
+                human_bytes(-rest)
+            )
+        };
+        let _ = writeln!(
+            out,
+            "  {}: resident {} (anonymous {}, file {}, shared {}); live heap {}: {beyond}",
+            inert(&p.label()),
+            human_bytes((r.anon + r.file + r.shmem) as f64),
+            human_bytes(r.anon as f64),
+            human_bytes(r.file as f64),
+            human_bytes(r.shmem as f64),
+            with_ci(heap, p.totals.live_ci95()),
+        );
+    }
 }
 
 fn stacks(out: &mut String, stacks: &[StackProfile], total: Totals, opts: ReportOptions) {

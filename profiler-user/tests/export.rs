@@ -574,6 +574,7 @@ struct Process {
     weight_form: Option<String>,
     weight_interval_bytes: Option<u64>,
     mapped_bytes: i64,
+    resident: Option<Resident>,
     stacks: Vec<Stack>,
 }
 
@@ -583,6 +584,14 @@ struct Stack {
     totals: Estimates,
     age: Age,
     frames: Vec<Frame>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Resident {
+    anon_bytes: u64,
+    file_bytes: u64,
+    shmem_bytes: u64,
 }
 
 #[derive(Deserialize, Debug)]
@@ -667,6 +676,18 @@ fn json_follows_the_documented_schema() {
     assert_eq!(p.weight_form.as_deref(), Some("inverse_probability"));
     assert_eq!(p.weight_interval_bytes, None);
     assert_eq!(p.mapped_bytes, 0, "liballocprof fires no mmap probes");
+    // A running process: what it had resident, the heap within its
+    // anonymous memory.
+    let res = p
+        .resident
+        .as_ref()
+        .expect("a running process's resident memory");
+    assert!(
+        res.anon_bytes as f64 >= p.totals.live_bytes * 0.9,
+        "{res:?}"
+    );
+    assert!(res.file_bytes > 0, "its code is file-backed: {res:?}");
+    let _ = res.shmem_bytes;
     assert!(p.alloc_events >= p.totals.alloc_samples);
     assert!(p.free_events > 0, "site_freed frees sampled blocks");
     assert_eq!(p.dropped, p.drops.values().sum::<u64>());

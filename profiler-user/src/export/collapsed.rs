@@ -85,6 +85,7 @@ mod tests {
                 weight_form: profiler_common::WeightForm::InverseProbability,
                 mapped_bytes: 0,
                 mmap_events: 0,
+                resident: None,
                 stacks: vec![StackProfile { frames, totals }],
             }],
             ..Default::default()

@@ -91,6 +91,10 @@ pub struct Process {
     /// Bytes the emitter mapped on its own account (`mmap` minus `munmap`
     /// probes), beside the heap; 0 without such probes.
     pub mapped_bytes: i64,
+    /// What the running process had resident (`/proc/PID/status`), to set
+    /// the heap against; null for gone processes (added within version 2).
+    #[serde(default)]
+    pub resident: Option<ResidentBytes>,
     /// Largest live bytes first.
     pub stacks: Vec<Stack>,
 }
@@ -103,6 +107,13 @@ pub struct Stack {
     pub age: Age,
     /// Innermost first, allocator frames removed.
     pub frames: Vec<StackFrame>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResidentBytes {
+    pub anon_bytes: u64,
+    pub file_bytes: u64,
+    pub shmem_bytes: u64,
 }
 
 /// Live bytes by how long they have been live (unbiased estimates): a
@@ -235,6 +246,11 @@ pub fn report(profile: &Profile) -> Report {
                 _ => None,
             },
             mapped_bytes: p.mapped_bytes,
+            resident: p.resident.map(|r| ResidentBytes {
+                anon_bytes: r.anon,
+                file_bytes: r.file,
+                shmem_bytes: r.shmem,
+            }),
             stacks: p
                 .stacks
                 .iter()

@@ -216,6 +216,7 @@ pub(crate) mod tests {
             weight_form: profiler_common::WeightForm::InverseProbability,
             mapped_bytes: 0,
             mmap_events: 0,
+            resident: None,
             stacks,
         };
         let other_stacks = vec![
@@ -245,6 +246,7 @@ pub(crate) mod tests {
             weight_form: profiler_common::WeightForm::InverseProbability,
             mapped_bytes: 0,
             mmap_events: 0,
+            resident: None,
             stacks: other_stacks,
         };
         Profile {

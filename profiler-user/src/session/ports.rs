@@ -67,6 +67,10 @@ pub trait ProcessPort {
     /// `Err` when it is gone.
     fn scan(&mut self, pid: u32) -> std::io::Result<Scan>;
     fn name(&self, pid: u32) -> Option<String>;
+    /// What it has resident now (none where unknown).
+    fn resident(&self, _pid: u32) -> Option<discover::Resident> {
+        None
+    }
     /// The sampling rate it runs with.
     fn sampling_rate(&self, pid: u32) -> u64;
     fn all_pids(&self) -> Vec<u32>;
@@ -158,6 +162,10 @@ impl ProcessPort for Procfs {
 
     fn name(&self, pid: u32) -> Option<String> {
         discover::process_name(pid)
+    }
+
+    fn resident(&self, pid: u32) -> Option<discover::Resident> {
+        discover::Process::find(pid)?.resident()
     }
 
     fn sampling_rate(&self, pid: u32) -> u64 {

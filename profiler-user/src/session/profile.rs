@@ -119,6 +119,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             // as negative, not as 2^64.
             mapped_bytes: proc.mapped_bytes as i64,
             mmap_events: proc.mmap_events,
+            resident: if image.state == ProcessState::Live {
+                self.processes.resident(key.pid)
+            } else {
+                None
+            },
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

@@ -420,6 +420,7 @@ pub(crate) mod tests {
             weight_form: profiler_common::WeightForm::InverseProbability,
             mapped_bytes: 0,
             mmap_events: 0,
+            resident: None,
             stacks,
         }
     }
