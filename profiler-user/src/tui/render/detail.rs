@@ -41,9 +41,9 @@ pub(super) fn detail(frame: &mut Frame, app: &App, area: Rect) {
             format!(" Stack: {} ", row.label),
             stack_detail(&row.frames, app.zoom()),
         ),
-        RowId::Function { .. } => {
+        RowId::Function { name, .. } => {
             let mut lines = vec![Line::styled(
-                format!("heaviest stack through {}:", row.label),
+                format!("heaviest stack through {}:", inert(name)),
                 DIM,
             )];
             lines.extend(stack_detail(&row.frames, app.zoom()));

@@ -109,7 +109,7 @@ pub fn draw(frame: &mut Frame, app: &App) {
     if let Some(view) = app.flame() {
         flame::draw(frame, app, view, area);
         if app.help() {
-            footer::help(frame, area, footer::FLAME_KEYS);
+            footer::help(frame, area, ("Keys", "any key closes"), footer::FLAME_KEYS);
         }
         return;
     }
@@ -121,7 +121,16 @@ pub fn draw(frame: &mut Frame, app: &App) {
     }
     footer::footer(frame, app, areas.footer);
     if app.help() {
-        footer::help(frame, area, footer::KEYS);
+        if app.legend() {
+            footer::help(frame, area, ("Legend", "any key closes"), footer::LEGEND);
+        } else {
+            footer::help(
+                frame,
+                area,
+                ("Keys", "?: legend · any key closes"),
+                footer::KEYS,
+            );
+        }
     }
 }
 

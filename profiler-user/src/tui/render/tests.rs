@@ -4,7 +4,10 @@
 use crossterm::event::KeyCode;
 use ratatui::{Terminal, backend::TestBackend, buffer::Buffer};
 
-use super::{footer::KEYS, *};
+use super::{
+    footer::{KEYS, LEGEND},
+    *,
+};
 use crate::tui::state::{
     AppEvent, Notice,
     tests::{options, press, sample},
@@ -47,24 +50,24 @@ fn stack_view_snapshot() {
     let (text, buffer) = screen(&mut app, 80, 24);
     let expected = " allocprof  pid 7 · 2 processes · live heap 75.3 KiB ± 5.3 KiB · 3s
  sampled 0 events/s · drops 0 · sampling rate 512.0 KiB · refresh 1s
-┌ Processes   Stacks  all processes · by stack ────────── 3 rows · sort live ▼ ┐
+┌ Processes   Stacks  all processes · by stack ────────── 4 rows · sort live ▼ ┐
 │  ALLOCATED AT                       LIVE ± 95% CI ▼   % ▼   OBJECTS   ALLOC/s│
-│▶ cache_fill ← main               68.4 KiB ± 5.1 KiB 90.8%      1094       0 B│
-│  leak ← handle                    4.0 KiB ± 1.2 KiB  5.3%        64   2.0 KiB│
-│  parse ← handle                   2.9 KiB ± 1.0 KiB  3.9%        47 390.6 KiB│
-│                                                                              │
+│▶ cache_fill ← main · server (7)  48.8 KiB ± 4.3 KiB 64.9%       781       0 B│
+│  cache_fill ← main · worker (9)  19.5 KiB ± 2.7 KiB 25.9%       312       0 B│
+│  leak ← handle · server (7)       4.0 KiB ± 1.2 KiB  5.3%        64   2.0 KiB│
+│  parse ← handle · server (7)      2.9 KiB ± 1.0 KiB  3.9%        47 390.6 KiB│
 │                                                                              │
 │                                                                              │
 │                                                                              │
 │                                                                              │
 │                                                                              │
 └──────────────────────────────────────────────────────────────────────────────┘
-┌ Stack: cache_fill ← main ────────────────────┐┌ History ─────────────────────┐
+┌ Stack: cache_fill ← main · server (7) ───────┐┌ History ─────────────────────┐
 │cache_fill  src/work.c:10                     ││live heap 75.3 KiB +3.0 KiB/1m│
 │main  src/work.c:4                            ││▇▇▇█                          │
 │                                              ││████                          │
 │                                              ││████                          │
-│                                              ││cache_fill ← ma… 68.4 KiB · 3s│
+│                                              ││cache_fill ← ma… 48.8 KiB · 3s│
 │                                              ││████                          │
 │                                              ││████                          │
 └───────────────────────────── Enter/d: larger ┘└──────────────────────────────┘
@@ -78,6 +81,16 @@ fn stack_view_snapshot() {
     assert!(buffer[(1, 15)].modifier.contains(Modifier::BOLD));
     // Growth is red.
     assert_eq!(buffer[(71, 15)].fg, GROWING);
+    // Wide, every row names its process in full.
+    let (text, _) = screen(&mut app, 160, 48);
+    for row in [
+        "│▶ cache_fill ← main · server (7) ",
+        "│  cache_fill ← main · worker (9) ",
+        "│  leak ← handle · server (7) ",
+        "│  parse ← handle · server (7) ",
+    ] {
+        assert!(text.contains(row), "{row}:\n{text}");
+    }
 }
 
 #[test]
@@ -196,8 +209,8 @@ fn grouping_by_function_and_search() {
     assert!(text.contains("all processes · by function"), "{text}");
     assert!(text.contains("/lea"), "{text}");
     assert!(text.contains("1 row · sort live ▼"), "{text}");
-    assert!(text.contains("│▶ leak "), "{text}");
-    assert!(text.contains("Function: leak"), "{text}");
+    assert!(text.contains("│▶ leak · server (7) "), "{text}");
+    assert!(text.contains("Function: leak · server (7)"), "{text}");
     assert!(text.contains("heaviest stack through leak:"), "{text}");
     assert!(text.contains(" /lea█  Enter: keep · Esc: clear"), "{text}");
     press(&mut app, KeyCode::Char('x'));
@@ -293,12 +306,12 @@ fn the_selection_stays_on_screen() {
         label
     };
     press(&mut app, KeyCode::End);
-    assert_eq!(selected_line(&mut app), "cache_fill ← main");
+    assert_eq!(selected_line(&mut app), "cache_fill ← main · worker (9)");
     press(&mut app, KeyCode::PageUp);
     assert_eq!(app.selected_index(), Some(100 - app.table().page()));
     selected_line(&mut app);
     press(&mut app, KeyCode::Home);
-    assert_eq!(selected_line(&mut app), "f000 ← main");
+    assert_eq!(selected_line(&mut app), "f000 ← main · server (7)");
     press(&mut app, KeyCode::PageDown);
     selected_line(&mut app);
 }
@@ -311,6 +324,20 @@ fn help_lists_every_key_even_at_the_minimum_size() {
         let (text, _) = screen(&mut app, w, h);
         assert!(text.contains("Keys"), "{text}");
         for (key, description) in KEYS {
+            let line = text
+                .lines()
+                .find(|l| l.contains(&format!("│ {key} ")))
+                .unwrap_or_else(|| panic!("{key} missing at {w}×{h}:\n{text}"));
+            let start: String = description.chars().take(20).collect();
+            assert!(line.contains(&start), "{key} at {w}×{h}:\n{text}");
+        }
+    }
+    // `?` again: the legend, whole at either size too.
+    press(&mut app, KeyCode::Char('?'));
+    for (w, h) in [(80, 24), (MIN_WIDTH, MIN_HEIGHT), (160, 48)] {
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("Legend"), "{text}");
+        for (key, description) in LEGEND {
             let line = text
                 .lines()
                 .find(|l| l.contains(&format!("│ {key} ")))

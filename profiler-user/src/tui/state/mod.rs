@@ -34,7 +34,10 @@ use super::{
     history::{GROWTH_WINDOW, History, RATE_WINDOW},
     rows::{self, Grouping, Inputs, Row, RowId},
 };
-use allocprof::profile::{ProcessKey, Profile};
+use allocprof::{
+    inert::inert,
+    profile::{ProcessKey, Profile},
+};
 use columns::compare;
 use search::row_matches;
 
@@ -95,7 +98,8 @@ struct Profiles {
 /// What the user chose to see: which rows, grouped and ordered how.
 struct Settings {
     view: View,
-    /// The process the stack view is restricted to; `None` merges all.
+    /// The process the stack view is restricted to; `None` shows every
+    /// process's stacks, each row naming its process.
     scope: Option<ProcessKey>,
     grouping: Grouping,
     process_sort: Sort,
@@ -140,6 +144,8 @@ pub struct App {
     selected: [Option<RowId>; 2],
     tables: [TableState; 2],
     help: bool,
+    /// The help's second page: what the columns and markers mean.
+    legend: bool,
     zoom: bool,
     /// The flamegraph, when open: it takes the keys and the screen.
     flame: Option<FlameView>,
@@ -166,6 +172,7 @@ impl App {
             selected: [None, None],
             tables: [TableState::default(); 2],
             help: false,
+            legend: false,
             zoom: false,
             flame: None,
             notice: None,
@@ -201,6 +208,10 @@ impl App {
     }
     pub fn help(&self) -> bool {
         self.help
+    }
+    /// The help shows the legend rather than the keys.
+    pub fn legend(&self) -> bool {
+        self.legend
     }
     pub fn zoom(&self) -> bool {
         self.zoom
@@ -268,7 +279,10 @@ impl App {
             .shown
             .as_ref()
             .and_then(|p| p.processes.iter().find(|p| p.key == key))
-            .map_or_else(|| format!("pid {}", key.pid), |p| p.label())
+            .map_or_else(
+                || format!("pid {}", key.pid),
+                |p| inert(&p.label()).into_owned(),
+            )
     }
 
     // ---- transitions ----
@@ -316,8 +330,14 @@ impl App {
             return Effect::Quit;
         }
         if self.help {
-            // Any key closes the help; it does nothing else.
-            self.help = false;
+            // `?` turns the keys page to the legend; any other key closes
+            // the help, and does nothing else.
+            if key.code == KeyCode::Char('?') && !self.legend && self.flame.is_none() {
+                self.legend = true;
+            } else {
+                self.help = false;
+                self.legend = false;
+            }
             return Effect::None;
         }
         if self.flame.is_some() {

@@ -67,15 +67,24 @@ fn app_at(secs: u64) -> App {
 }
 
 #[test]
-fn stack_view_merges_processes_sorted_by_live_bytes() {
+fn stack_view_shows_each_process_stacks_sorted_by_live_bytes() {
     let app = app_at(2);
     assert_eq!(app.view(), View::Stacks);
+    // Not merged: the same stack in two processes is two rows, each named.
     assert_eq!(
         labels(&app),
-        ["cache_fill ← main", "leak ← handle", "parse ← handle"]
+        [
+            "cache_fill ← main · server (7)",
+            "cache_fill ← main · worker (9)",
+            "leak ← handle · server (7)",
+            "parse ← handle · server (7)"
+        ]
     );
-    assert_eq!(app.rows()[0].totals.live_bytes, 70_000.0);
-    assert_eq!(app.selected_row().unwrap().label, "cache_fill ← main");
+    assert_eq!(app.rows()[0].totals.live_bytes, 50_000.0);
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "cache_fill ← main · server (7)"
+    );
 }
 
 #[test]
@@ -85,15 +94,20 @@ fn sort_keys_cycle_and_reverse() {
     assert_eq!(app.sort().column, Column::Objects);
     press(&mut app, KeyCode::Char('s')); // allocation rate
     assert_eq!(app.sort(), Sort::by(Column::AllocRate));
-    assert_eq!(labels(&app)[0], "parse ← handle");
+    assert_eq!(labels(&app)[0], "parse ← handle · server (7)");
     press(&mut app, KeyCode::Char('s')); // back to the name
     assert_eq!(app.sort(), Sort::by(Column::Name));
     assert_eq!(
         labels(&app),
-        ["cache_fill ← main", "leak ← handle", "parse ← handle"]
+        [
+            "cache_fill ← main · server (7)",
+            "cache_fill ← main · worker (9)",
+            "leak ← handle · server (7)",
+            "parse ← handle · server (7)"
+        ]
     );
     press(&mut app, KeyCode::Char('r'));
-    assert_eq!(labels(&app)[0], "parse ← handle");
+    assert_eq!(labels(&app)[0], "parse ← handle · server (7)");
     press(&mut app, KeyCode::Char('S'));
     assert_eq!(app.sort().column, Column::AllocRate);
 }
@@ -102,17 +116,27 @@ fn sort_keys_cycle_and_reverse() {
 fn selection_follows_the_row_across_refreshes_and_sorts() {
     let mut app = app_at(2);
     press(&mut app, KeyCode::Down);
-    assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
+    press(&mut app, KeyCode::Down);
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "leak ← handle · server (7)"
+    );
     // The leak outgrows everything: it moves to the top, selected.
     app.update(AppEvent::Profile(sample(100)));
     assert_eq!(app.selected_index(), Some(0));
-    assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "leak ← handle · server (7)"
+    );
     press(&mut app, KeyCode::Char('s'));
-    assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "leak ← handle · server (7)"
+    );
     press(&mut app, KeyCode::End);
-    assert_eq!(app.selected_index(), Some(2));
+    assert_eq!(app.selected_index(), Some(3));
     press(&mut app, KeyCode::Down);
-    assert_eq!(app.selected_index(), Some(2));
+    assert_eq!(app.selected_index(), Some(3));
     press(&mut app, KeyCode::Home);
     assert_eq!(app.selected_index(), Some(0));
     press(&mut app, KeyCode::Up);
@@ -125,7 +149,10 @@ fn search_filters_by_function_incrementally() {
     press(&mut app, KeyCode::Char('/'));
     type_str(&mut app, "hand");
     // Both stacks through `handle` match, by any of their frames.
-    assert_eq!(labels(&app), ["parse ← handle", "leak ← handle"]);
+    assert_eq!(
+        labels(&app),
+        ["parse ← handle · server (7)", "leak ← handle · server (7)"]
+    );
     type_str(&mut app, "x");
     assert!(app.rows().is_empty());
     press(&mut app, KeyCode::Backspace);
@@ -136,7 +163,7 @@ fn search_filters_by_function_incrementally() {
     assert_eq!(app.sort().column, Column::Objects);
     assert_eq!(app.rows().len(), 2);
     press(&mut app, KeyCode::Esc);
-    assert_eq!(app.rows().len(), 3);
+    assert_eq!(app.rows().len(), 4);
     assert_eq!(app.search(), &Search::default());
 }
 
@@ -158,7 +185,15 @@ fn grouping_by_function_sums_stacks_through_a_function() {
     let mut app = app_at(1);
     press(&mut app, KeyCode::Char('g'));
     assert_eq!(app.grouping(), Grouping::Function);
-    assert_eq!(labels(&app), ["cache_fill", "parse", "leak"]);
+    assert_eq!(
+        labels(&app),
+        [
+            "cache_fill · server (7)",
+            "cache_fill · worker (9)",
+            "parse · server (7)",
+            "leak · server (7)"
+        ]
+    );
     press(&mut app, KeyCode::Char('g'));
     assert_eq!(app.grouping(), Grouping::Stack);
 }
@@ -200,7 +235,7 @@ fn baseline_shows_and_sorts_by_growth_since() {
     for s in 3..=10 {
         app.update(AppEvent::Profile(sample(s)));
     }
-    assert_eq!(labels(&app)[0], "leak ← handle");
+    assert_eq!(labels(&app)[0], "leak ← handle · server (7)");
     assert_eq!(app.rows()[0].since_baseline, Some(8.0 * 1024.0));
     press(&mut app, KeyCode::Tab);
     assert_eq!(app.sort(), Sort::by(Column::Baseline));
@@ -263,6 +298,12 @@ fn help_is_closed_by_any_key_which_does_nothing_else() {
     assert!(app.help());
     assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::None));
     assert!(!app.help());
+    // `?` in the help turns to the legend; the next key closes both.
+    press(&mut app, KeyCode::Char('?'));
+    press(&mut app, KeyCode::Char('?'));
+    assert!(app.help() && app.legend());
+    press(&mut app, KeyCode::Char('?'));
+    assert!(!app.help() && !app.legend());
 }
 
 #[test]
