@@ -56,7 +56,10 @@ pub(super) fn footer(frame: &mut Frame, app: &App, area: Rect) {
 /// Every key, as the help overlay lists them.
 pub const KEYS: &[(&str, &str)] = &[
     ("Tab", "switch between processes and stacks"),
-    ("Enter", "open the process / enlarge the detail (also d)"),
+    (
+        "Enter d",
+        "open process / enlarge detail: j k PgDn scroll it",
+    ),
     ("a", "stacks of all processes, a row per process's stack"),
     ("g", "group stacks by full stack / by function"),
     ("Esc", "back: smaller detail, clear search, leave process"),

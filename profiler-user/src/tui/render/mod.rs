@@ -4,8 +4,9 @@
 //! when open, the flamegraph (`flame`).
 //!
 //! Drawing only reads the state. What it needs of the screen to scroll, the
-//! table's height, the state is told first: [`fit_and_draw`] computes the
-//! layout, hands the height to [`App::fit_table`], then draws.
+//! table's height and the detail's, the state is told first: [`fit_and_draw`]
+//! computes the layout, hands the heights to [`App::fit_table`] and
+//! [`App::fit_detail`], then draws.
 
 mod detail;
 mod flame;
@@ -40,8 +41,13 @@ const SHRINKING: Color = Color::Green;
 
 /// Tells the state the table's height for the terminal's size, then draws.
 pub fn fit_and_draw<B: Backend>(terminal: &mut Terminal<B>, app: &mut App) -> Result<(), B::Error> {
-    if let Some(page) = table_page(terminal.size()?, app.zoom()) {
+    let size = terminal.size()?;
+    if let Some(page) = table_page(size, app.zoom()) {
         app.fit_table(page);
+    }
+    if let Some(areas) = areas(Rect::new(0, 0, size.width, size.height), app.zoom()) {
+        let lines = detail::content(app).map_or(0, |(_, lines, _)| lines.len());
+        app.fit_detail(detail::page(areas.detail), lines);
     }
     terminal.draw(|f| draw(f, app))?;
     Ok(())

@@ -753,3 +753,60 @@ fn wide_names_are_cut_within_their_frame() {
     assert_eq!(buffer[(79, 6)].symbol(), "│", "{text}");
     assert_ne!(buffer[(78, 6)].bg, Color::Reset);
 }
+
+/// A profile whose heaviest stack is `depth` frames deep: `f00` innermost.
+fn deep(depth: usize) -> App {
+    let mut app = App::new(options());
+    let mut p = sample(1);
+    let names: Vec<String> = (0..depth).map(|i| format!("f{i:02}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    p.processes[0].stacks[0].frames = crate::tui::rows::tests::frames(&names);
+    p.processes[0].stacks[0].totals.live_bytes = 1e9;
+    app.update(AppEvent::Profile(p));
+    app
+}
+
+#[test]
+fn a_deep_stack_says_how_many_frames_are_not_shown_and_scrolls() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = deep(60);
+        let (text, _) = screen(&mut app, w, h);
+        // Small: the frames that fit, then how many more, never a silent cut.
+        let shown = text.lines().filter(|l| l.contains("work.c:3")).count();
+        assert!(shown > 0, "{text}");
+        assert!(
+            text.contains(&format!("+{} more frames (d: all)", 60 - shown)),
+            "{w}×{h}:\n{text}"
+        );
+        // Enlarged: more frames, and j scrolls them one by one.
+        press(&mut app, KeyCode::Char('d'));
+        let (text, _) = screen(&mut app, w, h);
+        let page = text.lines().filter(|l| l.contains("work.c:3")).count();
+        assert!(page > shown, "{text}");
+        assert!(
+            text.contains(&format!("+{} more frames (j: scroll)", 60 - page)),
+            "{w}×{h}:\n{text}"
+        );
+        assert!(text.contains("│f00  /src/work.c:3"), "{text}");
+        press(&mut app, KeyCode::Char('j'));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(!text.contains("│f00 "), "{text}");
+        assert!(text.contains("│f01  /src/work.c:3"), "{text}");
+        // To the end: the last frame shows, and nothing is said to follow.
+        for _ in 0..10 {
+            press(&mut app, KeyCode::PageDown);
+        }
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("│f59  /src/work.c:3"), "{text}");
+        assert!(!text.contains("more frames"), "{text}");
+        // The arrows still move among the rows, and a new row's detail starts
+        // at its top.
+        press(&mut app, KeyCode::Down);
+        let (text, _) = screen(&mut app, w, h);
+        assert_eq!(app.detail_scroll(), 0);
+        assert!(
+            text.contains("Stack: cache_fill ← main · server (7)"),
+            "{text}"
+        );
+    }
+}

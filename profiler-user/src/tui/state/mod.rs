@@ -143,6 +143,12 @@ pub struct App {
     /// fallback for when its row disappears, and the scroll.
     selected: [Option<RowId>; 2],
     tables: [TableState; 2],
+    /// The detail pane's first line shown, of `detail_row`'s detail; and
+    /// the most it can be (from the last draw).
+    detail_scroll: usize,
+    detail_max: usize,
+    detail_page: usize,
+    detail_row: Option<RowId>,
     help: bool,
     /// The help's second page: what the columns and markers mean.
     legend: bool,
@@ -171,6 +177,10 @@ impl App {
             rows: Vec::new(),
             selected: [None, None],
             tables: [TableState::default(); 2],
+            detail_scroll: 0,
+            detail_max: 0,
+            detail_page: 0,
+            detail_row: None,
             help: false,
             legend: false,
             zoom: false,
@@ -215,6 +225,10 @@ impl App {
     }
     pub fn zoom(&self) -> bool {
         self.zoom
+    }
+    /// The detail pane's first line shown.
+    pub fn detail_scroll(&self) -> usize {
+        self.detail_scroll
     }
     pub fn flame(&self) -> Option<&FlameView> {
         self.flame.as_ref()
@@ -366,10 +380,16 @@ impl App {
                     self.selected[View::Stacks as usize] = None;
                     self.set_view(View::Stacks);
                 }
-                (View::Stacks, _) => self.zoom = !self.zoom,
+                (View::Stacks, _) => {
+                    self.zoom = !self.zoom;
+                    self.detail_scroll = 0;
+                }
                 _ => {}
             },
-            KeyCode::Char('d') => self.zoom = !self.zoom,
+            KeyCode::Char('d') => {
+                self.zoom = !self.zoom;
+                self.detail_scroll = 0;
+            }
             KeyCode::Char('a') => {
                 if self.settings.scope.is_some() {
                     self.settings.scope = None;
@@ -379,6 +399,12 @@ impl App {
                 self.set_view(View::Stacks);
             }
             KeyCode::Esc => self.back(),
+            // The enlarged detail takes the vi keys and the pages to scroll;
+            // the arrows still move among the rows.
+            KeyCode::Char('j') if self.zoom => self.scroll_detail(1),
+            KeyCode::Char('k') if self.zoom => self.scroll_detail(-1),
+            KeyCode::PageDown if self.zoom => self.scroll_detail(self.detail_page() as isize),
+            KeyCode::PageUp if self.zoom => self.scroll_detail(-(self.detail_page() as isize)),
             KeyCode::Up | KeyCode::Char('k') => self.select(|t, len| t.select_by(-1, len)),
             KeyCode::Down | KeyCode::Char('j') => self.select(|t, len| t.select_by(1, len)),
             KeyCode::PageUp => self.select(TableState::page_up),
@@ -662,6 +688,32 @@ impl App {
         if let Some(i) = how(&mut self.tables[v], self.rows.len()) {
             self.selected[v] = Some(self.rows[i].id.clone());
         }
+    }
+
+    fn scroll_detail(&mut self, by: isize) {
+        self.detail_scroll = self
+            .detail_scroll
+            .saturating_add_signed(by)
+            .min(self.detail_max);
+    }
+
+    /// A page of the detail: all but the line kept for "+N more".
+    fn detail_page(&self) -> usize {
+        self.detail_page.saturating_sub(1).max(1)
+    }
+
+    /// The detail pane's height and how many lines the selected row's
+    /// detail has, from the run loop before each draw: clamps the scroll,
+    /// and starts another row's detail at its top.
+    pub fn fit_detail(&mut self, page: usize, lines: usize) {
+        let row = self.selected_row().map(|r| r.id.clone());
+        if row != self.detail_row {
+            self.detail_row = row;
+            self.detail_scroll = 0;
+        }
+        self.detail_page = page;
+        self.detail_max = lines.saturating_sub(page);
+        self.detail_scroll = self.detail_scroll.min(self.detail_max);
     }
 
     /// The table's height in rows, from the run loop before each draw:

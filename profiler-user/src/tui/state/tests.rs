@@ -436,3 +436,39 @@ fn the_flamegraph_shows_growth_once_a_baseline_is_marked() {
     press(&mut app, KeyCode::Esc);
     assert!(!app.help() && app.flame().is_some());
 }
+
+#[test]
+fn the_enlarged_detail_scrolls_within_its_lines() {
+    let mut app = app_at(1);
+    // Not enlarged: j moves the selection.
+    press(&mut app, KeyCode::Char('j'));
+    assert_eq!(app.selected_index(), Some(1));
+    press(&mut app, KeyCode::Char('d'));
+    app.fit_detail(5, 20);
+    press(&mut app, KeyCode::Char('j'));
+    press(&mut app, KeyCode::Char('j'));
+    assert_eq!((app.detail_scroll(), app.selected_index()), (2, Some(1)));
+    press(&mut app, KeyCode::Char('k'));
+    assert_eq!(app.detail_scroll(), 1);
+    // A page is the pane less the "+N more" line.
+    press(&mut app, KeyCode::PageDown);
+    assert_eq!(app.detail_scroll(), 5);
+    // Never past the last page.
+    for _ in 0..10 {
+        press(&mut app, KeyCode::PageDown);
+    }
+    assert_eq!(app.detail_scroll(), 15);
+    press(&mut app, KeyCode::PageUp);
+    assert_eq!(app.detail_scroll(), 11);
+    // A shorter detail (the next draw) clamps it.
+    app.fit_detail(5, 8);
+    assert_eq!(app.detail_scroll(), 3);
+    // Another row starts at its top.
+    press(&mut app, KeyCode::Up);
+    app.fit_detail(5, 20);
+    assert_eq!((app.detail_scroll(), app.selected_index()), (0, Some(0)));
+    // Smaller again: j is the table's.
+    press(&mut app, KeyCode::Char('d'));
+    press(&mut app, KeyCode::Char('j'));
+    assert_eq!(app.selected_index(), Some(1));
+}
