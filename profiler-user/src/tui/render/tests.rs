@@ -187,7 +187,7 @@ fn baseline_and_pause_show_as_badges_and_a_column() {
     assert!(text.contains("Δ BASELINE ▼"), "{text}");
     let leak = text.lines().nth(4).unwrap();
     assert!(
-        leak.starts_with("│  leak ← handle"),
+        leak.starts_with("│▶ leak ← handle · server (7)"),
         "the grower is on top:\n{text}"
     );
     assert!(leak.contains("+3.0 KiB"), "{text}");
@@ -808,5 +808,20 @@ fn a_deep_stack_says_how_many_frames_are_not_shown_and_scrolls() {
             text.contains("Stack: cache_fill ← main · server (7)"),
             "{text}"
         );
+    }
+}
+
+#[test]
+fn the_cursor_is_drawn_on_the_first_row_after_a_reorder() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = app_at(2);
+        app.update(AppEvent::Profile(sample(100)));
+        let (text, _) = screen(&mut app, w, h);
+        let cursor = text.lines().find(|l| l.contains('▶')).unwrap();
+        assert!(
+            cursor.starts_with("│▶ leak ← handle · server (7)"),
+            "{text}"
+        );
+        assert_eq!(text.lines().position(|l| l.contains('▶')), Some(4));
     }
 }

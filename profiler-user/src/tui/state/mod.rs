@@ -139,7 +139,8 @@ pub struct App {
     all_rows: Vec<Row>,
     /// Rows as shown: filtered and sorted.
     rows: Vec<Row>,
-    /// Selection per view, by identity; its table keeps where it was as a
+    /// Selection per view, by identity, once the user moved it (`None`: the
+    /// first row, whichever it is); its table keeps where it was as a
     /// fallback for when its row disappears, and the scroll.
     selected: [Option<RowId>; 2],
     tables: [TableState; 2],
@@ -667,18 +668,24 @@ impl App {
         });
         self.rows = shown;
         let v = self.settings.view as usize;
-        let found = self.selected[v]
-            .as_ref()
-            .and_then(|id| self.rows.iter().position(|r| r.id == *id));
         let len = self.rows.len();
-        match found {
-            Some(i) => {
-                self.tables[v].select(i, len);
-            }
+        match &self.selected[v] {
+            // Nothing chosen yet: the cursor stays on the first row, whatever
+            // row that is now (pinning the first row of the first refresh
+            // would carry the cursor down the table as others outgrow it).
             None => {
-                let last = self.tables[v].last_selected();
-                self.select(|t, len| t.select(last, len));
+                self.tables[v].select(0, len);
             }
+            Some(id) => match self.rows.iter().position(|r| r.id == *id) {
+                Some(i) => {
+                    self.tables[v].select(i, len);
+                }
+                // Gone (or filtered out): the row now where it was.
+                None => {
+                    let last = self.tables[v].last_selected();
+                    self.select(|t, len| t.select(last, len));
+                }
+            },
         }
     }
 

@@ -472,3 +472,35 @@ fn the_enlarged_detail_scrolls_within_its_lines() {
     press(&mut app, KeyCode::Char('j'));
     assert_eq!(app.selected_index(), Some(1));
 }
+
+#[test]
+fn the_cursor_starts_on_the_first_row_and_stays_there_until_moved() {
+    let mut app = app_at(2);
+    assert_eq!(app.selected_index(), Some(0));
+    // The leak outgrows the cache: the cursor stays on top, now the leak.
+    app.update(AppEvent::Profile(sample(100)));
+    assert_eq!(app.selected_index(), Some(0));
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "leak ← handle · server (7)"
+    );
+    // Moved: from now on the cursor follows its row.
+    press(&mut app, KeyCode::Char('j'));
+    let chosen = app.selected_row().unwrap().id.clone();
+    app.update(AppEvent::Profile(sample(2)));
+    assert_eq!(app.selected_row().unwrap().id, chosen);
+    assert_eq!(app.selected_index(), Some(0));
+    // Processes too: j j Enter opens the process the cursor was on, even
+    // when a refresh reorders the rows in between.
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.selected_index(), Some(0));
+    press(&mut app, KeyCode::Char('j'));
+    assert_eq!(app.selected_row().unwrap().label, "worker");
+    let mut p = sample(3);
+    p.processes[1].stacks[0].totals.live_bytes = 1e9;
+    p.processes[1].totals.live_bytes = 1e9;
+    app.update(AppEvent::Profile(p));
+    assert_eq!(app.selected_index(), Some(0));
+    press(&mut app, KeyCode::Enter);
+    assert_eq!(app.scope().map(|k| k.pid), Some(9));
+}
