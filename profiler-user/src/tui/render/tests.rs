@@ -825,3 +825,27 @@ fn the_cursor_is_drawn_on_the_first_row_after_a_reorder() {
         assert_eq!(text.lines().position(|l| l.contains('▶')), Some(4));
     }
 }
+
+#[test]
+fn the_status_line_lets_a_notice_go_after_a_while() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = App::new(options());
+        app.set_notice(Notice::Info(
+            "attached 4 probe sites; press ? for the keys".into(),
+        ));
+        app.update(AppEvent::Profile(sample(0)));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(
+            text.lines()
+                .last()
+                .unwrap()
+                .contains("attached 4 probe sites"),
+            "{text}"
+        );
+        app.update(AppEvent::Profile(sample(10)));
+        let (text, _) = screen(&mut app, w, h);
+        let status = text.lines().last().unwrap();
+        assert!(!status.contains("attached"), "{text}");
+        assert!(status.contains("?:help"), "{text}");
+    }
+}

@@ -41,6 +41,11 @@ use allocprof::{
 use columns::compare;
 use search::row_matches;
 
+/// How long a notice stays in the status line: an information, and a
+/// warning or error.
+pub const INFO_TTL: Duration = Duration::from_secs(10);
+pub const WARNING_TTL: Duration = Duration::from_secs(30);
+
 /// What the run loop feeds the state.
 #[derive(Debug)]
 pub enum AppEvent {
@@ -157,6 +162,9 @@ pub struct App {
     /// The flamegraph, when open: it takes the keys and the screen.
     flame: Option<FlameView>,
     notice: Option<Notice>,
+    /// The notice shown and when it was first seen shown, in the session's
+    /// time (the profiles' `elapsed`: the state has no clock of its own).
+    notice_since: Option<(Notice, Duration)>,
     /// Printed on exit: the terminal's history outlives the status line.
     pub log: Vec<String>,
 }
@@ -187,6 +195,7 @@ impl App {
             zoom: false,
             flame: None,
             notice: None,
+            notice_since: None,
             log: Vec::new(),
         }
     }
@@ -306,6 +315,7 @@ impl App {
         match event {
             AppEvent::Profile(profile) => {
                 let profile = Arc::new(profile);
+                self.expire_notice(profile.elapsed);
                 self.profiles.history.record(&profile);
                 self.profiles.latest = Some(profile);
                 if !self.profiles.paused {
@@ -331,9 +341,35 @@ impl App {
         }
     }
 
-    /// Shows `notice` in the status line (until the next one).
+    /// Shows `notice` in the status line (until the next one, or until it
+    /// expires).
     pub fn set_notice(&mut self, notice: Notice) {
         self.notice = Some(notice);
+    }
+
+    /// Clears a notice shown for long enough by `now`, a profile's
+    /// `elapsed`. A notice is timed from the first profile that finds it
+    /// shown: within a refresh of when it was set, without every setter
+    /// having to know the time.
+    fn expire_notice(&mut self, now: Duration) {
+        let Some(notice) = &self.notice else {
+            self.notice_since = None;
+            return;
+        };
+        match &self.notice_since {
+            Some((seen, since)) if seen == notice => {
+                let ttl = match notice {
+                    Notice::Info(_) => INFO_TTL,
+                    // Worth a longer look; the log prints them again on exit.
+                    Notice::Warning(_) | Notice::Error(_) => WARNING_TTL,
+                };
+                if now.saturating_sub(*since) >= ttl {
+                    self.notice = None;
+                    self.notice_since = None;
+                }
+            }
+            _ => self.notice_since = Some((notice.clone(), now)),
+        }
     }
 
     fn key(&mut self, key: KeyEvent) -> Effect {

@@ -504,3 +504,29 @@ fn the_cursor_starts_on_the_first_row_and_stays_there_until_moved() {
     press(&mut app, KeyCode::Enter);
     assert_eq!(app.scope().map(|k| k.pid), Some(9));
 }
+
+#[test]
+fn notices_expire_in_the_session_s_time() {
+    let mut app = App::new(options());
+    app.set_notice(Notice::Info("attached 4 probe sites".into()));
+    // Timed from the first profile that finds it shown (here at 5 s).
+    for s in 5..15 {
+        app.update(AppEvent::Profile(sample(s)));
+        assert!(app.notice().is_some(), "at {s}s");
+    }
+    app.update(AppEvent::Profile(sample(15)));
+    assert_eq!(app.notice(), None);
+    // A new notice starts its own time; warnings stay longer.
+    app.update(AppEvent::Warning("a table is full".into()));
+    app.update(AppEvent::Profile(sample(16)));
+    app.update(AppEvent::Profile(sample(40)));
+    assert!(app.notice().is_some());
+    app.update(AppEvent::Info("baseline cleared".into()));
+    app.update(AppEvent::Profile(sample(41)));
+    app.update(AppEvent::Profile(sample(50)));
+    assert_eq!(app.notice(), Some(&Notice::Info("baseline cleared".into())));
+    app.update(AppEvent::Profile(sample(51)));
+    assert_eq!(app.notice(), None);
+    // The log keeps what the status line let go.
+    assert_eq!(app.log, ["warning: a table is full", "baseline cleared"]);
+}
