@@ -73,7 +73,7 @@ pub const KEYS: &[(&str, &str)] = &[
         "f",
         "flamegraph of the process (or of all); ? there: its keys",
     ),
-    ("q ?", "quit (also Ctrl-C) / this help; ? again: the legend"),
+    ("q F10 ? F1", "quit (also Ctrl-C) / help; again: legend"),
 ];
 
 /// What the columns and markers mean: the help's second page.
@@ -116,8 +116,8 @@ pub const FLAME_KEYS: &[(&str, &str)] = &[
     ("b B", "mark a baseline (then d shows growth) / clear it"),
     ("/ n N", "search: highlight frames; next / previous match"),
     ("Home", "select the zoomed frame"),
-    ("q", "back to the table (Ctrl-C quits)"),
-    ("?", "this help; any key closes it"),
+    ("q", "back to the table (F10, Ctrl-C: quit)"),
+    ("? F1", "this help; any key closes it"),
 ];
 
 /// A page of the help: `keys` under `title`, `bottom` saying how to leave.

@@ -849,3 +849,17 @@ fn the_status_line_lets_a_notice_go_after_a_while() {
         assert!(status.contains("?:help"), "{text}");
     }
 }
+
+#[test]
+fn f1_shows_the_keys_and_names_f1_and_f10() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = app_at(1);
+        press(&mut app, KeyCode::F(1));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains(" Keys "), "{text}");
+        assert!(
+            text.contains("q F10 ? F1  quit (also Ctrl-C) / help; again: legend"),
+            "{text}"
+        );
+    }
+}

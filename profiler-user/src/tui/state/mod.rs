@@ -377,13 +377,15 @@ impl App {
             return Effect::None;
         }
         let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
-        if ctrl && matches!(key.code, KeyCode::Char('c' | 'C')) {
+        // F10 quits from anywhere, as in htop and mc.
+        if ctrl && matches!(key.code, KeyCode::Char('c' | 'C')) || key.code == KeyCode::F(10) {
             return Effect::Quit;
         }
         if self.help {
             // `?` turns the keys page to the legend; any other key closes
             // the help, and does nothing else.
-            if key.code == KeyCode::Char('?') && !self.legend && self.flame.is_none() {
+            let help_key = matches!(key.code, KeyCode::Char('?') | KeyCode::F(1));
+            if help_key && !self.legend && self.flame.is_none() {
                 self.legend = true;
             } else {
                 self.help = false;
@@ -399,7 +401,7 @@ impl App {
         }
         match key.code {
             KeyCode::Char('q') => return Effect::Quit,
-            KeyCode::Char('?') => self.help = true,
+            KeyCode::Char('?') | KeyCode::F(1) => self.help = true,
             KeyCode::Tab | KeyCode::BackTab => {
                 let view = match self.settings.view {
                     View::Processes => View::Stacks,
@@ -496,7 +498,7 @@ impl App {
                 }));
             }
             FlameOutcome::Unhandled => match key.code {
-                KeyCode::Char('?') => self.help = true,
+                KeyCode::Char('?') | KeyCode::F(1) => self.help = true,
                 KeyCode::Char('b') => self.mark_baseline(),
                 KeyCode::Char('B') => self.clear_baseline(),
                 _ => {}

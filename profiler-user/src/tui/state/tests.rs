@@ -530,3 +530,26 @@ fn notices_expire_in_the_session_s_time() {
     // The log keeps what the status line let go.
     assert_eq!(app.log, ["warning: a table is full", "baseline cleared"]);
 }
+
+#[test]
+fn f1_opens_the_help_and_f10_quits_from_anywhere() {
+    let mut app = app_at(1);
+    press(&mut app, KeyCode::F(1));
+    assert!(app.help() && !app.legend());
+    press(&mut app, KeyCode::F(1));
+    assert!(app.help() && app.legend());
+    assert!(matches!(press(&mut app, KeyCode::F(10)), Effect::Quit));
+    let mut app = app_at(1);
+    assert!(matches!(press(&mut app, KeyCode::F(10)), Effect::Quit));
+    // While a search is typed, and in the flamegraph.
+    press(&mut app, KeyCode::Char('/'));
+    assert!(matches!(press(&mut app, KeyCode::F(10)), Effect::Quit));
+    press(&mut app, KeyCode::Esc);
+    press(&mut app, KeyCode::Char('f'));
+    assert!(app.flame().is_some());
+    press(&mut app, KeyCode::F(1));
+    assert!(app.help());
+    press(&mut app, KeyCode::F(1));
+    assert!(!app.help() && app.flame().is_some());
+    assert!(matches!(press(&mut app, KeyCode::F(10)), Effect::Quit));
+}
