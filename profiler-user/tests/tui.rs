@@ -148,8 +148,8 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
         "sorted by live bytes:\n{pane}"
     );
 
-    // `s` three times: objects, allocation rate, then the name.
-    for _ in 0..3 {
+    // `s` four times: samples, objects, allocation rate, then the name.
+    for _ in 0..4 {
         tmux.keys(&["s"]);
     }
     let pane = tmux.wait_for("the sort by name", |p| p.contains("sort name"));

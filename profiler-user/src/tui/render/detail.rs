@@ -9,7 +9,7 @@ use ratatui::{
     widgets::{Block, Paragraph},
 };
 
-use super::{BOLD, DIM, GROWING};
+use super::{BOLD, DIM, GROWING, interval};
 use crate::tui::{
     rows::{RowId, stack_label},
     state::App,
@@ -17,7 +17,7 @@ use crate::tui::{
 use allocprof::{
     inert::inert,
     profile::ProcessProfile,
-    stats::{Totals, human_bytes, human_ci, human_count},
+    stats::{Totals, human_bytes, human_count},
     symbolize::{Frame as StackFrame, is_allocator_frame, is_library_frame, most_informative},
 };
 
@@ -192,14 +192,15 @@ fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
         Line::from(vec![
             Span::raw("live "),
             Span::styled(human_bytes(t.live_bytes), BOLD),
-            Span::styled(format!(" ± {}", human_ci(t.live_ci95())), DIM),
+            Span::styled(interval(t.live_bytes, t.live_ci95()), DIM),
             Span::raw(format!(" in {} objects", human_count(t.live_objects))),
         ]),
         Line::from(format!(
-            "allocated {} ± {} since attach ({} samples)",
+            "allocated {}{} since attach ({} samples, {} still live)",
             human_bytes(t.alloc_bytes),
-            human_ci(t.alloc_ci95()),
-            human_count(t.alloc_samples as f64)
+            interval(t.alloc_bytes, t.alloc_ci95()),
+            human_count(t.alloc_samples as f64),
+            human_count(t.live_samples as f64)
         )),
         Line::from(format!(
             "sampled events: {} allocs, {} frees · dropped {}",

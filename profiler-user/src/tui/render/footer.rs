@@ -80,6 +80,8 @@ pub const KEYS: &[(&str, &str)] = &[
 pub const LEGEND: &[(&str, &str)] = &[
     ("LIVE", "estimated bytes allocated and not yet freed"),
     ("± x", "its 95% confidence interval"),
+    ("(0 B – x)", "the interval when it reaches 0: never below"),
+    ("SAMPLES", "sampled allocations still live, behind LIVE"),
     ("%", "share of the view's live bytes"),
     ("ALLOC/s", "bytes allocated per second, last few seconds"),
     ("GROWTH 1m", "live bytes gained over the last minute"),

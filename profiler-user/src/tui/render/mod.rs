@@ -168,6 +168,20 @@ fn signed_bytes(v: Option<f64>) -> Span<'static> {
     }
 }
 
+/// An estimate's 95% interval, after its value: `± 1.2 KiB`; or, when it
+/// reaches below 0, clipped there, `(0 B – 1.5 MiB)`: no byte count is
+/// negative, and `512 KiB ± 1003 KiB` would read as possibly so. The help's
+/// legend says the same.
+pub(super) fn interval(value: f64, ci: f64) -> String {
+    if ci.is_nan() {
+        " ± ?".into()
+    } else if ci <= 0.0 || ci < value {
+        format!(" ± {}", human_bytes(ci))
+    } else {
+        format!(" (0 B – {})", human_bytes(value + ci))
+    }
+}
+
 fn truncate(s: &str, width: usize) -> String {
     if s.chars().count() <= width {
         s.to_string()

@@ -9,14 +9,14 @@ use ratatui::{
     widgets::{Block, Cell, Paragraph, Row as TableRow, Table, TableState},
 };
 
-use super::{ACCENT, BOLD, DIM, SHRINKING, signed_bytes, truncate};
+use super::{ACCENT, BOLD, DIM, SHRINKING, interval, signed_bytes, truncate};
 use crate::tui::{
     rows::{Row, RowId},
     state::{App, Column, View},
 };
 use allocprof::{
     profile::ProcessState,
-    stats::{human_bytes, human_ci, human_count},
+    stats::{human_bytes, human_count},
 };
 
 /// Table rows that fit in the table's `inner` area, under the column titles.
@@ -33,7 +33,7 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
         })],
         Column::Live => vec![
             Span::raw(human_bytes(row.totals.live_bytes)),
-            Span::styled(format!(" ± {}", human_ci(row.totals.live_ci95())), DIM),
+            Span::styled(interval(row.totals.live_bytes, row.totals.live_ci95()), DIM),
         ],
         Column::Share => vec![Span::raw(format!("{:.1}%", 100.0 * row.share))],
         Column::Objects => vec![Span::raw(human_count(row.totals.live_objects))],
@@ -43,7 +43,7 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
         }],
         Column::Growth => vec![signed_bytes(row.growth)],
         Column::Baseline => vec![signed_bytes(row.since_baseline)],
-        Column::Samples => vec![Span::raw(human_count(row.totals.alloc_samples as f64))],
+        Column::Samples => vec![Span::raw(human_count(row.totals.live_samples as f64))],
         Column::State => match &row.process {
             Some(p) => vec![Span::styled(
                 p.state.describe(),
@@ -71,11 +71,23 @@ fn drop_order(view: View) -> &'static [Column] {
             Column::AllocRate,
             Column::Pid,
         ],
-        View::Stacks => &[Column::Objects, Column::Share, Column::AllocRate],
+        View::Stacks => &[
+            Column::Objects,
+            Column::Share,
+            Column::Samples,
+            Column::AllocRate,
+        ],
     }
 }
 
-const NAME_MIN: usize = 18;
+/// The name column's least width before columns are dropped: a stack's
+/// name in the all-processes view ends with its process, which must show.
+fn name_min(view: View) -> usize {
+    match view {
+        View::Processes => 18,
+        View::Stacks => 30,
+    }
+}
 const HIGHLIGHT: &str = "▶ ";
 
 pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
@@ -153,7 +165,7 @@ pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
             .sum()
     };
     for drop in drop_order(view) {
-        if fixed(&widths) + NAME_MIN <= budget {
+        if fixed(&widths) + name_min(view) <= budget {
             break;
         }
         widths.retain(|(c, _)| c != drop);

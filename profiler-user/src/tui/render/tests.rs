@@ -51,11 +51,11 @@ fn stack_view_snapshot() {
     let expected = " allocprof  pid 7 · 2 processes · live heap 75.3 KiB ± 5.3 KiB · 3s
  sampled 0 events/s · drops 0 · sampling rate 512.0 KiB · refresh 1s
 ┌ Processes   Stacks  all processes · by stack ────────── 4 rows · sort live ▼ ┐
-│  ALLOCATED AT                       LIVE ± 95% CI ▼   % ▼   OBJECTS   ALLOC/s│
-│▶ cache_fill ← main · server (7)  48.8 KiB ± 4.3 KiB 64.9%       781       0 B│
-│  cache_fill ← main · worker (9)  19.5 KiB ± 2.7 KiB 25.9%       312       0 B│
-│  leak ← handle · server (7)       4.0 KiB ± 1.2 KiB  5.3%        64   2.0 KiB│
-│  parse ← handle · server (7)      2.9 KiB ± 1.0 KiB  3.9%        47 390.6 KiB│
+│  ALLOCATED AT                       LIVE ± 95% CI ▼   % ▼   SAMPLES   ALLOC/s│
+│▶ cache_fill ← main · server (7)  48.8 KiB ± 4.3 KiB 64.9%         1       0 B│
+│  cache_fill ← main · worker (9)  19.5 KiB ± 2.7 KiB 25.9%         1       0 B│
+│  leak ← handle · server (7)       4.0 KiB ± 1.2 KiB  5.3%         1   2.0 KiB│
+│  parse ← handle · server (7)      2.9 KiB ± 1.0 KiB  3.9%         1 390.6 KiB│
 │                                                                              │
 │                                                                              │
 │                                                                              │
@@ -162,7 +162,8 @@ fn process_view_has_a_row_per_process_with_growth_and_state() {
 #[test]
 fn sorting_marks_the_column_and_reorders() {
     let mut app = app_at(3);
-    for _ in 0..3 {
+    // Samples, objects, allocation rate, then the name.
+    for _ in 0..4 {
         press(&mut app, KeyCode::Char('s'));
     }
     let (text, _) = screen(&mut app, 80, 24);
@@ -861,5 +862,43 @@ fn f1_shows_the_keys_and_names_f1_and_f10() {
             text.contains("q F10 ? F1  quit (also Ctrl-C) / help; again: legend"),
             "{text}"
         );
+    }
+}
+
+#[test]
+fn intervals_never_reach_below_zero() {
+    assert_eq!(interval(4096.0, 1024.0), " ± 1.0 KiB");
+    assert_eq!(
+        interval(512.0 * 1024.0, 1003.5 * 1024.0),
+        " (0 B – 1.5 MiB)"
+    );
+    assert_eq!(interval(0.0, 0.0), " ± 0 B");
+    assert_eq!(interval(10.0, f64::NAN), " ± ?");
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = App::new(options());
+        let mut p = sample(1);
+        // 512 KiB ± 1003.5 KiB: one heavy sample.
+        let t = &mut p.processes[1].stacks[0].totals;
+        t.live_bytes = 512.0 * 1024.0;
+        t.live_var = (1003.5f64 * 1024.0 / 1.959_963_984_540_054).powi(2);
+        p.processes[1].totals = *t;
+        app.update(AppEvent::Profile(p));
+        let (text, _) = screen(&mut app, w, h);
+        let row = text
+            .lines()
+            .find(|l| l.contains("cache_fill ← main · worker (9)"))
+            .unwrap();
+        assert!(row.contains("512.0 KiB (0 B – 1.5 MiB)"), "{text}");
+        // Each stack row says how many samples it stands on.
+        assert!(text.contains("SAMPLES"), "{text}");
+        assert!(!text.contains("± 1003"), "{text}");
+        // The process's detail, too.
+        press(&mut app, KeyCode::Tab);
+        press(&mut app, KeyCode::Home);
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("live 512.0 KiB (0 B – 1.5 MiB)"), "{text}");
+        if w >= 160 {
+            assert!(text.contains("(2 samples, 1 still live)"), "{text}");
+        }
     }
 }

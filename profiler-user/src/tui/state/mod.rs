@@ -270,6 +270,7 @@ impl App {
                 Column::Name,
                 Column::Live,
                 Column::Share,
+                Column::Samples,
                 Column::Objects,
                 Column::AllocRate,
             ],

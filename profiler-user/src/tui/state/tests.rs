@@ -90,6 +90,8 @@ fn stack_view_shows_each_process_stacks_sorted_by_live_bytes() {
 #[test]
 fn sort_keys_cycle_and_reverse() {
     let mut app = app_at(2);
+    press(&mut app, KeyCode::Char('s')); // live samples
+    assert_eq!(app.sort(), Sort::by(Column::Samples));
     press(&mut app, KeyCode::Char('s')); // objects
     assert_eq!(app.sort().column, Column::Objects);
     press(&mut app, KeyCode::Char('s')); // allocation rate
@@ -160,7 +162,7 @@ fn search_filters_by_function_incrementally() {
     assert!(!app.search().editing);
     // Keys are commands again, and the filter stays.
     press(&mut app, KeyCode::Char('s'));
-    assert_eq!(app.sort().column, Column::Objects);
+    assert_eq!(app.sort().column, Column::Samples);
     assert_eq!(app.rows().len(), 2);
     press(&mut app, KeyCode::Esc);
     assert_eq!(app.rows().len(), 4);
