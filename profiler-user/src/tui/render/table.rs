@@ -6,7 +6,7 @@ use ratatui::{
     layout::{Constraint, Rect},
     style::{Color, Modifier, Style},
     text::{Line, Span},
-    widgets::{Block, Cell, Paragraph, Row as TableRow, Table, TableState},
+    widgets::{Block, Cell, Paragraph, Row as TableRow, Table, TableState, Wrap},
 };
 
 use super::{ACCENT, BOLD, DIM, SHRINKING, interval, signed_bytes, truncate};
@@ -123,6 +123,14 @@ pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
     if app.shown().is_none() {
         return;
     }
+    let nothing_profiled = app.shown().is_some_and(|p| p.processes.is_empty());
+    if app.search().query.is_empty() && nothing_profiled {
+        frame.render_widget(
+            Paragraph::new(how_to_profile(app)).wrap(Wrap { trim: false }),
+            inner,
+        );
+        return;
+    }
     if app.rows().is_empty() {
         let text = if !app.search().query.is_empty() {
             "no row matches the search (Esc clears it)"
@@ -227,6 +235,32 @@ pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
         .filter(|i| *i < visible.len());
     let mut state = TableState::new().with_selected(selected);
     frame.render_stateful_widget(table, inner, &mut state);
+}
+
+/// The first screen when no process has the probes: how to get one that
+/// has (README's "Make a program profilable", briefly).
+fn how_to_profile(app: &App) -> Vec<Line<'static>> {
+    let preload = app
+        .options
+        .preload
+        .clone()
+        .unwrap_or_else(|| "/path/to/liballocprof.so".into());
+    let code = Style::new().fg(Color::Yellow);
+    vec![
+        Line::styled(
+            "Nothing profiled yet: no process allocates through allocprof's probes.",
+            BOLD,
+        ),
+        Line::raw("Start a program with them, and it shows up here as it allocates:"),
+        Line::raw("  C, C++ and other programs on libc:"),
+        Line::styled(format!("    LD_PRELOAD={preload} your-program"), code),
+        Line::raw("  Rust, as the global allocator (the allocator crate):"),
+        Line::styled("    #[global_allocator]", code),
+        Line::styled(
+            "    static A: SamplingAllocator<System> = SamplingAllocator::new(System);",
+            code,
+        ),
+    ]
 }
 
 fn table_title(app: &App) -> Line<'static> {

@@ -379,7 +379,8 @@ fn before_the_first_profile() {
     )));
     let (text, _) = screen(&mut app, 80, 24);
     assert!(text.contains("0 processes"), "{text}");
-    assert!(text.contains("no sampled allocations yet"), "{text}");
+    // No process with the probes: the how-to, not an empty table.
+    assert!(text.contains("Nothing profiled yet"), "{text}");
 }
 
 #[test]
@@ -901,4 +902,48 @@ fn intervals_never_reach_below_zero() {
             assert!(text.contains("(2 samples, 1 still live)"), "{text}");
         }
     }
+}
+
+#[test]
+fn the_first_screen_says_how_to_make_a_program_profilable() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = App::new(options());
+        app.update(AppEvent::Profile(crate::tui::rows::tests::profile(
+            1,
+            vec![],
+        )));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("Nothing profiled yet"), "{text}");
+        assert!(
+            text.contains("LD_PRELOAD=/path/to/liballocprof.so your-program"),
+            "{text}"
+        );
+        assert!(
+            text.contains("static A: SamplingAllocator<System> = SamplingAllocator::new(System);"),
+            "{text}"
+        );
+        // Both tables say it.
+        press(&mut app, KeyCode::Tab);
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("Nothing profiled yet"), "{text}");
+        // Once a process has the probes, the table is back.
+        app.update(AppEvent::Profile(sample(2)));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(!text.contains("Nothing profiled yet"), "{text}");
+        assert!(text.contains("server"), "{text}");
+    }
+    // The library found beside allocprof is named as it is, inert.
+    let mut app = App::new(crate::tui::AppOptions {
+        preload: Some("/opt/allocprof/liballocprof.so".into()),
+        ..options()
+    });
+    app.update(AppEvent::Profile(crate::tui::rows::tests::profile(
+        1,
+        vec![],
+    )));
+    let (text, _) = screen(&mut app, 160, 48);
+    assert!(
+        text.contains("LD_PRELOAD=/opt/allocprof/liballocprof.so your-program"),
+        "{text}"
+    );
 }

@@ -87,6 +87,8 @@ pub struct AppOptions {
     /// What is profiled: `pid 1234`, `all processes`.
     pub target: String,
     pub interval: Duration,
+    /// Where `liballocprof.so` is (made inert), for the empty view's how-to.
+    pub preload: Option<String>,
 }
 
 /// The profiles read, and which the view shows and compares to.

@@ -19,6 +19,7 @@ pub fn options() -> AppOptions {
     AppOptions {
         target: "pid 7".into(),
         interval: Duration::from_secs(1),
+        preload: None,
     }
 }
 
