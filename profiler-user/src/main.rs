@@ -124,6 +124,10 @@ async fn run(cli: Cli) -> Result<()> {
         let options = tui::Options {
             interval: cli.interval,
             target: cli.targets.target(),
+            // The LD_PRELOAD library beside us, for the first screen's how-to.
+            preload: cli.targets.probe_files().1.into_iter().find(|p| {
+                p.exists() && p.file_name() == Some(cli::DEFAULT_PROBE_FILES[0].as_ref())
+            }),
         };
         // What the status line said (exports, warnings) outlives the screen.
         for line in tui::run(session, options, exporter).await? {

@@ -141,6 +141,12 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
         sites.iter().all(|s| p.contains(s))
     });
     assert!(pane.contains("pid "), "{pane}");
+    // The all-processes view names each row's process.
+    let pid = format!("({})", workload.pid());
+    for site in sites {
+        let row = pane.lines().find(|l| l.contains(site)).unwrap();
+        assert!(row.contains(" · ") && row.contains(&pid), "{site}:\n{pane}");
+    }
     assert!(pane.contains("sampling rate 64.0 KiB"), "{pane}");
     // By live bytes: 12.5 MB of 64-byte blocks over 8 MiB of 1 MiB ones.
     assert!(
@@ -148,8 +154,8 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
         "sorted by live bytes:\n{pane}"
     );
 
-    // `s` three times: objects, allocation rate, then the name.
-    for _ in 0..3 {
+    // `s` four times: samples, objects, allocation rate, then the name.
+    for _ in 0..4 {
         tmux.keys(&["s"]);
     }
     let pane = tmux.wait_for("the sort by name", |p| p.contains("sort name"));
@@ -158,13 +164,24 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
         "sorted by name:\n{pane}"
     );
 
-    tmux.literal("?");
+    // F1 (as `?`) opens the help; `?` again turns to the legend.
+    tmux.keys(&["F1"]);
     let pane = tmux.wait_for("the help", |p| {
         p.contains("Keys") && p.contains("mark a baseline")
     });
-    assert!(pane.contains("q Ctrl-C"), "{pane}");
+    assert!(pane.contains("q F10 ? F1"), "{pane}");
+    tmux.literal("?");
+    tmux.wait_for("the legend", |p| {
+        p.contains("Legend") && p.contains("(0 B – x)")
+    });
     tmux.keys(&["Escape"]);
-    tmux.wait_for("the help to close", |p| !p.contains("mark a baseline"));
+    tmux.wait_for("the help to close", |p| !p.contains("(0 B – x)"));
+
+    // `d` enlarges the detail, which then scrolls; Esc makes it small again.
+    tmux.keys(&["d"]);
+    tmux.wait_for("the enlarged detail", |p| p.contains("PgUp/PgDn: scroll"));
+    tmux.keys(&["Escape"]);
+    tmux.wait_for("the detail back", |p| p.contains("Enter/d: larger"));
 
     // `e` exports the view; the status line names the file.
     tmux.keys(&["e"]);
@@ -179,7 +196,8 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
     let folded = std::fs::read_to_string(&exported).unwrap();
     assert!(folded.contains("main;site_large "), "{folded}");
 
-    tmux.keys(&["q"]);
+    // F10 quits, as q does.
+    tmux.keys(&["F10"]);
     let status_file = dir.join("exit.status");
     let pane = tmux.wait_for("allocprof to exit", |p| p.contains("TUI-TEST-DONE"));
     assert_eq!(

@@ -52,6 +52,8 @@ pub struct Options {
     /// Kernel reads and redraws happen this often.
     pub interval: Duration,
     pub target: Target,
+    /// `liballocprof.so`, where found: the empty view tells how to use it.
+    pub preload: Option<std::path::PathBuf>,
 }
 
 /// What is profiled, for the header.
@@ -72,6 +74,10 @@ pub async fn run(session: Session, options: Options, exporter: Exporter) -> Resu
     let mut app = App::new(AppOptions {
         target: describe(&options.target),
         interval: options.interval,
+        preload: options
+            .preload
+            .as_ref()
+            .map(|p| inert(&p.display().to_string()).into_owned()),
     });
     app.set_notice(state::Notice::Info(format!(
         "attached {} probe sites; press ? for the keys",

@@ -30,7 +30,9 @@ impl Grouping {
 }
 
 /// The stable identity of a row. `scope` is the process a stack row belongs
-/// to, or `None` for stacks merged over all processes.
+/// to: every stack row is one process's, even in the all-processes view, so
+/// that each row can say whose it is (it is `Option` only for identities
+/// made before a profile names the process).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RowId {
     Process(ProcessKey),
@@ -105,7 +107,7 @@ pub fn stack_label(frames: &[Frame]) -> String {
 /// Tells apart stacks whose labels are equal (same function, same caller):
 /// by the line of the naming frame, else by the innermost frame (where the
 /// allocation was made, e.g. `vec::from_elem` or `RawVec::grow`), else by an
-/// ordinal in frame order (stable across refreshes).
+/// ordinal in frame order (stable across refreshes; the help explains `#N`).
 fn disambiguate(rows: &mut [Row]) {
     let naming_line = |r: &Row| {
         most_informative(&r.frames)
@@ -127,9 +129,17 @@ fn disambiguate(rows: &mut [Row]) {
 /// the suffix tells at least two of them apart; numbers them as a last
 /// resort (no suffix given).
 fn split_duplicates(rows: &mut [Row], mut suffix: impl FnMut(&Row) -> Option<String>) {
-    let mut by_label: HashMap<String, Vec<usize>> = HashMap::new();
+    // Rows of different processes are told apart by their process.
+    let mut by_label: HashMap<(String, Option<ProcessKey>), Vec<usize>> = HashMap::new();
     for (i, r) in rows.iter().enumerate() {
-        by_label.entry(r.label.clone()).or_default().push(i);
+        let process = match &r.id {
+            RowId::Process(key) => Some(*key),
+            RowId::Stack { scope, .. } | RowId::Function { scope, .. } => *scope,
+        };
+        by_label
+            .entry((r.label.clone(), process))
+            .or_default()
+            .push(i);
     }
     for (_, mut same) in by_label.into_iter().filter(|(_, v)| v.len() > 1) {
         let suffixes: Vec<Option<String>> = same.iter().map(|&i| suffix(&rows[i])).collect();
@@ -195,10 +205,13 @@ pub struct Group {
     pub totals: Totals,
     /// The heaviest stack (live, then allocated bytes).
     pub frames: Arc<[Frame]>,
+    /// The process the stacks are of.
+    pub process: ProcessKey,
     heaviest: (f64, f64),
 }
 
-/// The stacks of a profile grouped into rows.
+/// The stacks of a profile grouped into rows, a process's apart from
+/// another's (the all-processes view sums nothing across processes).
 pub fn stack_groups(
     profile: &Profile,
     scope: Option<ProcessKey>,
@@ -209,10 +222,11 @@ pub fn stack_groups(
         for s in &p.stacks {
             let weight = (s.totals.live_bytes, s.totals.alloc_bytes);
             let group = groups
-                .entry(stack_id(scope, grouping, s))
+                .entry(stack_id(Some(p.key), grouping, s))
                 .or_insert_with(|| Group {
                     totals: Totals::default(),
                     frames: s.frames.clone(),
+                    process: p.key,
                     heaviest: weight,
                 });
             group.totals += s.totals;
@@ -302,7 +316,8 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
         .collect()
 }
 
-/// A row per stack (or function) of one process, or of all merged.
+/// A row per stack (or function) of one process, or of each process: then
+/// the label names the process (`leak ← tick · python3 (1234)`).
 pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Grouping) -> Vec<Row> {
     let groups = stack_groups(inputs.current, scope, grouping);
     let groups_of = |p: Option<&Profile>| p.map(|p| stack_groups(p, scope, grouping));
@@ -321,6 +336,15 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
         m.as_ref()
             .and_then(|m| m.get(id))
             .map_or(0.0, |g| g.totals.live_bytes)
+    };
+    let names: HashMap<ProcessKey, String> = match scope {
+        Some(_) => HashMap::new(),
+        None => inputs
+            .current
+            .processes
+            .iter()
+            .map(|p| (p.key, format!(" · {}", p.label())))
+            .collect(),
     };
     let mut rows: Vec<Row> = groups
         .iter()
@@ -350,6 +374,13 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
         .collect();
     if grouping == Grouping::Stack {
         disambiguate(&mut rows);
+    }
+    // After telling apart: a process's stacks are told apart among
+    // themselves, then named.
+    for r in &mut rows {
+        if let Some(name) = groups.get(&r.id).and_then(|g| names.get(&g.process)) {
+            r.label.push_str(&inert(name));
+        }
     }
     rows
 }
@@ -453,7 +484,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn merged_rows_sum_processes_and_get_rates_and_baselines() {
+    fn all_process_rows_name_their_process_and_get_rates_and_baselines() {
         let then = profile(
             10,
             vec![process(1, "a", &[(&["leak", "main"], 100.0, 100.0)])],
@@ -462,10 +493,10 @@ pub(crate) mod tests {
             15,
             vec![
                 process(1, "a", &[(&["leak", "main"], 600.0, 1100.0)]),
-                process(2, "b", &[(&["leak", "main"], 400.0, 400.0)]),
+                process(2, "b\u{1b}[2J", &[(&["leak", "main"], 400.0, 400.0)]),
             ],
         );
-        let rows = stack_rows(
+        let mut rows = stack_rows(
             Inputs {
                 current: &now,
                 rate_ref: Some(&then),
@@ -475,17 +506,60 @@ pub(crate) mod tests {
             None,
             Grouping::Stack,
         );
-        assert_eq!(rows.len(), 1);
+        rows.sort_by(|a, b| a.label.cmp(&b.label));
+        // A row per process, not a sum, named (inertly) after it.
+        let labels: Vec<&str> = rows.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["leak ← main · a (1)", "leak ← main · b\\x1b[2J (2)"]
+        );
         let r = &rows[0];
-        assert_eq!(r.label, "leak ← main");
-        assert_eq!(r.totals.live_bytes, 1000.0);
-        assert_eq!(r.share, 1.0);
-        // (1500 - 100) bytes over 5 s.
-        assert_eq!(r.alloc_rate, Some(280.0));
-        assert_eq!(r.growth, Some(900.0));
-        assert_eq!(r.since_baseline, Some(900.0));
-        assert_eq!(totals_of(&now, &r.id).unwrap().live_bytes, 1000.0);
+        assert_eq!(r.totals.live_bytes, 600.0);
+        assert_eq!(r.share, 0.6);
+        // (1100 - 100) bytes over 5 s.
+        assert_eq!(r.alloc_rate, Some(200.0));
+        assert_eq!(r.growth, Some(500.0));
+        assert_eq!(r.since_baseline, Some(500.0));
+        assert_eq!(totals_of(&now, &r.id).unwrap().live_bytes, 600.0);
         assert_eq!(totals_of(&then, &r.id).unwrap().live_bytes, 100.0);
+        // New in `now`: everything it holds is growth.
+        assert_eq!(rows[1].since_baseline, Some(400.0));
+        assert_eq!(totals_of(&then, &rows[1].id), None);
+        // By function, too.
+        let rows = stack_rows(
+            Inputs {
+                current: &now,
+                rate_ref: None,
+                growth_ref: None,
+                baseline: None,
+            },
+            None,
+            Grouping::Function,
+        );
+        assert!(rows.iter().any(|r| r.label == "leak · a (1)"));
+    }
+
+    #[test]
+    fn stacks_alike_in_two_processes_need_no_ordinal() {
+        let now = profile(
+            1,
+            vec![
+                process(1, "a", &[(&["q", "main", "x"], 1.0, 1.0)]),
+                process(2, "a", &[(&["q", "main", "y"], 1.0, 1.0)]),
+            ],
+        );
+        let inputs = Inputs {
+            current: &now,
+            rate_ref: None,
+            growth_ref: None,
+            baseline: None,
+        };
+        let mut labels: Vec<String> = stack_rows(inputs, None, Grouping::Stack)
+            .into_iter()
+            .map(|r| r.label)
+            .collect();
+        labels.sort();
+        assert_eq!(labels, ["q ← main · a (1)", "q ← main · a (2)"]);
     }
 
     #[test]
@@ -527,10 +601,11 @@ pub(crate) mod tests {
             growth_ref: None,
             baseline: None,
         };
-        let mut labels: Vec<String> = stack_rows(inputs, None, Grouping::Stack)
-            .into_iter()
-            .map(|r| r.label)
-            .collect();
+        let mut labels: Vec<String> =
+            stack_rows(inputs, Some(now.processes[0].key), Grouping::Stack)
+                .into_iter()
+                .map(|r| r.label)
+                .collect();
         labels.sort();
         assert_eq!(
             labels,

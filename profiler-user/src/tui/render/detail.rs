@@ -9,7 +9,7 @@ use ratatui::{
     widgets::{Block, Paragraph},
 };
 
-use super::{BOLD, DIM, GROWING};
+use super::{BOLD, DIM, GROWING, interval};
 use crate::tui::{
     rows::{RowId, stack_label},
     state::App,
@@ -17,17 +17,14 @@ use crate::tui::{
 use allocprof::{
     inert::inert,
     profile::ProcessProfile,
-    stats::{Totals, human_bytes, human_ci, human_count},
+    stats::{Totals, human_bytes, human_count},
     symbolize::{Frame as StackFrame, is_allocator_frame, is_library_frame, most_informative},
 };
 
-pub(super) fn detail(frame: &mut Frame, app: &App, area: Rect) {
-    let block = Block::bordered().border_style(DIM);
-    let Some(row) = app.selected_row() else {
-        frame.render_widget(block.title(" Detail "), area);
-        return;
-    };
-    let (title, lines) = match &row.id {
+/// The detail's title, lines, and what its lines are (for "+N more").
+pub(super) fn content(app: &App) -> Option<(String, Vec<Line<'static>>, &'static str)> {
+    let row = app.selected_row()?;
+    Some(match &row.id {
         RowId::Process(key) => {
             let p = app
                 .shown()
@@ -35,25 +32,41 @@ pub(super) fn detail(frame: &mut Frame, app: &App, area: Rect) {
             (
                 format!(" Process {} ", app.process_label(*key)),
                 p.map(process_detail).unwrap_or_default(),
+                "lines",
             )
         }
         RowId::Stack { .. } => (
             format!(" Stack: {} ", row.label),
             stack_detail(&row.frames, app.zoom()),
+            "frames",
         ),
-        RowId::Function { .. } => {
+        RowId::Function { name, .. } => {
             let mut lines = vec![Line::styled(
-                format!("heaviest stack through {}:", row.label),
+                format!("heaviest stack through {}:", inert(name)),
                 DIM,
             )];
             lines.extend(stack_detail(&row.frames, app.zoom()));
-            (format!(" Function: {} ", row.label), lines)
+            (format!(" Function: {} ", row.label), lines, "frames")
         }
+    })
+}
+
+/// Rows of text inside a detail pane of `area`.
+pub(super) fn page(area: Rect) -> usize {
+    area.height.saturating_sub(2) as usize
+}
+
+pub(super) fn detail(frame: &mut Frame, app: &App, area: Rect) {
+    let block = Block::bordered().border_style(DIM);
+    let Some((title, lines, unit)) = content(app) else {
+        frame.render_widget(block.title(" Detail "), area);
+        return;
     };
+    let lines = window(lines, app.detail_scroll(), page(area), unit, app.zoom());
     let block = block.title(Line::styled(title, BOLD)).title_bottom(
         Line::styled(
             if app.zoom() {
-                " Esc/d: smaller "
+                " j/k PgUp/PgDn: scroll · Esc/d: smaller "
             } else {
                 " Enter/d: larger "
             },
@@ -62,6 +75,30 @@ pub(super) fn detail(frame: &mut Frame, app: &App, area: Rect) {
         .right_aligned(),
     );
     frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+/// The `page` lines from `offset` on; when more follow, the last row says
+/// how many instead of cutting them silently.
+fn window(
+    lines: Vec<Line<'static>>,
+    offset: usize,
+    page: usize,
+    unit: &str,
+    zoom: bool,
+) -> Vec<Line<'static>> {
+    let offset = offset.min(lines.len().saturating_sub(page));
+    let total = lines.len();
+    let mut shown: Vec<Line<'static>> = lines.into_iter().skip(offset).collect();
+    if shown.len() > page && page > 0 {
+        shown.truncate(page - 1);
+        let more = total - offset - shown.len();
+        let how = if zoom { "j: scroll" } else { "d: all" };
+        shown.push(Line::styled(
+            format!("+{more} more {unit} ({how})"),
+            Style::new().fg(Color::Yellow),
+        ));
+    }
+    shown
 }
 
 /// Frames innermost first: the naming frame bold, the standard library and
@@ -155,14 +192,15 @@ fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
         Line::from(vec![
             Span::raw("live "),
             Span::styled(human_bytes(t.live_bytes), BOLD),
-            Span::styled(format!(" ± {}", human_ci(t.live_ci95())), DIM),
+            Span::styled(interval(t.live_bytes, t.live_ci95()), DIM),
             Span::raw(format!(" in {} objects", human_count(t.live_objects))),
         ]),
         Line::from(format!(
-            "allocated {} ± {} since attach ({} samples)",
+            "allocated {}{} since attach ({} samples, {} still live)",
             human_bytes(t.alloc_bytes),
-            human_ci(t.alloc_ci95()),
-            human_count(t.alloc_samples as f64)
+            interval(t.alloc_bytes, t.alloc_ci95()),
+            human_count(t.alloc_samples as f64),
+            human_count(t.live_samples as f64)
         )),
         Line::from(format!(
             "sampled events: {} allocs, {} frees · dropped {}",

@@ -11,15 +11,12 @@ use ratatui::{
     widgets::{Block, Paragraph},
 };
 
-use super::{ACCENT, BOLD, DIM, GROWING, detail::short_path, header, truncate};
+use super::{ACCENT, BOLD, DIM, GROWING, detail::short_path, header, interval, truncate};
 use crate::tui::{
     flame::{Mode, NodeId, ROOT, Scope},
     state::{App, FlameView, format_elapsed},
 };
-use allocprof::{
-    inert::inert,
-    stats::{human_bytes, human_ci},
-};
+use allocprof::{inert::inert, stats::human_bytes};
 
 /// Frames narrower than this show no text: a letter or two misleads.
 const LABEL_MIN: u16 = 3;
@@ -206,7 +203,7 @@ fn status_lines(frame: &mut Frame, flame: &FlameView, area: Rect) {
         sep(),
         Span::raw("live "),
         Span::styled(human_bytes(node.live_bytes), BOLD),
-        Span::styled(format!(" ± {}", human_ci(node.live_ci95())), DIM),
+        Span::styled(interval(node.live_bytes, node.live_ci95()), DIM),
     ]);
     if tree.has_baseline {
         facts.extend([

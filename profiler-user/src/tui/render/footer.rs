@@ -56,8 +56,11 @@ pub(super) fn footer(frame: &mut Frame, app: &App, area: Rect) {
 /// Every key, as the help overlay lists them.
 pub const KEYS: &[(&str, &str)] = &[
     ("Tab", "switch between processes and stacks"),
-    ("Enter", "open the process / enlarge the detail (also d)"),
-    ("a", "stacks of all processes, merged"),
+    (
+        "Enter d",
+        "open process / enlarge detail: j k PgDn scroll it",
+    ),
+    ("a", "stacks of all processes, a row per process's stack"),
     ("g", "group stacks by full stack / by function"),
     ("Esc", "back: smaller detail, clear search, leave process"),
     ("↑↓ j k", "move; PgUp PgDn Home End: by page, to the ends"),
@@ -70,7 +73,36 @@ pub const KEYS: &[(&str, &str)] = &[
         "f",
         "flamegraph of the process (or of all); ? there: its keys",
     ),
-    ("q ?", "quit (also Ctrl-C) / this help, any key closes it"),
+    ("q F10 ? F1", "quit (also Ctrl-C) / help; again: legend"),
+];
+
+/// What the columns and markers mean: the help's second page.
+pub const LEGEND: &[(&str, &str)] = &[
+    ("LIVE", "estimated bytes allocated and not yet freed"),
+    ("± x", "its 95% confidence interval"),
+    ("(0 B – x)", "the interval when it reaches 0: never below"),
+    ("SAMPLES", "sampled allocations still live, behind LIVE"),
+    ("%", "share of the view's live bytes"),
+    ("ALLOC/s", "bytes allocated per second, last few seconds"),
+    ("GROWTH 1m", "live bytes gained over the last minute"),
+    ("Δ BASELINE", "live bytes gained since the baseline (b)"),
+    (
+        "· name (pid)",
+        "all processes' stacks: the process of the row",
+    ),
+    (
+        "#N",
+        "stacks alike up to callers further out (d shows them)",
+    ),
+    ("via f", "the same, told apart by the allocating frame f"),
+    (
+        "@file:line",
+        "the same, told apart by the naming frame's line",
+    ),
+    (
+        "dim row",
+        "nothing live: of interest for its allocations only",
+    ),
 ];
 
 /// The flamegraph's keys, as its help overlay lists them.
@@ -86,11 +118,17 @@ pub const FLAME_KEYS: &[(&str, &str)] = &[
     ("b B", "mark a baseline (then d shows growth) / clear it"),
     ("/ n N", "search: highlight frames; next / previous match"),
     ("Home", "select the zoomed frame"),
-    ("q", "back to the table (Ctrl-C quits)"),
-    ("?", "this help; any key closes it"),
+    ("q", "back to the table (F10, Ctrl-C: quit)"),
+    ("? F1", "this help; any key closes it"),
 ];
 
-pub(super) fn help(frame: &mut Frame, area: Rect, keys: &[(&str, &str)]) {
+/// A page of the help: `keys` under `title`, `bottom` saying how to leave.
+pub(super) fn help(
+    frame: &mut Frame,
+    area: Rect,
+    (title, bottom): (&str, &str),
+    keys: &[(&str, &str)],
+) {
     let key_width = keys
         .iter()
         .map(|(k, _)| k.chars().count())
@@ -113,8 +151,8 @@ pub(super) fn help(frame: &mut Frame, area: Rect, keys: &[(&str, &str)]) {
         Paragraph::new(Text::from(lines)).block(
             Block::bordered()
                 .border_style(Style::new().fg(ACCENT))
-                .title(Line::styled(" Keys ", BOLD))
-                .title_bottom(Line::styled(" any key closes ", DIM).right_aligned()),
+                .title(Line::styled(format!(" {title} "), BOLD))
+                .title_bottom(Line::styled(format!(" {bottom} "), DIM).right_aligned()),
         ),
         popup,
     );

@@ -8,11 +8,11 @@ use ratatui::{
     text::{Line, Span},
 };
 
-use super::{ACCENT, BOLD, DIM, GROWING};
+use super::{ACCENT, BOLD, DIM, GROWING, interval};
 use crate::tui::state::{App, format_elapsed};
 use allocprof::{
     profile::{ProcessState, Profile},
-    stats::{human_bytes, human_ci, human_count},
+    stats::{human_bytes, human_count},
 };
 
 pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
@@ -81,7 +81,7 @@ pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
             "live heap "
         }),
         Span::styled(human_bytes(total.live_bytes), BOLD),
-        Span::styled(format!(" ± {}", human_ci(total.live_ci95())), DIM),
+        Span::styled(interval(total.live_bytes, total.live_ci95()), DIM),
         sep(),
         Span::raw(format_elapsed(profile.elapsed)),
     ]);

@@ -4,8 +4,9 @@
 //! when open, the flamegraph (`flame`).
 //!
 //! Drawing only reads the state. What it needs of the screen to scroll, the
-//! table's height, the state is told first: [`fit_and_draw`] computes the
-//! layout, hands the height to [`App::fit_table`], then draws.
+//! table's height and the detail's, the state is told first: [`fit_and_draw`]
+//! computes the layout, hands the heights to [`App::fit_table`] and
+//! [`App::fit_detail`], then draws.
 
 mod detail;
 mod flame;
@@ -40,8 +41,13 @@ const SHRINKING: Color = Color::Green;
 
 /// Tells the state the table's height for the terminal's size, then draws.
 pub fn fit_and_draw<B: Backend>(terminal: &mut Terminal<B>, app: &mut App) -> Result<(), B::Error> {
-    if let Some(page) = table_page(terminal.size()?, app.zoom()) {
+    let size = terminal.size()?;
+    if let Some(page) = table_page(size, app.zoom()) {
         app.fit_table(page);
+    }
+    if let Some(areas) = areas(Rect::new(0, 0, size.width, size.height), app.zoom()) {
+        let lines = detail::content(app).map_or(0, |(_, lines, _)| lines.len());
+        app.fit_detail(detail::page(areas.detail), lines);
     }
     terminal.draw(|f| draw(f, app))?;
     Ok(())
@@ -109,7 +115,7 @@ pub fn draw(frame: &mut Frame, app: &App) {
     if let Some(view) = app.flame() {
         flame::draw(frame, app, view, area);
         if app.help() {
-            footer::help(frame, area, footer::FLAME_KEYS);
+            footer::help(frame, area, ("Keys", "any key closes"), footer::FLAME_KEYS);
         }
         return;
     }
@@ -121,7 +127,16 @@ pub fn draw(frame: &mut Frame, app: &App) {
     }
     footer::footer(frame, app, areas.footer);
     if app.help() {
-        footer::help(frame, area, footer::KEYS);
+        if app.legend() {
+            footer::help(frame, area, ("Legend", "any key closes"), footer::LEGEND);
+        } else {
+            footer::help(
+                frame,
+                area,
+                ("Keys", "?: legend · any key closes"),
+                footer::KEYS,
+            );
+        }
     }
 }
 
@@ -150,6 +165,20 @@ fn signed_bytes(v: Option<f64>) -> Span<'static> {
             Span::styled(format!("+{}", human_bytes(v)), Style::new().fg(GROWING))
         }
         Some(v) => Span::styled(human_bytes(v), Style::new().fg(SHRINKING)),
+    }
+}
+
+/// An estimate's 95% interval, after its value: `± 1.2 KiB`; or, when it
+/// reaches below 0, clipped there, `(0 B – 1.5 MiB)`: no byte count is
+/// negative, and `512 KiB ± 1003 KiB` would read as possibly so. The help's
+/// legend says the same.
+pub(super) fn interval(value: f64, ci: f64) -> String {
+    if ci.is_nan() {
+        " ± ?".into()
+    } else if ci <= 0.0 || ci < value {
+        format!(" ± {}", human_bytes(ci))
+    } else {
+        format!(" (0 B – {})", human_bytes(value + ci))
     }
 }
 

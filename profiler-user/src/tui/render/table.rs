@@ -6,17 +6,17 @@ use ratatui::{
     layout::{Constraint, Rect},
     style::{Color, Modifier, Style},
     text::{Line, Span},
-    widgets::{Block, Cell, Paragraph, Row as TableRow, Table, TableState},
+    widgets::{Block, Cell, Paragraph, Row as TableRow, Table, TableState, Wrap},
 };
 
-use super::{ACCENT, BOLD, DIM, SHRINKING, signed_bytes, truncate};
+use super::{ACCENT, BOLD, DIM, SHRINKING, interval, signed_bytes, truncate};
 use crate::tui::{
     rows::{Row, RowId},
     state::{App, Column, View},
 };
 use allocprof::{
     profile::ProcessState,
-    stats::{human_bytes, human_ci, human_count},
+    stats::{human_bytes, human_count},
 };
 
 /// Table rows that fit in the table's `inner` area, under the column titles.
@@ -33,7 +33,7 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
         })],
         Column::Live => vec![
             Span::raw(human_bytes(row.totals.live_bytes)),
-            Span::styled(format!(" ± {}", human_ci(row.totals.live_ci95())), DIM),
+            Span::styled(interval(row.totals.live_bytes, row.totals.live_ci95()), DIM),
         ],
         Column::Share => vec![Span::raw(format!("{:.1}%", 100.0 * row.share))],
         Column::Objects => vec![Span::raw(human_count(row.totals.live_objects))],
@@ -43,7 +43,7 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
         }],
         Column::Growth => vec![signed_bytes(row.growth)],
         Column::Baseline => vec![signed_bytes(row.since_baseline)],
-        Column::Samples => vec![Span::raw(human_count(row.totals.alloc_samples as f64))],
+        Column::Samples => vec![Span::raw(human_count(row.totals.live_samples as f64))],
         Column::State => match &row.process {
             Some(p) => vec![Span::styled(
                 p.state.describe(),
@@ -71,11 +71,23 @@ fn drop_order(view: View) -> &'static [Column] {
             Column::AllocRate,
             Column::Pid,
         ],
-        View::Stacks => &[Column::Objects, Column::Share, Column::AllocRate],
+        View::Stacks => &[
+            Column::Objects,
+            Column::Share,
+            Column::Samples,
+            Column::AllocRate,
+        ],
     }
 }
 
-const NAME_MIN: usize = 18;
+/// The name column's least width before columns are dropped: a stack's
+/// name in the all-processes view ends with its process, which must show.
+fn name_min(view: View) -> usize {
+    match view {
+        View::Processes => 18,
+        View::Stacks => 30,
+    }
+}
 const HIGHLIGHT: &str = "▶ ";
 
 pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
@@ -109,6 +121,14 @@ pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
     frame.render_widget(block, area);
 
     if app.shown().is_none() {
+        return;
+    }
+    let nothing_profiled = app.shown().is_some_and(|p| p.processes.is_empty());
+    if app.search().query.is_empty() && nothing_profiled {
+        frame.render_widget(
+            Paragraph::new(how_to_profile(app)).wrap(Wrap { trim: false }),
+            inner,
+        );
         return;
     }
     if app.rows().is_empty() {
@@ -153,7 +173,7 @@ pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
             .sum()
     };
     for drop in drop_order(view) {
-        if fixed(&widths) + NAME_MIN <= budget {
+        if fixed(&widths) + name_min(view) <= budget {
             break;
         }
         widths.retain(|(c, _)| c != drop);
@@ -215,6 +235,32 @@ pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
         .filter(|i| *i < visible.len());
     let mut state = TableState::new().with_selected(selected);
     frame.render_stateful_widget(table, inner, &mut state);
+}
+
+/// The first screen when no process has the probes: how to get one that
+/// has (README's "Make a program profilable", briefly).
+fn how_to_profile(app: &App) -> Vec<Line<'static>> {
+    let preload = app
+        .options
+        .preload
+        .clone()
+        .unwrap_or_else(|| "/path/to/liballocprof.so".into());
+    let code = Style::new().fg(Color::Yellow);
+    vec![
+        Line::styled(
+            "Nothing profiled yet: no process allocates through allocprof's probes.",
+            BOLD,
+        ),
+        Line::raw("Start a program with them, and it shows up here as it allocates:"),
+        Line::raw("  C, C++ and other programs on libc:"),
+        Line::styled(format!("    LD_PRELOAD={preload} your-program"), code),
+        Line::raw("  Rust, as the global allocator (the allocator crate):"),
+        Line::styled("    #[global_allocator]", code),
+        Line::styled(
+            "    static A: SamplingAllocator<System> = SamplingAllocator::new(System);",
+            code,
+        ),
+    ]
 }
 
 fn table_title(app: &App) -> Line<'static> {

@@ -4,7 +4,10 @@
 use crossterm::event::KeyCode;
 use ratatui::{Terminal, backend::TestBackend, buffer::Buffer};
 
-use super::{footer::KEYS, *};
+use super::{
+    footer::{KEYS, LEGEND},
+    *,
+};
 use crate::tui::state::{
     AppEvent, Notice,
     tests::{options, press, sample},
@@ -47,24 +50,24 @@ fn stack_view_snapshot() {
     let (text, buffer) = screen(&mut app, 80, 24);
     let expected = " allocprof  pid 7 · 2 processes · live heap 75.3 KiB ± 5.3 KiB · 3s
  sampled 0 events/s · drops 0 · sampling rate 512.0 KiB · refresh 1s
-┌ Processes   Stacks  all processes · by stack ────────── 3 rows · sort live ▼ ┐
-│  ALLOCATED AT                       LIVE ± 95% CI ▼   % ▼   OBJECTS   ALLOC/s│
-│▶ cache_fill ← main               68.4 KiB ± 5.1 KiB 90.8%      1094       0 B│
-│  leak ← handle                    4.0 KiB ± 1.2 KiB  5.3%        64   2.0 KiB│
-│  parse ← handle                   2.9 KiB ± 1.0 KiB  3.9%        47 390.6 KiB│
-│                                                                              │
+┌ Processes   Stacks  all processes · by stack ────────── 4 rows · sort live ▼ ┐
+│  ALLOCATED AT                       LIVE ± 95% CI ▼   % ▼   SAMPLES   ALLOC/s│
+│▶ cache_fill ← main · server (7)  48.8 KiB ± 4.3 KiB 64.9%         1       0 B│
+│  cache_fill ← main · worker (9)  19.5 KiB ± 2.7 KiB 25.9%         1       0 B│
+│  leak ← handle · server (7)       4.0 KiB ± 1.2 KiB  5.3%         1   2.0 KiB│
+│  parse ← handle · server (7)      2.9 KiB ± 1.0 KiB  3.9%         1 390.6 KiB│
 │                                                                              │
 │                                                                              │
 │                                                                              │
 │                                                                              │
 │                                                                              │
 └──────────────────────────────────────────────────────────────────────────────┘
-┌ Stack: cache_fill ← main ────────────────────┐┌ History ─────────────────────┐
+┌ Stack: cache_fill ← main · server (7) ───────┐┌ History ─────────────────────┐
 │cache_fill  src/work.c:10                     ││live heap 75.3 KiB +3.0 KiB/1m│
 │main  src/work.c:4                            ││▇▇▇█                          │
 │                                              ││████                          │
 │                                              ││████                          │
-│                                              ││cache_fill ← ma… 68.4 KiB · 3s│
+│                                              ││cache_fill ← ma… 48.8 KiB · 3s│
 │                                              ││████                          │
 │                                              ││████                          │
 └───────────────────────────── Enter/d: larger ┘└──────────────────────────────┘
@@ -78,6 +81,16 @@ fn stack_view_snapshot() {
     assert!(buffer[(1, 15)].modifier.contains(Modifier::BOLD));
     // Growth is red.
     assert_eq!(buffer[(71, 15)].fg, GROWING);
+    // Wide, every row names its process in full.
+    let (text, _) = screen(&mut app, 160, 48);
+    for row in [
+        "│▶ cache_fill ← main · server (7) ",
+        "│  cache_fill ← main · worker (9) ",
+        "│  leak ← handle · server (7) ",
+        "│  parse ← handle · server (7) ",
+    ] {
+        assert!(text.contains(row), "{row}:\n{text}");
+    }
 }
 
 #[test]
@@ -149,7 +162,8 @@ fn process_view_has_a_row_per_process_with_growth_and_state() {
 #[test]
 fn sorting_marks_the_column_and_reorders() {
     let mut app = app_at(3);
-    for _ in 0..3 {
+    // Samples, objects, allocation rate, then the name.
+    for _ in 0..4 {
         press(&mut app, KeyCode::Char('s'));
     }
     let (text, _) = screen(&mut app, 80, 24);
@@ -174,7 +188,7 @@ fn baseline_and_pause_show_as_badges_and_a_column() {
     assert!(text.contains("Δ BASELINE ▼"), "{text}");
     let leak = text.lines().nth(4).unwrap();
     assert!(
-        leak.starts_with("│  leak ← handle"),
+        leak.starts_with("│▶ leak ← handle · server (7)"),
         "the grower is on top:\n{text}"
     );
     assert!(leak.contains("+3.0 KiB"), "{text}");
@@ -196,8 +210,8 @@ fn grouping_by_function_and_search() {
     assert!(text.contains("all processes · by function"), "{text}");
     assert!(text.contains("/lea"), "{text}");
     assert!(text.contains("1 row · sort live ▼"), "{text}");
-    assert!(text.contains("│▶ leak "), "{text}");
-    assert!(text.contains("Function: leak"), "{text}");
+    assert!(text.contains("│▶ leak · server (7) "), "{text}");
+    assert!(text.contains("Function: leak · server (7)"), "{text}");
     assert!(text.contains("heaviest stack through leak:"), "{text}");
     assert!(text.contains(" /lea█  Enter: keep · Esc: clear"), "{text}");
     press(&mut app, KeyCode::Char('x'));
@@ -293,12 +307,12 @@ fn the_selection_stays_on_screen() {
         label
     };
     press(&mut app, KeyCode::End);
-    assert_eq!(selected_line(&mut app), "cache_fill ← main");
+    assert_eq!(selected_line(&mut app), "cache_fill ← main · worker (9)");
     press(&mut app, KeyCode::PageUp);
     assert_eq!(app.selected_index(), Some(100 - app.table().page()));
     selected_line(&mut app);
     press(&mut app, KeyCode::Home);
-    assert_eq!(selected_line(&mut app), "f000 ← main");
+    assert_eq!(selected_line(&mut app), "f000 ← main · server (7)");
     press(&mut app, KeyCode::PageDown);
     selected_line(&mut app);
 }
@@ -311,6 +325,20 @@ fn help_lists_every_key_even_at_the_minimum_size() {
         let (text, _) = screen(&mut app, w, h);
         assert!(text.contains("Keys"), "{text}");
         for (key, description) in KEYS {
+            let line = text
+                .lines()
+                .find(|l| l.contains(&format!("│ {key} ")))
+                .unwrap_or_else(|| panic!("{key} missing at {w}×{h}:\n{text}"));
+            let start: String = description.chars().take(20).collect();
+            assert!(line.contains(&start), "{key} at {w}×{h}:\n{text}");
+        }
+    }
+    // `?` again: the legend, whole at either size too.
+    press(&mut app, KeyCode::Char('?'));
+    for (w, h) in [(80, 24), (MIN_WIDTH, MIN_HEIGHT), (160, 48)] {
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("Legend"), "{text}");
+        for (key, description) in LEGEND {
             let line = text
                 .lines()
                 .find(|l| l.contains(&format!("│ {key} ")))
@@ -351,7 +379,8 @@ fn before_the_first_profile() {
     )));
     let (text, _) = screen(&mut app, 80, 24);
     assert!(text.contains("0 processes"), "{text}");
-    assert!(text.contains("no sampled allocations yet"), "{text}");
+    // No process with the probes: the how-to, not an empty table.
+    assert!(text.contains("Nothing profiled yet"), "{text}");
 }
 
 #[test]
@@ -725,4 +754,196 @@ fn wide_names_are_cut_within_their_frame() {
     assert_eq!(buffer[(78, 6)].symbol(), " ", "{text}");
     assert_eq!(buffer[(79, 6)].symbol(), "│", "{text}");
     assert_ne!(buffer[(78, 6)].bg, Color::Reset);
+}
+
+/// A profile whose heaviest stack is `depth` frames deep: `f00` innermost.
+fn deep(depth: usize) -> App {
+    let mut app = App::new(options());
+    let mut p = sample(1);
+    let names: Vec<String> = (0..depth).map(|i| format!("f{i:02}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    p.processes[0].stacks[0].frames = crate::tui::rows::tests::frames(&names);
+    p.processes[0].stacks[0].totals.live_bytes = 1e9;
+    app.update(AppEvent::Profile(p));
+    app
+}
+
+#[test]
+fn a_deep_stack_says_how_many_frames_are_not_shown_and_scrolls() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = deep(60);
+        let (text, _) = screen(&mut app, w, h);
+        // Small: the frames that fit, then how many more, never a silent cut.
+        let shown = text.lines().filter(|l| l.contains("work.c:3")).count();
+        assert!(shown > 0, "{text}");
+        assert!(
+            text.contains(&format!("+{} more frames (d: all)", 60 - shown)),
+            "{w}×{h}:\n{text}"
+        );
+        // Enlarged: more frames, and j scrolls them one by one.
+        press(&mut app, KeyCode::Char('d'));
+        let (text, _) = screen(&mut app, w, h);
+        let page = text.lines().filter(|l| l.contains("work.c:3")).count();
+        assert!(page > shown, "{text}");
+        assert!(
+            text.contains(&format!("+{} more frames (j: scroll)", 60 - page)),
+            "{w}×{h}:\n{text}"
+        );
+        assert!(text.contains("│f00  /src/work.c:3"), "{text}");
+        press(&mut app, KeyCode::Char('j'));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(!text.contains("│f00 "), "{text}");
+        assert!(text.contains("│f01  /src/work.c:3"), "{text}");
+        // To the end: the last frame shows, and nothing is said to follow.
+        for _ in 0..10 {
+            press(&mut app, KeyCode::PageDown);
+        }
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("│f59  /src/work.c:3"), "{text}");
+        assert!(!text.contains("more frames"), "{text}");
+        // The arrows still move among the rows, and a new row's detail starts
+        // at its top.
+        press(&mut app, KeyCode::Down);
+        let (text, _) = screen(&mut app, w, h);
+        assert_eq!(app.detail_scroll(), 0);
+        assert!(
+            text.contains("Stack: cache_fill ← main · server (7)"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn the_cursor_is_drawn_on_the_first_row_after_a_reorder() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = app_at(2);
+        app.update(AppEvent::Profile(sample(100)));
+        let (text, _) = screen(&mut app, w, h);
+        let cursor = text.lines().find(|l| l.contains('▶')).unwrap();
+        assert!(
+            cursor.starts_with("│▶ leak ← handle · server (7)"),
+            "{text}"
+        );
+        assert_eq!(text.lines().position(|l| l.contains('▶')), Some(4));
+    }
+}
+
+#[test]
+fn the_status_line_lets_a_notice_go_after_a_while() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = App::new(options());
+        app.set_notice(Notice::Info(
+            "attached 4 probe sites; press ? for the keys".into(),
+        ));
+        app.update(AppEvent::Profile(sample(0)));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(
+            text.lines()
+                .last()
+                .unwrap()
+                .contains("attached 4 probe sites"),
+            "{text}"
+        );
+        app.update(AppEvent::Profile(sample(10)));
+        let (text, _) = screen(&mut app, w, h);
+        let status = text.lines().last().unwrap();
+        assert!(!status.contains("attached"), "{text}");
+        assert!(status.contains("?:help"), "{text}");
+    }
+}
+
+#[test]
+fn f1_shows_the_keys_and_names_f1_and_f10() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = app_at(1);
+        press(&mut app, KeyCode::F(1));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains(" Keys "), "{text}");
+        assert!(
+            text.contains("q F10 ? F1  quit (also Ctrl-C) / help; again: legend"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn intervals_never_reach_below_zero() {
+    assert_eq!(interval(4096.0, 1024.0), " ± 1.0 KiB");
+    assert_eq!(
+        interval(512.0 * 1024.0, 1003.5 * 1024.0),
+        " (0 B – 1.5 MiB)"
+    );
+    assert_eq!(interval(0.0, 0.0), " ± 0 B");
+    assert_eq!(interval(10.0, f64::NAN), " ± ?");
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = App::new(options());
+        let mut p = sample(1);
+        // 512 KiB ± 1003.5 KiB: one heavy sample.
+        let t = &mut p.processes[1].stacks[0].totals;
+        t.live_bytes = 512.0 * 1024.0;
+        t.live_var = (1003.5f64 * 1024.0 / 1.959_963_984_540_054).powi(2);
+        p.processes[1].totals = *t;
+        app.update(AppEvent::Profile(p));
+        let (text, _) = screen(&mut app, w, h);
+        let row = text
+            .lines()
+            .find(|l| l.contains("cache_fill ← main · worker (9)"))
+            .unwrap();
+        assert!(row.contains("512.0 KiB (0 B – 1.5 MiB)"), "{text}");
+        // Each stack row says how many samples it stands on.
+        assert!(text.contains("SAMPLES"), "{text}");
+        assert!(!text.contains("± 1003"), "{text}");
+        // The process's detail, too.
+        press(&mut app, KeyCode::Tab);
+        press(&mut app, KeyCode::Home);
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("live 512.0 KiB (0 B – 1.5 MiB)"), "{text}");
+        if w >= 160 {
+            assert!(text.contains("(2 samples, 1 still live)"), "{text}");
+        }
+    }
+}
+
+#[test]
+fn the_first_screen_says_how_to_make_a_program_profilable() {
+    for (w, h) in [(80, 24), (160, 48)] {
+        let mut app = App::new(options());
+        app.update(AppEvent::Profile(crate::tui::rows::tests::profile(
+            1,
+            vec![],
+        )));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("Nothing profiled yet"), "{text}");
+        assert!(
+            text.contains("LD_PRELOAD=/path/to/liballocprof.so your-program"),
+            "{text}"
+        );
+        assert!(
+            text.contains("static A: SamplingAllocator<System> = SamplingAllocator::new(System);"),
+            "{text}"
+        );
+        // Both tables say it.
+        press(&mut app, KeyCode::Tab);
+        let (text, _) = screen(&mut app, w, h);
+        assert!(text.contains("Nothing profiled yet"), "{text}");
+        // Once a process has the probes, the table is back.
+        app.update(AppEvent::Profile(sample(2)));
+        let (text, _) = screen(&mut app, w, h);
+        assert!(!text.contains("Nothing profiled yet"), "{text}");
+        assert!(text.contains("server"), "{text}");
+    }
+    // The library found beside allocprof is named as it is, inert.
+    let mut app = App::new(crate::tui::AppOptions {
+        preload: Some("/opt/allocprof/liballocprof.so".into()),
+        ..options()
+    });
+    app.update(AppEvent::Profile(crate::tui::rows::tests::profile(
+        1,
+        vec![],
+    )));
+    let (text, _) = screen(&mut app, 160, 48);
+    assert!(
+        text.contains("LD_PRELOAD=/opt/allocprof/liballocprof.so your-program"),
+        "{text}"
+    );
 }

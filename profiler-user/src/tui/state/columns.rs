@@ -89,7 +89,7 @@ pub(super) fn compare(column: Column, a: &Row, b: &Row) -> Ordering {
         Column::AllocRate => opt(a.alloc_rate).total_cmp(&opt(b.alloc_rate)),
         Column::Growth => opt(a.growth).total_cmp(&opt(b.growth)),
         Column::Baseline => opt(a.since_baseline).total_cmp(&opt(b.since_baseline)),
-        Column::Samples => a.totals.alloc_samples.cmp(&b.totals.alloc_samples),
+        Column::Samples => a.totals.live_samples.cmp(&b.totals.live_samples),
         Column::State => state_rank(a).cmp(&state_rank(b)),
     }
 }

@@ -34,9 +34,17 @@ use super::{
     history::{GROWTH_WINDOW, History, RATE_WINDOW},
     rows::{self, Grouping, Inputs, Row, RowId},
 };
-use allocprof::profile::{ProcessKey, Profile};
+use allocprof::{
+    inert::inert,
+    profile::{ProcessKey, Profile},
+};
 use columns::compare;
 use search::row_matches;
+
+/// How long a notice stays in the status line: an information, and a
+/// warning or error.
+pub const INFO_TTL: Duration = Duration::from_secs(10);
+pub const WARNING_TTL: Duration = Duration::from_secs(30);
 
 /// What the run loop feeds the state.
 #[derive(Debug)]
@@ -79,6 +87,8 @@ pub struct AppOptions {
     /// What is profiled: `pid 1234`, `all processes`.
     pub target: String,
     pub interval: Duration,
+    /// Where `liballocprof.so` is (made inert), for the empty view's how-to.
+    pub preload: Option<String>,
 }
 
 /// The profiles read, and which the view shows and compares to.
@@ -95,7 +105,8 @@ struct Profiles {
 /// What the user chose to see: which rows, grouped and ordered how.
 struct Settings {
     view: View,
-    /// The process the stack view is restricted to; `None` merges all.
+    /// The process the stack view is restricted to; `None` shows every
+    /// process's stacks, each row naming its process.
     scope: Option<ProcessKey>,
     grouping: Grouping,
     process_sort: Sort,
@@ -135,15 +146,27 @@ pub struct App {
     all_rows: Vec<Row>,
     /// Rows as shown: filtered and sorted.
     rows: Vec<Row>,
-    /// Selection per view, by identity; its table keeps where it was as a
+    /// Selection per view, by identity, once the user moved it (`None`: the
+    /// first row, whichever it is); its table keeps where it was as a
     /// fallback for when its row disappears, and the scroll.
     selected: [Option<RowId>; 2],
     tables: [TableState; 2],
+    /// The detail pane's first line shown, of `detail_row`'s detail; and
+    /// the most it can be (from the last draw).
+    detail_scroll: usize,
+    detail_max: usize,
+    detail_page: usize,
+    detail_row: Option<RowId>,
     help: bool,
+    /// The help's second page: what the columns and markers mean.
+    legend: bool,
     zoom: bool,
     /// The flamegraph, when open: it takes the keys and the screen.
     flame: Option<FlameView>,
     notice: Option<Notice>,
+    /// The notice shown and when it was first seen shown, in the session's
+    /// time (the profiles' `elapsed`: the state has no clock of its own).
+    notice_since: Option<(Notice, Duration)>,
     /// Printed on exit: the terminal's history outlives the status line.
     pub log: Vec<String>,
 }
@@ -165,10 +188,16 @@ impl App {
             rows: Vec::new(),
             selected: [None, None],
             tables: [TableState::default(); 2],
+            detail_scroll: 0,
+            detail_max: 0,
+            detail_page: 0,
+            detail_row: None,
             help: false,
+            legend: false,
             zoom: false,
             flame: None,
             notice: None,
+            notice_since: None,
             log: Vec::new(),
         }
     }
@@ -202,8 +231,16 @@ impl App {
     pub fn help(&self) -> bool {
         self.help
     }
+    /// The help shows the legend rather than the keys.
+    pub fn legend(&self) -> bool {
+        self.legend
+    }
     pub fn zoom(&self) -> bool {
         self.zoom
+    }
+    /// The detail pane's first line shown.
+    pub fn detail_scroll(&self) -> usize {
+        self.detail_scroll
     }
     pub fn flame(&self) -> Option<&FlameView> {
         self.flame.as_ref()
@@ -235,6 +272,7 @@ impl App {
                 Column::Name,
                 Column::Live,
                 Column::Share,
+                Column::Samples,
                 Column::Objects,
                 Column::AllocRate,
             ],
@@ -268,7 +306,10 @@ impl App {
             .shown
             .as_ref()
             .and_then(|p| p.processes.iter().find(|p| p.key == key))
-            .map_or_else(|| format!("pid {}", key.pid), |p| p.label())
+            .map_or_else(
+                || format!("pid {}", key.pid),
+                |p| inert(&p.label()).into_owned(),
+            )
     }
 
     // ---- transitions ----
@@ -277,6 +318,7 @@ impl App {
         match event {
             AppEvent::Profile(profile) => {
                 let profile = Arc::new(profile);
+                self.expire_notice(profile.elapsed);
                 self.profiles.history.record(&profile);
                 self.profiles.latest = Some(profile);
                 if !self.profiles.paused {
@@ -302,9 +344,35 @@ impl App {
         }
     }
 
-    /// Shows `notice` in the status line (until the next one).
+    /// Shows `notice` in the status line (until the next one, or until it
+    /// expires).
     pub fn set_notice(&mut self, notice: Notice) {
         self.notice = Some(notice);
+    }
+
+    /// Clears a notice shown for long enough by `now`, a profile's
+    /// `elapsed`. A notice is timed from the first profile that finds it
+    /// shown: within a refresh of when it was set, without every setter
+    /// having to know the time.
+    fn expire_notice(&mut self, now: Duration) {
+        let Some(notice) = &self.notice else {
+            self.notice_since = None;
+            return;
+        };
+        match &self.notice_since {
+            Some((seen, since)) if seen == notice => {
+                let ttl = match notice {
+                    Notice::Info(_) => INFO_TTL,
+                    // Worth a longer look; the log prints them again on exit.
+                    Notice::Warning(_) | Notice::Error(_) => WARNING_TTL,
+                };
+                if now.saturating_sub(*since) >= ttl {
+                    self.notice = None;
+                    self.notice_since = None;
+                }
+            }
+            _ => self.notice_since = Some((notice.clone(), now)),
+        }
     }
 
     fn key(&mut self, key: KeyEvent) -> Effect {
@@ -312,12 +380,20 @@ impl App {
             return Effect::None;
         }
         let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
-        if ctrl && matches!(key.code, KeyCode::Char('c' | 'C')) {
+        // F10 quits from anywhere, as in htop and mc.
+        if ctrl && matches!(key.code, KeyCode::Char('c' | 'C')) || key.code == KeyCode::F(10) {
             return Effect::Quit;
         }
         if self.help {
-            // Any key closes the help; it does nothing else.
-            self.help = false;
+            // `?` turns the keys page to the legend; any other key closes
+            // the help, and does nothing else.
+            let help_key = matches!(key.code, KeyCode::Char('?') | KeyCode::F(1));
+            if help_key && !self.legend && self.flame.is_none() {
+                self.legend = true;
+            } else {
+                self.help = false;
+                self.legend = false;
+            }
             return Effect::None;
         }
         if self.flame.is_some() {
@@ -328,7 +404,7 @@ impl App {
         }
         match key.code {
             KeyCode::Char('q') => return Effect::Quit,
-            KeyCode::Char('?') => self.help = true,
+            KeyCode::Char('?') | KeyCode::F(1) => self.help = true,
             KeyCode::Tab | KeyCode::BackTab => {
                 let view = match self.settings.view {
                     View::Processes => View::Stacks,
@@ -346,10 +422,16 @@ impl App {
                     self.selected[View::Stacks as usize] = None;
                     self.set_view(View::Stacks);
                 }
-                (View::Stacks, _) => self.zoom = !self.zoom,
+                (View::Stacks, _) => {
+                    self.zoom = !self.zoom;
+                    self.detail_scroll = 0;
+                }
                 _ => {}
             },
-            KeyCode::Char('d') => self.zoom = !self.zoom,
+            KeyCode::Char('d') => {
+                self.zoom = !self.zoom;
+                self.detail_scroll = 0;
+            }
             KeyCode::Char('a') => {
                 if self.settings.scope.is_some() {
                     self.settings.scope = None;
@@ -359,6 +441,12 @@ impl App {
                 self.set_view(View::Stacks);
             }
             KeyCode::Esc => self.back(),
+            // The enlarged detail takes the vi keys and the pages to scroll;
+            // the arrows still move among the rows.
+            KeyCode::Char('j') if self.zoom => self.scroll_detail(1),
+            KeyCode::Char('k') if self.zoom => self.scroll_detail(-1),
+            KeyCode::PageDown if self.zoom => self.scroll_detail(self.detail_page() as isize),
+            KeyCode::PageUp if self.zoom => self.scroll_detail(-(self.detail_page() as isize)),
             KeyCode::Up | KeyCode::Char('k') => self.select(|t, len| t.select_by(-1, len)),
             KeyCode::Down | KeyCode::Char('j') => self.select(|t, len| t.select_by(1, len)),
             KeyCode::PageUp => self.select(TableState::page_up),
@@ -413,7 +501,7 @@ impl App {
                 }));
             }
             FlameOutcome::Unhandled => match key.code {
-                KeyCode::Char('?') => self.help = true,
+                KeyCode::Char('?') | KeyCode::F(1) => self.help = true,
                 KeyCode::Char('b') => self.mark_baseline(),
                 KeyCode::Char('B') => self.clear_baseline(),
                 _ => {}
@@ -621,18 +709,24 @@ impl App {
         });
         self.rows = shown;
         let v = self.settings.view as usize;
-        let found = self.selected[v]
-            .as_ref()
-            .and_then(|id| self.rows.iter().position(|r| r.id == *id));
         let len = self.rows.len();
-        match found {
-            Some(i) => {
-                self.tables[v].select(i, len);
-            }
+        match &self.selected[v] {
+            // Nothing chosen yet: the cursor stays on the first row, whatever
+            // row that is now (pinning the first row of the first refresh
+            // would carry the cursor down the table as others outgrow it).
             None => {
-                let last = self.tables[v].last_selected();
-                self.select(|t, len| t.select(last, len));
+                self.tables[v].select(0, len);
             }
+            Some(id) => match self.rows.iter().position(|r| r.id == *id) {
+                Some(i) => {
+                    self.tables[v].select(i, len);
+                }
+                // Gone (or filtered out): the row now where it was.
+                None => {
+                    let last = self.tables[v].last_selected();
+                    self.select(|t, len| t.select(last, len));
+                }
+            },
         }
     }
 
@@ -642,6 +736,32 @@ impl App {
         if let Some(i) = how(&mut self.tables[v], self.rows.len()) {
             self.selected[v] = Some(self.rows[i].id.clone());
         }
+    }
+
+    fn scroll_detail(&mut self, by: isize) {
+        self.detail_scroll = self
+            .detail_scroll
+            .saturating_add_signed(by)
+            .min(self.detail_max);
+    }
+
+    /// A page of the detail: all but the line kept for "+N more".
+    fn detail_page(&self) -> usize {
+        self.detail_page.saturating_sub(1).max(1)
+    }
+
+    /// The detail pane's height and how many lines the selected row's
+    /// detail has, from the run loop before each draw: clamps the scroll,
+    /// and starts another row's detail at its top.
+    pub fn fit_detail(&mut self, page: usize, lines: usize) {
+        let row = self.selected_row().map(|r| r.id.clone());
+        if row != self.detail_row {
+            self.detail_row = row;
+            self.detail_scroll = 0;
+        }
+        self.detail_page = page;
+        self.detail_max = lines.saturating_sub(page);
+        self.detail_scroll = self.detail_scroll.min(self.detail_max);
     }
 
     /// The table's height in rows, from the run loop before each draw:

@@ -19,6 +19,7 @@ pub fn options() -> AppOptions {
     AppOptions {
         target: "pid 7".into(),
         interval: Duration::from_secs(1),
+        preload: None,
     }
 }
 
@@ -67,33 +68,49 @@ fn app_at(secs: u64) -> App {
 }
 
 #[test]
-fn stack_view_merges_processes_sorted_by_live_bytes() {
+fn stack_view_shows_each_process_stacks_sorted_by_live_bytes() {
     let app = app_at(2);
     assert_eq!(app.view(), View::Stacks);
+    // Not merged: the same stack in two processes is two rows, each named.
     assert_eq!(
         labels(&app),
-        ["cache_fill ← main", "leak ← handle", "parse ← handle"]
+        [
+            "cache_fill ← main · server (7)",
+            "cache_fill ← main · worker (9)",
+            "leak ← handle · server (7)",
+            "parse ← handle · server (7)"
+        ]
     );
-    assert_eq!(app.rows()[0].totals.live_bytes, 70_000.0);
-    assert_eq!(app.selected_row().unwrap().label, "cache_fill ← main");
+    assert_eq!(app.rows()[0].totals.live_bytes, 50_000.0);
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "cache_fill ← main · server (7)"
+    );
 }
 
 #[test]
 fn sort_keys_cycle_and_reverse() {
     let mut app = app_at(2);
+    press(&mut app, KeyCode::Char('s')); // live samples
+    assert_eq!(app.sort(), Sort::by(Column::Samples));
     press(&mut app, KeyCode::Char('s')); // objects
     assert_eq!(app.sort().column, Column::Objects);
     press(&mut app, KeyCode::Char('s')); // allocation rate
     assert_eq!(app.sort(), Sort::by(Column::AllocRate));
-    assert_eq!(labels(&app)[0], "parse ← handle");
+    assert_eq!(labels(&app)[0], "parse ← handle · server (7)");
     press(&mut app, KeyCode::Char('s')); // back to the name
     assert_eq!(app.sort(), Sort::by(Column::Name));
     assert_eq!(
         labels(&app),
-        ["cache_fill ← main", "leak ← handle", "parse ← handle"]
+        [
+            "cache_fill ← main · server (7)",
+            "cache_fill ← main · worker (9)",
+            "leak ← handle · server (7)",
+            "parse ← handle · server (7)"
+        ]
     );
     press(&mut app, KeyCode::Char('r'));
-    assert_eq!(labels(&app)[0], "parse ← handle");
+    assert_eq!(labels(&app)[0], "parse ← handle · server (7)");
     press(&mut app, KeyCode::Char('S'));
     assert_eq!(app.sort().column, Column::AllocRate);
 }
@@ -102,17 +119,27 @@ fn sort_keys_cycle_and_reverse() {
 fn selection_follows_the_row_across_refreshes_and_sorts() {
     let mut app = app_at(2);
     press(&mut app, KeyCode::Down);
-    assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
+    press(&mut app, KeyCode::Down);
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "leak ← handle · server (7)"
+    );
     // The leak outgrows everything: it moves to the top, selected.
     app.update(AppEvent::Profile(sample(100)));
     assert_eq!(app.selected_index(), Some(0));
-    assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "leak ← handle · server (7)"
+    );
     press(&mut app, KeyCode::Char('s'));
-    assert_eq!(app.selected_row().unwrap().label, "leak ← handle");
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "leak ← handle · server (7)"
+    );
     press(&mut app, KeyCode::End);
-    assert_eq!(app.selected_index(), Some(2));
+    assert_eq!(app.selected_index(), Some(3));
     press(&mut app, KeyCode::Down);
-    assert_eq!(app.selected_index(), Some(2));
+    assert_eq!(app.selected_index(), Some(3));
     press(&mut app, KeyCode::Home);
     assert_eq!(app.selected_index(), Some(0));
     press(&mut app, KeyCode::Up);
@@ -125,7 +152,10 @@ fn search_filters_by_function_incrementally() {
     press(&mut app, KeyCode::Char('/'));
     type_str(&mut app, "hand");
     // Both stacks through `handle` match, by any of their frames.
-    assert_eq!(labels(&app), ["parse ← handle", "leak ← handle"]);
+    assert_eq!(
+        labels(&app),
+        ["parse ← handle · server (7)", "leak ← handle · server (7)"]
+    );
     type_str(&mut app, "x");
     assert!(app.rows().is_empty());
     press(&mut app, KeyCode::Backspace);
@@ -133,10 +163,10 @@ fn search_filters_by_function_incrementally() {
     assert!(!app.search().editing);
     // Keys are commands again, and the filter stays.
     press(&mut app, KeyCode::Char('s'));
-    assert_eq!(app.sort().column, Column::Objects);
+    assert_eq!(app.sort().column, Column::Samples);
     assert_eq!(app.rows().len(), 2);
     press(&mut app, KeyCode::Esc);
-    assert_eq!(app.rows().len(), 3);
+    assert_eq!(app.rows().len(), 4);
     assert_eq!(app.search(), &Search::default());
 }
 
@@ -158,7 +188,15 @@ fn grouping_by_function_sums_stacks_through_a_function() {
     let mut app = app_at(1);
     press(&mut app, KeyCode::Char('g'));
     assert_eq!(app.grouping(), Grouping::Function);
-    assert_eq!(labels(&app), ["cache_fill", "parse", "leak"]);
+    assert_eq!(
+        labels(&app),
+        [
+            "cache_fill · server (7)",
+            "cache_fill · worker (9)",
+            "parse · server (7)",
+            "leak · server (7)"
+        ]
+    );
     press(&mut app, KeyCode::Char('g'));
     assert_eq!(app.grouping(), Grouping::Stack);
 }
@@ -200,7 +238,7 @@ fn baseline_shows_and_sorts_by_growth_since() {
     for s in 3..=10 {
         app.update(AppEvent::Profile(sample(s)));
     }
-    assert_eq!(labels(&app)[0], "leak ← handle");
+    assert_eq!(labels(&app)[0], "leak ← handle · server (7)");
     assert_eq!(app.rows()[0].since_baseline, Some(8.0 * 1024.0));
     press(&mut app, KeyCode::Tab);
     assert_eq!(app.sort(), Sort::by(Column::Baseline));
@@ -263,6 +301,12 @@ fn help_is_closed_by_any_key_which_does_nothing_else() {
     assert!(app.help());
     assert!(matches!(press(&mut app, KeyCode::Char('q')), Effect::None));
     assert!(!app.help());
+    // `?` in the help turns to the legend; the next key closes both.
+    press(&mut app, KeyCode::Char('?'));
+    press(&mut app, KeyCode::Char('?'));
+    assert!(app.help() && app.legend());
+    press(&mut app, KeyCode::Char('?'));
+    assert!(!app.help() && !app.legend());
 }
 
 #[test]
@@ -394,4 +438,121 @@ fn the_flamegraph_shows_growth_once_a_baseline_is_marked() {
     assert!(app.help());
     press(&mut app, KeyCode::Esc);
     assert!(!app.help() && app.flame().is_some());
+}
+
+#[test]
+fn the_enlarged_detail_scrolls_within_its_lines() {
+    let mut app = app_at(1);
+    // Not enlarged: j moves the selection.
+    press(&mut app, KeyCode::Char('j'));
+    assert_eq!(app.selected_index(), Some(1));
+    press(&mut app, KeyCode::Char('d'));
+    app.fit_detail(5, 20);
+    press(&mut app, KeyCode::Char('j'));
+    press(&mut app, KeyCode::Char('j'));
+    assert_eq!((app.detail_scroll(), app.selected_index()), (2, Some(1)));
+    press(&mut app, KeyCode::Char('k'));
+    assert_eq!(app.detail_scroll(), 1);
+    // A page is the pane less the "+N more" line.
+    press(&mut app, KeyCode::PageDown);
+    assert_eq!(app.detail_scroll(), 5);
+    // Never past the last page.
+    for _ in 0..10 {
+        press(&mut app, KeyCode::PageDown);
+    }
+    assert_eq!(app.detail_scroll(), 15);
+    press(&mut app, KeyCode::PageUp);
+    assert_eq!(app.detail_scroll(), 11);
+    // A shorter detail (the next draw) clamps it.
+    app.fit_detail(5, 8);
+    assert_eq!(app.detail_scroll(), 3);
+    // Another row starts at its top.
+    press(&mut app, KeyCode::Up);
+    app.fit_detail(5, 20);
+    assert_eq!((app.detail_scroll(), app.selected_index()), (0, Some(0)));
+    // Smaller again: j is the table's.
+    press(&mut app, KeyCode::Char('d'));
+    press(&mut app, KeyCode::Char('j'));
+    assert_eq!(app.selected_index(), Some(1));
+}
+
+#[test]
+fn the_cursor_starts_on_the_first_row_and_stays_there_until_moved() {
+    let mut app = app_at(2);
+    assert_eq!(app.selected_index(), Some(0));
+    // The leak outgrows the cache: the cursor stays on top, now the leak.
+    app.update(AppEvent::Profile(sample(100)));
+    assert_eq!(app.selected_index(), Some(0));
+    assert_eq!(
+        app.selected_row().unwrap().label,
+        "leak ← handle · server (7)"
+    );
+    // Moved: from now on the cursor follows its row.
+    press(&mut app, KeyCode::Char('j'));
+    let chosen = app.selected_row().unwrap().id.clone();
+    app.update(AppEvent::Profile(sample(2)));
+    assert_eq!(app.selected_row().unwrap().id, chosen);
+    assert_eq!(app.selected_index(), Some(0));
+    // Processes too: j j Enter opens the process the cursor was on, even
+    // when a refresh reorders the rows in between.
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.selected_index(), Some(0));
+    press(&mut app, KeyCode::Char('j'));
+    assert_eq!(app.selected_row().unwrap().label, "worker");
+    let mut p = sample(3);
+    p.processes[1].stacks[0].totals.live_bytes = 1e9;
+    p.processes[1].totals.live_bytes = 1e9;
+    app.update(AppEvent::Profile(p));
+    assert_eq!(app.selected_index(), Some(0));
+    press(&mut app, KeyCode::Enter);
+    assert_eq!(app.scope().map(|k| k.pid), Some(9));
+}
+
+#[test]
+fn notices_expire_in_the_session_s_time() {
+    let mut app = App::new(options());
+    app.set_notice(Notice::Info("attached 4 probe sites".into()));
+    // Timed from the first profile that finds it shown (here at 5 s).
+    for s in 5..15 {
+        app.update(AppEvent::Profile(sample(s)));
+        assert!(app.notice().is_some(), "at {s}s");
+    }
+    app.update(AppEvent::Profile(sample(15)));
+    assert_eq!(app.notice(), None);
+    // A new notice starts its own time; warnings stay longer.
+    app.update(AppEvent::Warning("a table is full".into()));
+    app.update(AppEvent::Profile(sample(16)));
+    app.update(AppEvent::Profile(sample(40)));
+    assert!(app.notice().is_some());
+    app.update(AppEvent::Info("baseline cleared".into()));
+    app.update(AppEvent::Profile(sample(41)));
+    app.update(AppEvent::Profile(sample(50)));
+    assert_eq!(app.notice(), Some(&Notice::Info("baseline cleared".into())));
+    app.update(AppEvent::Profile(sample(51)));
+    assert_eq!(app.notice(), None);
+    // The log keeps what the status line let go.
+    assert_eq!(app.log, ["warning: a table is full", "baseline cleared"]);
+}
+
+#[test]
+fn f1_opens_the_help_and_f10_quits_from_anywhere() {
+    let mut app = app_at(1);
+    press(&mut app, KeyCode::F(1));
+    assert!(app.help() && !app.legend());
+    press(&mut app, KeyCode::F(1));
+    assert!(app.help() && app.legend());
+    assert!(matches!(press(&mut app, KeyCode::F(10)), Effect::Quit));
+    let mut app = app_at(1);
+    assert!(matches!(press(&mut app, KeyCode::F(10)), Effect::Quit));
+    // While a search is typed, and in the flamegraph.
+    press(&mut app, KeyCode::Char('/'));
+    assert!(matches!(press(&mut app, KeyCode::F(10)), Effect::Quit));
+    press(&mut app, KeyCode::Esc);
+    press(&mut app, KeyCode::Char('f'));
+    assert!(app.flame().is_some());
+    press(&mut app, KeyCode::F(1));
+    assert!(app.help());
+    press(&mut app, KeyCode::F(1));
+    assert!(!app.help() && app.flame().is_some());
+    assert!(matches!(press(&mut app, KeyCode::F(10)), Effect::Quit));
 }
