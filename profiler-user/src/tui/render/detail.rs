@@ -209,6 +209,26 @@ fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
             p.dropped()
         )),
     ];
+    if let Some(r) = p.resident {
+        // The heap lives in anonymous memory; the rest of it is overhead,
+        // fragmentation or memory not from malloc.
+        lines.push(Line::from(vec![
+            Span::raw(format!(
+                "resident {} (anonymous {}, file {}, shared {})",
+                human_bytes((r.anon + r.file + r.shmem) as f64),
+                human_bytes(r.anon as f64),
+                human_bytes(r.file as f64),
+                human_bytes(r.shmem as f64),
+            )),
+            Span::styled(
+                format!(
+                    " · {} anonymous beyond the live heap",
+                    human_bytes((r.anon as f64 - t.live_bytes).max(0.0))
+                ),
+                DIM,
+            ),
+        ]));
+    }
     if p.mmap_events > 0 {
         lines.push(Line::from(format!(
             "mapped {} beside the heap ({} mmap probes)",

@@ -79,9 +79,12 @@ pub const KEYS: &[(&str, &str)] = &[
 /// What the columns and markers mean: the help's second page.
 pub const LEGEND: &[(&str, &str)] = &[
     ("LIVE", "estimated bytes allocated and not yet freed"),
-    ("± x", "its 95% confidence interval"),
-    ("(0 B – x)", "the interval when it reaches 0: never below"),
+    (
+        "± x (0 B – x)",
+        "its 95% interval; clipped at 0, never below",
+    ),
     ("SAMPLES", "sampled allocations still live, behind LIVE"),
+    ("LIVE >1m", "of LIVE, allocated over a minute ago (leaks)"),
     ("%", "share of the view's live bytes"),
     ("ALLOC/s", "bytes allocated per second, last few seconds"),
     ("GROWTH 1m", "live bytes gained over the last minute"),

@@ -35,6 +35,11 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
             Span::raw(human_bytes(row.totals.live_bytes)),
             Span::styled(interval(row.totals.live_bytes, row.totals.live_ci95()), DIM),
         ],
+        Column::Old => vec![if row.totals.ages.over_old > 0.0 {
+            Span::raw(human_bytes(row.totals.ages.over_old))
+        } else {
+            Span::styled("–", DIM)
+        }],
         Column::Share => vec![Span::raw(format!("{:.1}%", 100.0 * row.share))],
         Column::Objects => vec![Span::raw(human_count(row.totals.live_objects))],
         Column::AllocRate => vec![match row.alloc_rate {
@@ -65,6 +70,7 @@ fn width_of(spans: &[Span]) -> usize {
 fn drop_order(view: View) -> &'static [Column] {
     match view {
         View::Processes => &[
+            Column::Old,
             Column::Samples,
             Column::Objects,
             Column::State,
@@ -72,6 +78,7 @@ fn drop_order(view: View) -> &'static [Column] {
             Column::Pid,
         ],
         View::Stacks => &[
+            Column::Old,
             Column::Objects,
             Column::Share,
             Column::Samples,

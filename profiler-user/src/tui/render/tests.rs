@@ -162,8 +162,8 @@ fn process_view_has_a_row_per_process_with_growth_and_state() {
 #[test]
 fn sorting_marks_the_column_and_reorders() {
     let mut app = app_at(3);
-    // Samples, objects, allocation rate, then the name.
-    for _ in 0..4 {
+    // Samples, objects, allocation rate, live over a minute, then the name.
+    for _ in 0..5 {
         press(&mut app, KeyCode::Char('s'));
     }
     let (text, _) = screen(&mut app, 80, 24);
@@ -945,5 +945,31 @@ fn the_first_screen_says_how_to_make_a_program_profilable() {
     assert!(
         text.contains("LD_PRELOAD=/opt/allocprof/liballocprof.so your-program"),
         "{text}"
+    );
+}
+
+#[test]
+fn the_process_detail_sets_the_heap_against_resident_memory() {
+    let mut app = App::new(options());
+    let mut profile = sample(0);
+    profile.processes[0].resident = Some(allocprof::discover::Resident {
+        anon: 100 << 20,
+        file: 18 << 20,
+        shmem: 2 << 20,
+    });
+    app.update(AppEvent::Profile(profile));
+    press(&mut app, KeyCode::Tab); // the processes, the first selected
+    for (w, h) in [(80, 24), (160, 48)] {
+        let (text, _) = screen(&mut app, w, h);
+        assert!(
+            // Narrow, the pane cuts it (d enlarges it).
+            text.contains("resident 120.0 MiB (anonymous 100.0 MiB, file"),
+            "{w}x{h}:\n{text}"
+        );
+    }
+    let (wide, _) = screen(&mut app, 160, 48);
+    assert!(
+        wide.contains("file 18.0 MiB, shared 2.0 MiB) · 99.9 MiB anonymous b"),
+        "{wide}"
     );
 }

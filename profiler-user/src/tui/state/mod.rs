@@ -265,6 +265,7 @@ impl App {
                 Column::Objects,
                 Column::AllocRate,
                 Column::Growth,
+                Column::Old,
                 Column::Samples,
                 Column::State,
             ],
@@ -275,6 +276,7 @@ impl App {
                 Column::Samples,
                 Column::Objects,
                 Column::AllocRate,
+                Column::Old,
             ],
         };
         if self.profiles.baseline.is_some() {

@@ -98,6 +98,8 @@ fn sort_keys_cycle_and_reverse() {
     press(&mut app, KeyCode::Char('s')); // allocation rate
     assert_eq!(app.sort(), Sort::by(Column::AllocRate));
     assert_eq!(labels(&app)[0], "parse ← handle · server (7)");
+    press(&mut app, KeyCode::Char('s')); // live bytes over a minute old
+    assert_eq!(app.sort(), Sort::by(Column::Old));
     press(&mut app, KeyCode::Char('s')); // back to the name
     assert_eq!(app.sort(), Sort::by(Column::Name));
     assert_eq!(
@@ -112,7 +114,7 @@ fn sort_keys_cycle_and_reverse() {
     press(&mut app, KeyCode::Char('r'));
     assert_eq!(labels(&app)[0], "parse ← handle · server (7)");
     press(&mut app, KeyCode::Char('S'));
-    assert_eq!(app.sort().column, Column::AllocRate);
+    assert_eq!(app.sort().column, Column::Old);
 }
 
 #[test]
@@ -555,4 +557,31 @@ fn f1_opens_the_help_and_f10_quits_from_anywhere() {
     press(&mut app, KeyCode::F(1));
     assert!(!app.help() && app.flame().is_some());
     assert!(matches!(press(&mut app, KeyCode::F(10)), Effect::Quit));
+}
+
+#[test]
+fn a_steady_leak_sorts_above_a_larger_young_cache_by_old_live_bytes() {
+    let mut app = app_at(2);
+    let mut profile = sample(3);
+    // The leak's bytes are all over a minute old, the larger cache's none.
+    for p in &mut profile.processes {
+        for s in &mut p.stacks {
+            if s.frames.iter().any(|f| &*f.function == "leak") {
+                s.totals.ages.over_old = s.totals.live_bytes;
+            }
+        }
+    }
+    app.update(AppEvent::Profile(profile));
+    while app.sort().column != Column::Old {
+        press(&mut app, KeyCode::Char('s'));
+    }
+    assert_eq!(labels(&app)[0], "leak ← handle · server (7)");
+    while app.sort().column != Column::Live {
+        press(&mut app, KeyCode::Char('s'));
+    }
+    assert_ne!(
+        labels(&app)[0],
+        "leak ← handle · server (7)",
+        "by live bytes a larger stack is first"
+    );
 }
