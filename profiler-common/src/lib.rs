@@ -372,6 +372,8 @@ pub struct ProcEvent {
 
 pub const PROC_EVENT_EXIT: u32 = 1;
 pub const PROC_EVENT_EXEC: u32 = 2;
+/// The kernel's OOM killer picked the process (`oom:mark_victim`).
+pub const PROC_EVENT_OOM: u32 = 3;
 
 /// Stack id of samples whose user stack could not be taken: they are still
 /// accounted, under a stack user space shows as unavailable.

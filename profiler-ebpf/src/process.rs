@@ -2,9 +2,11 @@
 //! we track (or of every process when profiling system-wide).
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
+    helpers::bpf_get_current_pid_tgid,
+    macros::{raw_tracepoint, tracepoint},
+    programs::{RawTracePointContext, TracePointContext},
 };
-use profiler_common::{PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcEvent};
+use profiler_common::{PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_OOM, ProcEvent};
 
 use crate::maps::{PROC_EVENTS, PROCS, report_all_execs};
 
@@ -36,6 +38,25 @@ pub fn sched_process_exec(_ctx: RawTracePointContext) -> i32 {
     };
     if tracked || report_all_execs() {
         send(tgid, PROC_EVENT_EXEC);
+    }
+    0
+}
+
+/// `pid` in the `oom:mark_victim` record (its format file).
+const MARK_VICTIM_PID: usize = 8;
+
+/// The OOM killer picked a victim: user space writes its final profile. The
+/// record names the victim task (the process's leader, or a thread of it:
+/// only a leader is recognised).
+#[tracepoint(category = "oom", name = "mark_victim")]
+pub fn oom_mark_victim(ctx: TracePointContext) -> i32 {
+    // SAFETY: a read at the field's offset in the tracepoint's record.
+    let Ok(pid) = (unsafe { ctx.read_at::<i32>(MARK_VICTIM_PID) }) else {
+        return 0;
+    };
+    let pid = pid as u32;
+    if PROCS.get_ptr(pid).is_some() {
+        send(pid, PROC_EVENT_OOM);
     }
     0
 }

@@ -117,6 +117,17 @@ pub struct TargetArgs {
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub min_age: Option<Duration>,
 
+    /// OOM flight recorder: when the kernel's OOM killer kills a profiled
+    /// process, write its heap at that moment (pprof and the text report)
+    /// into this directory, named by process, pid and time.
+    #[arg(long, value_name = "DIR")]
+    pub oom_dir: Option<PathBuf>,
+
+    /// Profiles --oom-dir keeps (the oldest are removed).
+    #[arg(long, value_name = "N", default_value_t = allocprof::oom::DEFAULT_KEEP,
+          value_parser = clap::value_parser!(u64).range(1..=100_000).map(|n| n as usize))]
+    pub oom_keep: usize,
+
     /// Show the kernel programs' diagnostics as warnings: where the stack
     /// unwinder cuts a walk short (no table for the code, a rule it cannot
     /// apply), logged for a process's 1st, 2nd, 4th, 8th... such walk.

@@ -11,7 +11,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        RawTracePoint, UProbe,
+        RawTracePoint, TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
@@ -135,6 +135,8 @@ pub struct Kernel {
     /// With `Limits::diagnostics`: the reader of the programs' log ring and
     /// what it read.
     diagnostics: Option<(aya_log::EbpfLogger<Diagnostics>, Diagnostics)>,
+    /// Why OOM kills cannot be told from exits, if they cannot.
+    oom_unavailable: Option<String>,
 }
 
 /// Log records of the kernel programs, as lines (see `Kernel::diagnostics`).
@@ -209,6 +211,14 @@ impl Kernel {
             prog.load().map_err(classify_load_error)?;
             prog.attach(tp).map_err(classify_load_error)?;
         }
+        // Optional: without it (a kernel without the tracepoint), OOM kills
+        // read as plain exits.
+        let oom: &mut TracePoint = program(&mut ebpf, "oom_mark_victim")?;
+        let oom_victims = oom
+            .load()
+            .map_err(|e| e.to_string())
+            .and_then(|()| oom.attach("oom", "mark_victim").map_err(|e| e.to_string()))
+            .err();
         let specs = Array::try_from(take(&mut ebpf, names::USDT_SPECS)?)
             .map_err(map_err(names::USDT_SPECS))?;
         let live =
@@ -251,7 +261,14 @@ impl Kernel {
             unwind_procs,
             max_unwind_rows: limits.max_unwind_rows,
             diagnostics,
+            oom_unavailable: oom_victims,
         })
+    }
+
+    /// Why OOM kills cannot be told from exits (no `oom:mark_victim`
+    /// tracepoint), if they cannot.
+    pub fn oom_unavailable(&self) -> Option<&str> {
+        self.oom_unavailable.as_deref()
     }
 
     /// The kernel programs' log lines since the last call (none without

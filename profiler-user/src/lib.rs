@@ -8,6 +8,7 @@ pub mod export;
 pub mod inert;
 pub mod kernel;
 pub mod normalize;
+pub mod oom;
 pub mod output;
 pub(crate) mod pidns;
 pub mod profile;

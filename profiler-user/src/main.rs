@@ -176,9 +176,17 @@ pub(crate) fn refresh_tick(session: &mut Session) -> Result<bool> {
 /// Attaches to the targets as the options say, arms the probe files and
 /// prints what the start found worth a warning.
 pub(crate) fn start_session(targets: &cli::TargetArgs) -> Result<Session> {
+    // Named before profiling, not at the first kill.
+    let oom = match &targets.oom_dir {
+        Some(dir) => Some(allocprof::oom::OomRecorder::new(dir, targets.oom_keep)?),
+        None => None,
+    };
     let mut session = Session::start(targets.target(), targets.limits())?;
     session.set_max_gone_memory(targets.max_gone_memory);
     session.set_min_age(targets.min_age.unwrap_or_default());
+    if let Some(recorder) = oom {
+        session.record_oom_kills(recorder);
+    }
     arm_probe_files(&mut session, targets)?;
     print_warnings(&mut session);
     Ok(session)

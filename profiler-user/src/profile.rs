@@ -37,6 +37,8 @@ pub enum ProcessState {
     Exited,
     /// The process exec'ed another program; these figures are the old image's.
     Replaced,
+    /// The kernel's OOM killer killed it; its figures are its heap then.
+    OomKilled,
 }
 
 impl ProcessState {
@@ -45,6 +47,7 @@ impl ProcessState {
             ProcessState::Live => "live",
             ProcessState::Exited => "exited",
             ProcessState::Replaced => "exec'ed",
+            ProcessState::OomKilled => "oom-killed",
         }
     }
 }

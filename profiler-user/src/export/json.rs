@@ -221,6 +221,7 @@ pub fn report(profile: &Profile) -> Report {
             state: match p.state {
                 ProcessState::Live => "live",
                 ProcessState::Exited => "exited",
+                ProcessState::OomKilled => "oom_killed",
                 ProcessState::Replaced => "replaced",
             }
             .into(),

@@ -7,7 +7,7 @@ use std::{
     time::Instant,
 };
 
-use profiler_common::{AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, ProcCounters};
+use profiler_common::{AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_OOM, ProcCounters};
 
 use super::{
     FULL_SCAN_EVERY, Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, Session, Target,
@@ -69,6 +69,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 // pthread_exit the other threads run on (then `track`
                 // notices the real exit).
                 PROC_EVENT_EXIT if !self.processes.alive(pid) => exited.push(pid),
+                // Its exit follows: the image it freezes is the heap the
+                // OOM killer found.
+                PROC_EVENT_OOM => {
+                    self.oom_victims.insert(pid);
+                }
                 PROC_EVENT_EXEC => {
                     // The old image's tables would walk the new one wrong.
                     self.forget_tables(pid);
@@ -182,7 +187,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 incarnation: self.incarnation(key.pid),
                 name,
                 rate,
-                state: if exited {
+                state: if exited && self.oom_victims.remove(&key.pid) {
+                    ProcessState::OomKilled
+                } else if exited {
                     ProcessState::Exited
                 } else {
                     ProcessState::Replaced
@@ -252,6 +259,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         self.pids.remove_local(pid);
         self.rescans.remove(&pid);
+        self.oom_victims.remove(&pid);
         // A process that reuses the pid is another incarnation.
         self.incarnations.remove(&pid);
         let mut tids = Vec::new();

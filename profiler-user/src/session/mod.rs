@@ -40,6 +40,7 @@ use crate::{
     discover::FileId,
     kernel::{Kernel, KernelError, Limits},
     normalize::AddressSpace,
+    oom::OomRecorder,
     pidns::PidMap,
     profile::Profile,
     symbolize::{Frame, SymbolizerThread},
@@ -148,6 +149,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     rescans: HashMap<u32, (Instant, usize)>,
     last_full_scan: Instant,
     started: Instant,
+    /// Processes the OOM killer picked, until their image is frozen.
+    oom_victims: HashSet<u32>,
+    /// `--oom-dir`: where the images the OOM killer killed are written.
+    oom_recorder: Option<OomRecorder>,
     /// `--min-age`: live figures count samples live at least this long.
     min_age: Duration,
     /// Unwind tables of the files processes map executable.
@@ -191,6 +196,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             unwind,
             unwound: HashMap::new(),
             min_age: Duration::ZERO,
+            oom_victims: HashSet::new(),
+            oom_recorder: None,
             kernel,
             processes,
             target: target.clone(),
@@ -244,7 +251,42 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.track(&mut snapshot);
         self.request_symbols(&snapshot);
         self.collect_symbols();
-        Ok(self.build(&snapshot))
+        let profile = self.build(&snapshot);
+        self.record_oom(&profile);
+        Ok(profile)
+    }
+
+    /// Writes the images the OOM killer killed, once each, with their
+    /// stacks symbolized (their names are what the files are for).
+    fn record_oom(&mut self, profile: &Profile) {
+        let Some(recorder) = &mut self.oom_recorder else {
+            return;
+        };
+        let waiting = profile.processes.iter().any(|p| {
+            p.state == crate::profile::ProcessState::OomKilled
+                && p.stacks.iter().any(|s| {
+                    s.frames
+                        .first()
+                        .is_some_and(|f| f.function.ends_with(", not yet symbolized]"))
+                })
+        });
+        if waiting {
+            return; // the next refresh has them
+        }
+        match recorder.record(profile) {
+            Ok(files) => {
+                for pair in files.chunks(2) {
+                    self.warnings.push(format!(
+                        "the OOM killer killed a profiled process: its heap then is in {}",
+                        pair.iter()
+                            .map(|f| f.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(" and ")
+                    ));
+                }
+            }
+            Err(e) => self.warnings.push(format!("{e:#}")),
+        }
     }
 
     /// The profile as of now with every stack symbolized: for a final
@@ -267,6 +309,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// at least `age` ago (`--min-age`); zero counts all.
     pub fn set_min_age(&mut self, age: Duration) {
         self.min_age = age;
+    }
+
+    /// Writes the final profile of each process the OOM killer kills.
+    pub fn record_oom_kills(&mut self, recorder: OomRecorder) {
+        if let Some(why) = self.kernel.oom_unavailable() {
+            self.warnings.push(format!(
+                "OOM kills cannot be told from exits here ({why}): --oom-dir records none"
+            ));
+        }
+        self.oom_recorder = Some(recorder);
     }
 
     /// In `--pid` mode: whether any target still runs.

@@ -34,6 +34,10 @@ pub trait KernelPort {
     fn diagnostics(&mut self) -> Vec<String> {
         Vec::new()
     }
+    /// Why OOM kills cannot be told from exits, if they cannot.
+    fn oom_unavailable(&self) -> Option<String> {
+        None
+    }
     /// One process's counters (a lookup, no snapshot).
     fn process(&self, pid: u32) -> Option<ProcCounters>;
     /// A copy of the aggregates, per-process counters and drops.
@@ -100,6 +104,10 @@ impl KernelPort for Kernel {
 
     fn diagnostics(&mut self) -> Vec<String> {
         Kernel::diagnostics(self)
+    }
+
+    fn oom_unavailable(&self) -> Option<String> {
+        Kernel::oom_unavailable(self).map(str::to_string)
     }
 
     fn process(&self, pid: u32) -> Option<ProcCounters> {

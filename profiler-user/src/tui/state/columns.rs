@@ -109,7 +109,7 @@ fn pid(r: &Row) -> u32 {
 fn state_rank(r: &Row) -> u8 {
     match r.process.as_ref().map(|p| p.state) {
         Some(ProcessState::Live) | None => 0,
-        Some(ProcessState::Exited) => 1,
+        Some(ProcessState::Exited | ProcessState::OomKilled) => 1,
         Some(ProcessState::Replaced) => 2,
     }
 }
