@@ -71,6 +71,8 @@ pub struct Row {
 pub struct ProcessInfo {
     pub name: String,
     pub state: allocprof::profile::ProcessState,
+    /// What it has resident (running processes).
+    pub resident: Option<allocprof::discover::Resident>,
 }
 
 /// The profiles a set of rows is computed from.
@@ -311,6 +313,7 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
             process: Some(ProcessInfo {
                 name: inert(&p.name).into_owned(),
                 state: p.state,
+                resident: p.resident,
             }),
         })
         .collect()

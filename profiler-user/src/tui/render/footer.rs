@@ -79,13 +79,10 @@ pub const KEYS: &[(&str, &str)] = &[
 /// What the columns and markers mean: the help's second page.
 pub const LEGEND: &[(&str, &str)] = &[
     ("LIVE", "estimated bytes allocated and not yet freed"),
-    (
-        "± x (0 B – x)",
-        "its 95% interval; clipped at 0, never below",
-    ),
+    ("± x", "95% interval; (0 B – x) where it reaches 0"),
     ("SAMPLES", "sampled allocations still live, behind LIVE"),
     ("LIVE >1m", "of LIVE, allocated over a minute ago (leaks)"),
-    ("%", "share of the view's live bytes"),
+    ("RSS ANON", "resident anonymous memory, where the heap is"),
     ("ALLOC/s", "bytes allocated per second, last few seconds"),
     ("GROWTH 1m", "live bytes gained over the last minute"),
     ("Δ BASELINE", "live bytes gained since the baseline (b)"),

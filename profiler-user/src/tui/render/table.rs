@@ -49,6 +49,10 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
         Column::Growth => vec![signed_bytes(row.growth)],
         Column::Baseline => vec![signed_bytes(row.since_baseline)],
         Column::Samples => vec![Span::raw(human_count(row.totals.live_samples as f64))],
+        Column::Resident => vec![match row.process.as_ref().and_then(|p| p.resident) {
+            Some(r) => Span::raw(human_bytes(r.anon as f64)),
+            None => Span::styled("–", DIM),
+        }],
         Column::State => match &row.process {
             Some(p) => vec![Span::styled(
                 p.state.describe(),
@@ -70,6 +74,7 @@ fn width_of(spans: &[Span]) -> usize {
 fn drop_order(view: View) -> &'static [Column] {
     match view {
         View::Processes => &[
+            Column::Resident,
             Column::Old,
             Column::Samples,
             Column::Objects,

@@ -968,6 +968,11 @@ fn the_process_detail_sets_the_heap_against_resident_memory() {
         );
     }
     let (wide, _) = screen(&mut app, 160, 48);
+    // Wide, the process table has the column too.
+    let header = wide.lines().find(|l| l.contains("PROCESS")).unwrap();
+    assert!(header.contains("RSS ANON"), "{wide}");
+    let row = wide.lines().find(|l| l.contains("▶ server")).unwrap();
+    assert!(row.contains("100.0 MiB"), "{wide}");
     assert!(
         wide.contains("file 18.0 MiB, shared 2.0 MiB) · 99.9 MiB anonymous b"),
         "{wide}"

@@ -25,6 +25,8 @@ pub enum Column {
     Growth,
     Baseline,
     Samples,
+    /// A running process's resident anonymous memory, where the heap lives.
+    Resident,
     State,
 }
 
@@ -42,6 +44,7 @@ impl Column {
             (Column::Growth, _) => "GROWTH 1m",
             (Column::Baseline, _) => "Δ BASELINE",
             (Column::Samples, _) => "SAMPLES",
+            (Column::Resident, _) => "RSS ANON",
             (Column::State, _) => "STATE",
         }
     }
@@ -58,6 +61,7 @@ impl Column {
             Column::Growth => "growth",
             Column::Baseline => "Δ baseline",
             Column::Samples => "samples",
+            Column::Resident => "rss anon",
             Column::State => "state",
         }
     }
@@ -95,8 +99,16 @@ pub(super) fn compare(column: Column, a: &Row, b: &Row) -> Ordering {
         Column::Growth => opt(a.growth).total_cmp(&opt(b.growth)),
         Column::Baseline => opt(a.since_baseline).total_cmp(&opt(b.since_baseline)),
         Column::Samples => a.totals.live_samples.cmp(&b.totals.live_samples),
+        Column::Resident => anon(a).cmp(&anon(b)),
         Column::State => state_rank(a).cmp(&state_rank(b)),
     }
+}
+
+fn anon(r: &Row) -> u64 {
+    r.process
+        .as_ref()
+        .and_then(|p| p.resident)
+        .map_or(0, |res| res.anon)
 }
 
 fn pid(r: &Row) -> u32 {

@@ -267,6 +267,7 @@ impl App {
                 Column::Growth,
                 Column::Old,
                 Column::Samples,
+                Column::Resident,
                 Column::State,
             ],
             View::Stacks => vec![
