@@ -8,7 +8,7 @@ use profiler_common::NO_STACK;
 use super::{KernelPort, ProcessPort, Session};
 use crate::{
     kernel::{KernelError, KernelSnapshot},
-    pidns::{Correlation, correlate},
+    pidns::{Correlation, PidMap, correlate},
 };
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -22,24 +22,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         self.recognise(&snapshot);
         let pids = &self.pids;
-        snapshot
-            .aggregates
-            .retain_mut(|(key, _)| match pids.local(key.pid) {
-                Some(local) => {
-                    key.pid = local;
-                    true
-                }
-                None => false,
-            });
-        snapshot
-            .live
-            .retain_mut(|(key, _)| match pids.local(key.pid) {
-                Some(local) => {
-                    key.pid = local;
-                    true
-                }
-                None => false,
-            });
+        localize(&mut snapshot.aggregates, pids, |k| &mut k.pid);
+        localize(&mut snapshot.live, pids, |k| &mut k.pid);
         snapshot.processes = std::mem::take(&mut snapshot.processes)
             .into_iter()
             .filter_map(|(host, state)| Some((pids.local(host)?, state)))
@@ -102,4 +86,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             ));
         }
     }
+}
+
+/// Keeps the entries whose host pid is of our namespace, with our pid.
+fn localize<K, V>(entries: &mut Vec<(K, V)>, pids: &PidMap, pid: fn(&mut K) -> &mut u32) {
+    entries.retain_mut(|(key, _)| match pids.local(*pid(key)) {
+        Some(local) => {
+            *pid(key) = local;
+            true
+        }
+        None => false,
+    });
 }
