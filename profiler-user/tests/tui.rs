@@ -154,8 +154,9 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
         "sorted by live bytes:\n{pane}"
     );
 
-    // `s` four times: samples, objects, allocation rate, then the name.
-    for _ in 0..4 {
+    // `s` five times: samples, objects, allocation rate, live over a
+    // minute old, then the name.
+    for _ in 0..5 {
         tmux.keys(&["s"]);
     }
     let pane = tmux.wait_for("the sort by name", |p| p.contains("sort name"));
