@@ -521,7 +521,7 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<LiveKey>(), 16);
-        assert_eq!(size_of::<LiveSample>(), 32);
+        assert_eq!(size_of::<LiveSample>(), 40);
         assert_eq!(size_of::<AggKey>(), 16);
         assert_eq!(size_of::<StackAgg>(), 64);
         assert_eq!(size_of::<StackTrace>(), 8 * (1 + MAX_STACK_DEPTH));
