@@ -23,6 +23,7 @@ pub enum Existing {
 
 /// Writes `bytes` to `path` atomically; see the module docs.
 pub fn write(path: &Path, bytes: &[u8], existing: Existing) -> Result<()> {
+    refuse_special(path)?;
     let dir = parent_dir(path);
     let name = path
         .file_name()
@@ -48,6 +49,7 @@ pub fn write(path: &Path, bytes: &[u8], existing: Existing) -> Result<()> {
 /// Fails early, before any profiling, where `path` cannot be written:
 /// a directory, or a parent that does not exist.
 pub fn check_writable(path: &Path) -> Result<()> {
+    refuse_special(path)?;
     if path.is_dir() {
         bail!("{}: is a directory; name a file to write", path.display());
     }
@@ -67,6 +69,25 @@ pub fn check_writable(path: &Path) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// A destination that is a device, FIFO or socket (or a link to one, as
+/// `/dev/stdout`) would be replaced by a regular file by the rename:
+/// `-o /dev/null` would leave no /dev/null. Refused, saying what works.
+fn refuse_special(path: &Path) -> Result<()> {
+    let special = |t: std::fs::FileType| !t.is_file() && !t.is_dir() && !t.is_symlink();
+    let own = std::fs::symlink_metadata(path).map(|m| m.file_type()).ok();
+    let target = std::fs::metadata(path).map(|m| m.file_type()).ok();
+    if own.is_some_and(special)
+        || (own.is_some_and(|t| t.is_symlink()) && target.is_some_and(special))
+    {
+        bail!(
+            "{}: not a regular file (a device, pipe or socket); allocprof writes files. \
+             Without -o the output goes to standard output, which can be redirected",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 fn parent_dir(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -76,9 +97,43 @@ fn parent_dir(path: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use std::{fs, os::unix::fs::symlink};
+    use std::{
+        fs,
+        os::unix::fs::{FileTypeExt, symlink},
+    };
 
     use super::*;
+
+    #[test]
+    fn devices_pipes_and_links_to_them_are_refused_not_replaced() {
+        for dev in ["/dev/null", "/dev/stdout"] {
+            let err = check_writable(Path::new(dev)).unwrap_err().to_string();
+            assert!(err.contains("not a regular file"), "{dev}: {err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path of our own temporary directory.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let link = dir.path().join("link");
+        symlink(&fifo, &link).unwrap();
+        for path in [&fifo, &link] {
+            assert!(write(path, b"x", Existing::Replace).is_err(), "{path:?}");
+        }
+        assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(
+            fs::metadata("/dev/null")
+                .unwrap()
+                .file_type()
+                .is_char_device()
+        );
+    }
 
     #[test]
     fn planted_symlinks_are_replaced_never_followed() {
