@@ -69,19 +69,23 @@ pub fn check_writable(path: &Path) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// A destination that is a device, FIFO or socket (or a link to one, as
-/// `/dev/stdout`) would be replaced by a regular file by the rename:
-/// `-o /dev/null` would leave no /dev/null. Refused, saying what works.
+/// A destination that is a device, FIFO or socket, a link to one, or a
+/// link to a file descriptor (`/dev/stdout` → `/proc/self/fd/1`) would be
+/// replaced by a regular file by the rename: `-o /dev/null` would leave no
+/// /dev/null. Refused, saying what works.
 fn refuse_special(path: &Path) -> Result<()> {
     let special = |t: std::fs::FileType| !t.is_file() && !t.is_dir() && !t.is_symlink();
     let own = std::fs::symlink_metadata(path).map(|m| m.file_type()).ok();
     let target = std::fs::metadata(path).map(|m| m.file_type()).ok();
-    if own.is_some_and(special)
-        || (own.is_some_and(|t| t.is_symlink()) && target.is_some_and(special))
-    {
+    let link = own.is_some_and(|t| t.is_symlink());
+    let to_a_descriptor = link
+        && std::fs::read_link(path)
+            .is_ok_and(|t| t.starts_with("/proc/") || t.starts_with("/dev/fd"));
+    if own.is_some_and(special) || (link && target.is_some_and(special)) || to_a_descriptor {
         bail!(
-            "{}: not a regular file (a device, pipe or socket); allocprof writes files. \
-             Without -o the output goes to standard output, which can be redirected",
+            "{}: not a regular file (a device, pipe, socket or file descriptor); allocprof \
+             writes files. Without -o the output goes to standard output, which can be \
+             redirected",
             path.display()
         );
     }
