@@ -219,20 +219,12 @@ impl Bench {
     fn deep(&self, exe: &Path, allocprof_args: &[&str]) -> Result<(f64, Option<f64>)> {
         let stats = BpfStats::enable();
         let mut w = self.spawn(exe, &["deep", COST_N, DEEP])?;
-        let mut profiler = Command::new(&self.allocprof)
-            .args(["--pid", &w.id().to_string(), "--duration", "600s"])
-            .args(allocprof_args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting allocprof")?;
-        let mut stderr = BufReader::new(profiler.stderr.take().expect("piped"));
-        let mut line = String::new();
-        stderr.read_line(&mut line)?;
-        if !line.contains("attached") {
-            bail!("allocprof did not attach: {line}");
-        }
-        thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        let mut profiler = attached(
+            Command::new(&self.allocprof)
+                .args(["--pid", &w.id().to_string(), "--duration", "600s"])
+                .args(allocprof_args)
+                .stdout(Stdio::null()),
+        )?;
         // The tables of its files take milliseconds to build and load.
         thread::sleep(Duration::from_secs(1));
         let out = start(&mut w)?;
@@ -265,19 +257,11 @@ impl Bench {
     ) -> Result<(String, String, Option<AllocFree>)> {
         let stats = if stats { BpfStats::enable() } else { None };
         let mut w = self.spawn_workload(args)?;
-        let mut profiler = Command::new(&self.allocprof)
-            .args(["--pid", &w.id().to_string(), "--duration", "600s"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting allocprof")?;
-        let mut stderr = BufReader::new(profiler.stderr.take().expect("piped"));
-        let mut line = String::new();
-        stderr.read_line(&mut line)?;
-        if !line.contains("attached") {
-            bail!("allocprof did not attach: {line}");
-        }
-        thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        let mut profiler = attached(
+            Command::new(&self.allocprof)
+                .args(["--pid", &w.id().to_string(), "--duration", "600s"])
+                .stdout(Stdio::piped()),
+        )?;
         let sampler = window.map(|secs| {
             let pid = profiler.id();
             thread::spawn(move || sample_usage(pid, secs))
@@ -309,6 +293,23 @@ impl Bench {
 }
 
 /// Lets the workload run and collects its results (up to its `end` line).
+/// Starts allocprof as `cmd` says; returns once it has attached, its
+/// stderr drained from then on so it never blocks on it.
+fn attached(cmd: &mut Command) -> Result<Child> {
+    let mut profiler = cmd
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting allocprof")?;
+    let mut stderr = BufReader::new(profiler.stderr.take().expect("piped"));
+    let mut line = String::new();
+    stderr.read_line(&mut line)?;
+    if !line.contains("attached") {
+        bail!("allocprof did not attach: {line}");
+    }
+    thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    Ok(profiler)
+}
+
 fn start(w: &mut Child) -> Result<String> {
     writeln!(w.stdin.as_mut().expect("piped"), "go")?;
     let mut out = String::new();

@@ -262,14 +262,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let Some(recorder) = &mut self.oom_recorder else {
             return;
         };
-        let waiting = profile.processes.iter().any(|p| {
-            p.state == crate::profile::ProcessState::OomKilled
-                && p.stacks.iter().any(|s| {
-                    s.frames
-                        .first()
-                        .is_some_and(|f| f.function.ends_with(", not yet symbolized]"))
-                })
-        });
+        let waiting = self
+            .frozen
+            .iter()
+            .any(|f| f.state == crate::profile::ProcessState::OomKilled && !f.stacks_reclaimed);
         if waiting {
             return; // the next refresh has them
         }
