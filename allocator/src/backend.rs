@@ -3,6 +3,10 @@
 
 use core::ffi::c_void;
 
+use profiler_common::backend_stats::{BACKEND_GLIBC, UNKNOWN};
+
+pub use crate::backend_stats::Figures;
+
 /// A C-style allocator. Implementations must not call back into the
 /// exported `malloc` family (that would recurse into us).
 ///
@@ -21,6 +25,12 @@ pub unsafe trait Backend {
     /// `align` is a power of two >= 16.
     unsafe fn memalign(align: usize, size: usize) -> *mut c_void;
     unsafe fn usable_size(p: *mut c_void) -> usize;
+    /// The backend's own figures, for the block allocprof reads (see
+    /// [`crate::backend_stats`]); called on the sampling slow path, a few
+    /// times a second at most. Must not call back into the `malloc` family.
+    fn figures() -> Option<Figures> {
+        None
+    }
 }
 
 unsafe extern "C" {
@@ -62,6 +72,24 @@ unsafe impl Backend for Glibc {
     unsafe fn memalign(align: usize, size: usize) -> *mut c_void {
         // SAFETY: forwarded verbatim.
         unsafe { __libc_memalign(align, size) }
+    }
+    fn figures() -> Option<Figures> {
+        // mallinfo2 takes each arena's lock in turn and calls no allocator
+        // function; this thread holds none of those locks here (it is in
+        // our malloc, not glibc's), so it cannot deadlock.
+        // SAFETY: no preconditions (glibc >= 2.33).
+        let m = unsafe { libc::mallinfo2() };
+        let total = |a: usize, b: usize| (a as u64).saturating_add(b as u64);
+        Some(Figures {
+            backend: BACKEND_GLIBC,
+            // Arenas (brk heap and mmapped heaps) plus chunks mmapped alone.
+            reserved: total(m.arena, m.hblkhd),
+            // ptmalloc does not tell committed from reserved.
+            committed: UNKNOWN,
+            in_use: total(m.uordblks, m.hblkhd),
+            free: m.fordblks as u64,
+            mmapped: m.hblkhd as u64,
+        })
     }
     unsafe fn usable_size(p: *mut c_void) -> usize {
         // glibc exports no un-interposable malloc_usable_size, and calling

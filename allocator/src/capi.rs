@@ -11,7 +11,7 @@ use core::ptr;
 
 use crate::backend::Backend;
 use crate::sample_region::{self, PAGE};
-use crate::{sampled, thread_state};
+use crate::{backend_stats, sampled, thread_state};
 
 /// glibc's MALLOC_ALIGNMENT on x86_64.
 pub const MIN_ALIGN: usize = 16;
@@ -60,7 +60,7 @@ pub unsafe fn calloc<B: Backend>(n: usize, m: usize) -> *mut c_void {
 #[inline(always)]
 pub unsafe fn free<B: Backend>(p: *mut c_void) {
     if in_region(p) {
-        sampled::release(p.cast());
+        release_sampled::<B>(p);
         return;
     }
     // SAFETY: p is null or came from the backend.
@@ -171,6 +171,14 @@ pub unsafe fn malloc_usable_size<B: Backend>(p: *mut c_void) -> usize {
     }
 }
 
+/// A sampled block is freed.
+#[cold]
+#[inline(never)]
+fn release_sampled<B: Backend>(p: *mut c_void) {
+    sampled::release(p.cast());
+    backend_stats::refresh::<B>();
+}
+
 /// Countdown expired on an allocation: sample it (if the sampler says so)
 /// or fall back to the backend. A sample the region cannot take is served
 /// by the backend and announced with a null pointer, so its weight is
@@ -182,6 +190,7 @@ unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut 
     if weight != 0 {
         // The region zeroes only when it reuses a warm slot.
         let p = sampled::place(size, align, weight, zero);
+        backend_stats::refresh::<B>();
         if !p.is_null() {
             return p.cast();
         }
@@ -212,7 +221,9 @@ unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -
     };
     let old_sampled = in_region(p);
     let q = if weight != 0 {
-        sampled::place(size, MIN_ALIGN, weight, false).cast::<c_void>()
+        let q = sampled::place(size, MIN_ALIGN, weight, false).cast::<c_void>();
+        backend_stats::refresh::<B>();
+        q
     } else {
         ptr::null_mut()
     };

@@ -8,6 +8,7 @@
 //! * [`usdt`]: SDT probe emitter (`otel_memory:alloc`, `otel_memory:free`).
 //! * [`global`]: `SamplingAllocator`, the `#[global_allocator]` wrapper.
 //! * [`capi`] + [`backend`]: the C malloc family for the LD_PRELOAD library.
+//! * [`backend_stats`]: the backend's own figures, in a block allocprof reads.
 //! * [`errno`]: call-free errno access (free preserves errno).
 #![cfg_attr(not(test), no_std)]
 
@@ -40,6 +41,7 @@ macro_rules! load_relaxed_direct {
 }
 
 pub mod backend;
+pub mod backend_stats;
 pub mod capi;
 pub mod errno;
 pub mod global;

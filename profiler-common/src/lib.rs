@@ -3,6 +3,7 @@
 //! fields and explicit padding, so both sides agree on the layout byte for byte.
 #![no_std]
 
+pub mod backend_stats;
 pub mod rate;
 pub mod unwind;
 pub mod usdt;

@@ -158,6 +158,8 @@ pub struct ProbeFile {
     pub sites: Vec<ProbeSite>,
     /// Probes of the provider that cannot be attached, with the reason.
     pub problems: Vec<String>,
+    /// File offset of its backend-statistics block (`liballocprof*.so`).
+    pub backend_stats: Option<u64>,
 }
 
 impl ProbeFile {
@@ -174,7 +176,9 @@ pub(crate) fn probe_file_at(path: &Path) -> std::io::Result<Option<ProbeFile>> {
     if !meta.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
-    let (sites, problems) = probe_sites_in(&file).map_err(std::io::Error::other)?;
+    let notes = usdt::notes_in_open_file(&file).map_err(std::io::Error::other)?;
+    let backend_stats = notes.backend_stats;
+    let (sites, problems) = sites_of(notes.probes).map_err(std::io::Error::other)?;
     if sites.is_empty() {
         return Ok(None);
     }
@@ -187,6 +191,7 @@ pub(crate) fn probe_file_at(path: &Path) -> std::io::Result<Option<ProbeFile>> {
         }),
         sites,
         problems,
+        backend_stats,
     }))
 }
 
@@ -243,6 +248,8 @@ pub struct MapsEntry {
     pub deleted: bool,
     /// Mapped executable (`x` in the permissions): code a pc can be in.
     pub executable: bool,
+    /// Mapped writable (`w`): a data segment.
+    pub writable: bool,
 }
 
 impl MapsEntry {
@@ -290,6 +297,7 @@ fn parse_maps_line(line: &str) -> Option<MapsEntry> {
         path: path.to_string(),
         deleted,
         executable: perms.as_bytes().get(2) == Some(&b'x'),
+        writable: perms.as_bytes().get(1) == Some(&b'w'),
     })
 }
 
@@ -609,7 +617,9 @@ impl Scanner {
             .entry((file.id, meta.mtime(), meta.mtime_nsec()))
             .or_insert_with(|| {
                 // Unreadable or not ELF: simply not a probe carrier.
-                let (sites, problems) = probe_sites_in(&file.file).ok()?;
+                let notes = usdt::notes_in_open_file(&file.file).ok()?;
+                let backend_stats = notes.backend_stats;
+                let (sites, problems) = sites_of(notes.probes).ok()?;
                 if sites.is_empty() && problems.is_empty() {
                     return None;
                 }
@@ -617,6 +627,7 @@ impl Scanner {
                     file: file.clone(),
                     sites,
                     problems,
+                    backend_stats,
                 }))
             })
             .clone()

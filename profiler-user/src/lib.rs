@@ -3,6 +3,7 @@
 //! binary drives. Only `kernel` talks to aya.
 
 pub mod age;
+pub mod backend_stats;
 pub mod discover;
 pub mod export;
 pub mod inert;

@@ -86,6 +86,9 @@ pub struct ProcessProfile {
     /// What a running process has resident (`/proc/PID/status`), to set
     /// the heap against; none for gone processes.
     pub resident: Option<crate::discover::Resident>,
+    /// What its backend allocator says of its heap (`liballocprof*.so`
+    /// only, running processes only).
+    pub backend_heap: Option<crate::backend_stats::BackendHeap>,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -116,6 +119,7 @@ impl ProcessProfile {
             mapped_bytes: 0,
             mmap_events: 0,
             resident: None,
+            backend_heap: None,
             stacks,
         }
     }
@@ -271,6 +275,7 @@ mod tests {
             mapped_bytes: 0,
             mmap_events: 0,
             resident: None,
+            backend_heap: None,
             stacks,
         }
     }

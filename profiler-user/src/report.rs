@@ -203,6 +203,9 @@ fn resident(out: &mut String, profile: &Profile) {
             human_bytes(r.shmem as f64),
             with_ci(heap, p.totals.live_ci95()),
         );
+        if let Some(b) = &p.backend_heap {
+            let _ = writeln!(out, "    allocator {}", b.describe());
+        }
     }
 }
 

@@ -57,3 +57,78 @@ fn a_fragmented_heap_shows_resident_memory_well_above_the_live_heap() {
     );
     w.send("exit");
 }
+
+/// The backend's own figures of the same fragmented heap, read from the
+/// block `liballocprof*.so` keeps: glibc's say how much is in use and how
+/// much it holds free between the live blocks; mimalloc's what it reserved
+/// and committed. Both agree with the live heap and with /proc.
+#[test]
+fn the_allocators_own_figures_show_what_it_holds_beyond_the_live_heap() {
+    common::require_bpf();
+    let exe = common::compile_c("fragment.c", &[]);
+    let live = (LIVE_BLOCKS * SIZE) as f64;
+    for (library, name) in [
+        (common::preload_glibc_library(), "liballocprof_glibc.so"),
+        (common::preload_library(), "liballocprof.so"),
+    ] {
+        let mut cmd = Command::new(&exe);
+        cmd.env("LD_PRELOAD", &library)
+            .env("ALLOCPROF_RATE", RATE.to_string());
+        let mut w = Proc::spawn(cmd);
+        common::wait_for_mapping(w.pid(), name);
+        let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+        w.send("go");
+        w.expect("ready");
+        let profile = session.complete_profile().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", w.pid())).unwrap();
+        let proc_resident = parse_resident(&status).unwrap();
+        let p = common::process(&profile, w.pid());
+        let b = p
+            .backend_heap
+            .unwrap_or_else(|| panic!("{name}: no allocator figures"));
+        let mib = |v: Option<u64>| v.map(|v| v as f64 / 1_048_576.0);
+        let what = format!(
+            "{name}: {b:?} (in MiB: reserved {:?}, committed {:?}, in use {:?}, free {:?}), \
+             live heap {live}, /proc {proc_resident:?}",
+            mib(b.reserved),
+            mib(b.committed),
+            mib(b.in_use),
+            mib(b.free)
+        );
+        eprintln!("{what}");
+        // Sampled blocks (about 6% at this rate) live in the sample region,
+        // not in the backend: its figures miss them.
+        if name == "liballocprof_glibc.so" {
+            assert_eq!(b.backend, "glibc");
+            let in_use = b.in_use.expect("glibc counts bytes in use") as f64;
+            let free = b.free.expect("glibc counts free bytes") as f64;
+            let reserved = b.reserved.expect("glibc counts its arenas") as f64;
+            assert!((0.8 * live..=1.05 * live + 2e6).contains(&in_use), "{what}");
+            // The freed half sits between live blocks, free but held.
+            assert!(free >= 0.8 * live, "{what}");
+            assert!(reserved >= in_use + free - 1e6, "{what}");
+            // All of it was touched: resident, anonymous.
+            assert!(reserved <= proc_resident.anon as f64 + 1e6, "{what}");
+            assert_eq!(b.committed, None, "{what}");
+        } else {
+            assert_eq!(b.backend, "mimalloc");
+            let committed = b.committed.expect("mimalloc counts committed bytes") as f64;
+            let reserved = b.reserved.expect("mimalloc counts reserved bytes") as f64;
+            assert!(committed >= 0.8 * live, "{what}");
+            assert!(committed <= reserved, "{what}");
+            // What it committed and touched is resident: at least the heap.
+            assert!(
+                proc_resident.anon as f64 >= 0.8 * committed.min(2.0 * live),
+                "{what}"
+            );
+            assert_eq!((b.in_use, b.free), (None, None), "{what}");
+        }
+        assert!(b.age.as_secs() < 60, "{what}");
+        let text = report::render(&profile, ReportOptions::default());
+        assert!(
+            text.contains(&format!("allocator {}: reserved", b.backend)),
+            "{text}"
+        );
+        w.send("exit");
+    }
+}

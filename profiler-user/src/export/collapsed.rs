@@ -86,6 +86,7 @@ mod tests {
                 mapped_bytes: 0,
                 mmap_events: 0,
                 resident: None,
+                backend_heap: None,
                 stacks: vec![StackProfile { frames, totals }],
             }],
             ..Default::default()

@@ -95,6 +95,10 @@ pub struct Process {
     /// the heap against; null for gone processes (added within version 2).
     #[serde(default)]
     pub resident: Option<ResidentBytes>,
+    /// What the backend allocator of a running `liballocprof*.so` process
+    /// says of its heap; null otherwise (added within version 2).
+    #[serde(default)]
+    pub allocator: Option<AllocatorFigures>,
     /// Largest live bytes first.
     pub stacks: Vec<Stack>,
 }
@@ -114,6 +118,20 @@ pub struct ResidentBytes {
     pub anon_bytes: u64,
     pub file_bytes: u64,
     pub shmem_bytes: u64,
+}
+
+/// The backend allocator's own figures; null where it does not keep one.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocatorFigures {
+    /// `"mimalloc"` or `"glibc"`.
+    pub backend: String,
+    pub reserved_bytes: Option<u64>,
+    pub committed_bytes: Option<u64>,
+    pub in_use_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub mmapped_bytes: Option<u64>,
+    /// How old the figures are (refreshed after sampled allocations).
+    pub age_seconds: f64,
 }
 
 /// Live bytes by how long they have been live (unbiased estimates): a
@@ -252,6 +270,15 @@ pub fn report(profile: &Profile) -> Report {
                 file_bytes: r.file,
                 shmem_bytes: r.shmem,
             }),
+            allocator: p.backend_heap.map(|b| AllocatorFigures {
+                backend: b.backend.into(),
+                reserved_bytes: b.reserved,
+                committed_bytes: b.committed,
+                in_use_bytes: b.in_use,
+                free_bytes: b.free,
+                mmapped_bytes: b.mmapped,
+                age_seconds: b.age.as_secs_f64(),
+            }),
             stacks: p
                 .stacks
                 .iter()
@@ -320,6 +347,13 @@ mod tests {
         assert_eq!(p.drops["unmatched_free"], 3);
         assert_eq!(p.dropped, 3);
         assert_eq!(r.drops.len(), DROP_REASONS);
+        let a = p.allocator.as_ref().expect("the backend's figures");
+        assert_eq!(a.backend, "glibc");
+        assert_eq!(
+            (a.in_use_bytes, a.free_bytes, a.committed_bytes),
+            (Some(2 << 20), Some(1 << 20), None)
+        );
+        assert!(r.processes[1].allocator.is_none());
         let large = &p.stacks[0];
         assert_eq!(large.totals.live_bytes, 8.0 * 1048576.0);
         let f = &large.frames[0];

@@ -217,6 +217,15 @@ pub(crate) mod tests {
             mapped_bytes: 0,
             mmap_events: 0,
             resident: None,
+            backend_heap: Some(crate::backend_stats::BackendHeap {
+                backend: "glibc",
+                reserved: Some(3 << 20),
+                committed: None,
+                in_use: Some(2 << 20),
+                free: Some(1 << 20),
+                mmapped: Some(0),
+                age: Duration::from_millis(300),
+            }),
             stacks,
         };
         let other_stacks = vec![
@@ -247,6 +256,7 @@ pub(crate) mod tests {
             mapped_bytes: 0,
             mmap_events: 0,
             resident: None,
+            backend_heap: None,
             stacks: other_stacks,
         };
         Profile {

@@ -9,8 +9,11 @@ use profiler_common::{
     unwind::{ProcUnwind, UnwindRow},
 };
 
+use std::collections::HashMap;
+
 use crate::{
-    discover::{self, OpenFile, ProbeSite, Scan, Scanner},
+    backend_stats::{self, BackendHeap},
+    discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
     kernel::{Kernel, KernelError, KernelSnapshot, Scope},
 };
 
@@ -73,6 +76,11 @@ pub trait ProcessPort {
     fn name(&self, pid: u32) -> Option<String>;
     /// What it has resident now (none where unknown).
     fn resident(&self, _pid: u32) -> Option<discover::Resident> {
+        None
+    }
+    /// What its backend allocator says of its heap (`liballocprof*.so`
+    /// only; none where unknown).
+    fn backend_heap(&self, _pid: u32) -> Option<BackendHeap> {
         None
     }
     /// The sampling rate it runs with.
@@ -157,6 +165,9 @@ impl KernelPort for Kernel {
 #[derive(Default)]
 pub struct Procfs {
     scanner: Scanner,
+    /// Files seen by a scan that carry a backend-statistics block, with the
+    /// block's file offset.
+    stats_blocks: HashMap<FileId, u64>,
 }
 
 impl ProcessPort for Procfs {
@@ -165,7 +176,13 @@ impl ProcessPort for Procfs {
     }
 
     fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
-        self.scanner.scan(pid)
+        let scan = self.scanner.scan(pid)?;
+        for probe in &scan.probes {
+            if let Some(offset) = probe.backend_stats {
+                self.stats_blocks.insert(probe.id(), offset);
+            }
+        }
+        Ok(scan)
     }
 
     fn name(&self, pid: u32) -> Option<String> {
@@ -174,6 +191,18 @@ impl ProcessPort for Procfs {
 
     fn resident(&self, pid: u32) -> Option<discover::Resident> {
         discover::Process::find(pid)?.resident()
+    }
+
+    fn backend_heap(&self, pid: u32) -> Option<BackendHeap> {
+        if self.stats_blocks.is_empty() {
+            return None;
+        }
+        let maps = discover::Process::find(pid)?.maps().ok()?;
+        let address = self
+            .stats_blocks
+            .iter()
+            .find_map(|(&file, &offset)| backend_stats::block_address(&maps, file, offset))?;
+        backend_stats::read(pid, address, backend_stats::monotonic_ns()).ok()
     }
 
     fn sampling_rate(&self, pid: u32) -> u64 {

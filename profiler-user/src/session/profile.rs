@@ -124,6 +124,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             } else {
                 None
             },
+            backend_heap: if image.state == ProcessState::Live {
+                self.processes.backend_heap(key.pid)
+            } else {
+                None
+            },
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

@@ -342,6 +342,7 @@ fn fake_probe_file(id: FileId) -> Arc<ProbeFile> {
         }),
         sites: vec![site(ProbeKind::Alloc), site(ProbeKind::Free)],
         problems: Vec::new(),
+        backend_stats: None,
     })
 }
 

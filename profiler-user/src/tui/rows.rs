@@ -455,6 +455,7 @@ pub(crate) mod tests {
             mapped_bytes: 0,
             mmap_events: 0,
             resident: None,
+            backend_heap: None,
             stacks,
         }
     }

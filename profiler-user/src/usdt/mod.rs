@@ -15,5 +15,7 @@ mod args;
 mod notes;
 
 pub use args::{ArgError, parse_args};
-pub(crate) use notes::probes_in_open_file;
-pub use notes::{LocateError, NoteError, UsdtProbe, probes_in_elf, probes_in_file};
+pub use notes::{
+    ElfNotes, LocateError, NoteError, UsdtProbe, notes_in_elf, probes_in_elf, probes_in_file,
+};
+pub(crate) use notes::{notes_in_open_file, probes_in_open_file};

@@ -83,6 +83,8 @@ fn build_artifacts() -> &'static Path {
                 "-p",
                 "liballocprof",
                 "-p",
+                "liballocprof-glibc",
+                "-p",
                 "demo",
                 "--examples",
                 "--lib",
@@ -129,6 +131,11 @@ pub fn example_without_frame_pointers(name: &str) -> PathBuf {
 /// liballocprof.so.
 pub fn preload_library() -> PathBuf {
     build_artifacts().join("liballocprof.so")
+}
+
+/// liballocprof_glibc.so.
+pub fn preload_glibc_library() -> PathBuf {
+    build_artifacts().join("liballocprof_glibc.so")
 }
 
 /// An example of the demo crate (a Rust workload with the global allocator).

@@ -229,6 +229,9 @@ fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
             ),
         ]));
     }
+    if let Some(b) = &p.backend_heap {
+        lines.push(Line::from(format!("allocator {}", b.describe())));
+    }
     if p.mmap_events > 0 {
         lines.push(Line::from(format!(
             "mapped {} beside the heap ({} mmap probes)",

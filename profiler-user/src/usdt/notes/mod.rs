@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use object::LittleEndian as LE;
 use object::elf;
-use profiler_common::UsdtSpec;
+use profiler_common::{UsdtSpec, backend_stats};
 use thiserror::Error;
 
 use self::headers::{Loads, file_header, name_is, program_headers, section_headers, section_names};
@@ -135,6 +135,16 @@ impl UsdtProbe {
 /// is hostile or not a probe carrier, and fails with [`NoteError::TooLarge`].
 pub(crate) const MAX_READ: u64 = 16 << 20;
 
+/// What a file's notes say: its USDT probes and, for `liballocprof*.so`,
+/// where its backend-statistics block is (`profiler_common::backend_stats`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ElfNotes {
+    pub probes: Vec<UsdtProbe>,
+    /// File offset of the backend-statistics block; `None` without the
+    /// note, or when its address lies in no file-backed PT_LOAD segment.
+    pub backend_stats: Option<u64>,
+}
+
 /// Opens the file and returns its USDT probes; see [`probes_in_open_file`].
 pub fn probes_in_file(path: &Path) -> Result<Vec<UsdtProbe>, NoteError> {
     let io = |source| NoteError::Io {
@@ -153,11 +163,16 @@ pub fn probes_in_file(path: &Path) -> Result<Vec<UsdtProbe>, NoteError> {
 /// [`MAX_READ`] bytes in all): a huge or sparse file costs no more than a
 /// small one, and a non-ELF file costs one read of its first bytes.
 pub(crate) fn probes_in_open_file(file: &File) -> Result<Vec<UsdtProbe>, NoteError> {
+    Ok(notes_in_open_file(file)?.probes)
+}
+
+/// The notes of an open ELF file, read as [`probes_in_open_file`] does.
+pub(crate) fn notes_in_open_file(file: &File) -> Result<ElfNotes, NoteError> {
     let meta = file.metadata().map_err(NoteError::Read)?;
     if !meta.is_file() {
         return Err(NoteError::Read(std::io::Error::other("not a regular file")));
     }
-    probes(&mut Reader::new(Source::File(file), meta.len()))
+    notes(&mut Reader::new(Source::File(file), meta.len()))
 }
 
 /// Returns the USDT probes of an ELF image, in note order; no probes is an
@@ -170,10 +185,15 @@ pub(crate) fn probes_in_open_file(file: &File) -> Result<Vec<UsdtProbe>, NoteErr
 /// note fails the whole file (as in libbpf): after a bad length nothing
 /// that follows can be trusted.
 pub fn probes_in_elf(data: &[u8]) -> Result<Vec<UsdtProbe>, NoteError> {
-    probes(&mut Reader::new(Source::Bytes(data), data.len() as u64))
+    Ok(notes_in_elf(data)?.probes)
 }
 
-fn probes(data: &mut Reader<'_>) -> Result<Vec<UsdtProbe>, NoteError> {
+/// The notes of an ELF image: its probes and its backend-statistics block.
+pub fn notes_in_elf(data: &[u8]) -> Result<ElfNotes, NoteError> {
+    notes(&mut Reader::new(Source::Bytes(data), data.len() as u64))
+}
+
+fn notes(data: &mut Reader<'_>) -> Result<ElfNotes, NoteError> {
     let header = file_header(data)?;
     let sections = section_headers(data, &header)?;
     let segments = program_headers(data, &header, sections.first())?;
@@ -195,7 +215,9 @@ fn probes(data: &mut Reader<'_>) -> Result<Vec<UsdtProbe>, NoteError> {
         let names = section_names(data, &header, &sections)?;
         for sh in &sections {
             let name = sh.sh_name.get(LE);
-            if name_is(&names, name, NOTE_SECTION) && sh.sh_type.get(LE) != elf::SHT_NOBITS {
+            let noted = name_is(&names, name, NOTE_SECTION)
+                || name_is(&names, name, backend_stats::NOTE_SECTION);
+            if noted && sh.sh_type.get(LE) != elf::SHT_NOBITS {
                 areas.push(NoteArea {
                     offset: sh.sh_offset.get(LE),
                     size: sh.sh_size.get(LE),
@@ -221,14 +243,22 @@ fn probes(data: &mut Reader<'_>) -> Result<Vec<UsdtProbe>, NoteError> {
         }
     }
     let mut notes = Vec::new();
+    let mut stats_block = None;
     for area in &areas {
         let bytes = data.read(area.offset, area.size, "note area")?;
-        walk_notes(&bytes, area.offset, area.align, &mut notes)?;
+        walk_notes(
+            &bytes,
+            area.offset,
+            area.align,
+            &mut notes,
+            &mut stats_block,
+        )?;
     }
 
     let loads = Loads::new(&segments);
     let file_len = data.len;
-    Ok(notes
+    let backend_stats = stats_block.and_then(|vaddr| loads.data_offset(vaddr, file_len));
+    let probes = notes
         .into_iter()
         .map(|note| {
             // Prelink moves the image but not the (unallocated) notes; the
@@ -256,7 +286,11 @@ fn probes(data: &mut Reader<'_>) -> Result<Vec<UsdtProbe>, NoteError> {
                 args: note.args,
             }
         })
-        .collect())
+        .collect();
+    Ok(ElfNotes {
+        probes,
+        backend_stats,
+    })
 }
 
 struct NoteArea {
@@ -276,12 +310,14 @@ struct RawNote {
 }
 
 /// Appends the `stapsdt` notes of one note area (at file offset
-/// `area_offset`) to `out`, skipping other notes.
+/// `area_offset`) to `out`, and keeps the first backend-statistics note's
+/// address in `stats_block`, skipping other notes.
 fn walk_notes(
     area: &[u8],
     area_offset: u64,
     align: u64,
     out: &mut Vec<RawNote>,
+    stats_block: &mut Option<u64>,
 ) -> Result<(), NoteError> {
     // Notes are 4-byte aligned unless the area says 8 (as gABI readers do).
     let align: u64 = if align == 8 { 8 } else { 4 };
@@ -324,6 +360,15 @@ fn walk_notes(
         if kind == NOTE_TYPE && owner == NOTE_OWNER {
             let desc = &area[desc_start as usize..desc_end as usize];
             out.push(parse_desc(desc, area_offset + desc_start)?);
+        } else if kind == backend_stats::NOTE_TYPE
+            && owner == backend_stats::NOTE_OWNER
+            && stats_block.is_none()
+        {
+            // One address; a descriptor of any other length is not ours.
+            let desc = &area[desc_start as usize..desc_end as usize];
+            if let Ok(addr) = <[u8; 8]>::try_from(desc) {
+                *stats_block = Some(u64::from_le_bytes(addr));
+            }
         }
         // The last note's padding may be missing; that is harmless.
         pos = align_up(desc_end).min(len);

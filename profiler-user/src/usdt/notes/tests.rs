@@ -713,3 +713,29 @@ fn files_parse_like_images() {
     std::fs::remove_file(path).unwrap();
     check_two_probes(&probes);
 }
+
+#[test]
+fn the_backend_stats_note_gives_the_blocks_file_offset() {
+    let stats = |desc: &[u8]| note(4, b"allocprof", 1, desc);
+    let block = DATA_VADDR + 0x10;
+    for sections in [true, false] {
+        let mut notes = probe_note(CODE_VADDR + 0x10, 0, "alloc", "8@%rdi");
+        notes.extend(stats(&block.to_le_bytes()));
+        let mut image = Image::new(notes);
+        image.sections = sections;
+        let found = notes_in_elf(&image.build()).unwrap();
+        assert_eq!(found.probes.len(), 1);
+        assert_eq!(found.backend_stats, Some(DATA_OFFSET + 0x10));
+    }
+    // A descriptor of another length, another owner or type, or an
+    // address in no file-backed segment: no block.
+    for notes in [
+        stats(&[0; 12]),
+        note(4, b"allocprox", 1, &block.to_le_bytes()),
+        note(4, b"allocprof", 2, &block.to_le_bytes()),
+        stats(&0xdead_0000u64.to_le_bytes()),
+    ] {
+        let found = notes_in_elf(&Image::new(notes).build()).unwrap();
+        assert_eq!(found.backend_stats, None);
+    }
+}
