@@ -957,6 +957,15 @@ fn the_process_detail_sets_the_heap_against_resident_memory() {
         file: 18 << 20,
         shmem: 2 << 20,
     });
+    profile.processes[0].backend_heap = Some(allocprof::backend_stats::BackendHeap {
+        backend: "glibc",
+        reserved: Some(90 << 20),
+        committed: None,
+        in_use: Some(50 << 20),
+        free: Some(40 << 20),
+        mmapped: Some(0),
+        age: std::time::Duration::from_millis(400),
+    });
     app.update(AppEvent::Profile(profile));
     press(&mut app, KeyCode::Tab); // the processes, the first selected
     for (w, h) in [(80, 24), (160, 48)] {
@@ -975,6 +984,11 @@ fn the_process_detail_sets_the_heap_against_resident_memory() {
     assert!(row.contains("100.0 MiB"), "{wide}");
     assert!(
         wide.contains("file 18.0 MiB, shared 2.0 MiB) · 99.9 MiB anonymous b"),
+        "{wide}"
+    );
+    // The allocator's own figures, under it.
+    assert!(
+        wide.contains("allocator glibc: reserved 90.0 MiB, in use 50.0 MiB, free 40.0 MiB"),
         "{wide}"
     );
 }
