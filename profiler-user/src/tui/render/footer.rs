@@ -55,12 +55,11 @@ pub(super) fn footer(frame: &mut Frame, app: &App, area: Rect) {
 
 /// Every key, as the help overlay lists them.
 pub const KEYS: &[(&str, &str)] = &[
-    ("Tab", "switch between processes and stacks"),
+    ("Tab a", "processes / stacks; a: all processes' stacks"),
     (
         "Enter d",
         "open process / enlarge detail: j k PgDn scroll it",
     ),
-    ("a", "stacks of all processes, a row per process's stack"),
     ("g", "group stacks by full stack / by function"),
     ("Esc", "back: smaller detail, clear search, leave process"),
     ("↑↓ j k", "move; PgUp PgDn Home End: by page, to the ends"),
@@ -69,6 +68,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("b B", "mark a baseline (Δ BASELINE: growth since) / clear"),
     ("p Space", "pause / resume the view; profiling goes on"),
     ("e", "export the view to a file (the path is shown)"),
+    ("x", "exited processes: shown 60 s / all / hidden"),
     (
         "f",
         "flamegraph of the process (or of all); ? there: its keys",
@@ -99,10 +99,7 @@ pub const LEGEND: &[(&str, &str)] = &[
         "@file:line",
         "the same, told apart by the naming frame's line",
     ),
-    (
-        "dim row",
-        "nothing live: of interest for its allocations only",
-    ),
+    ("dim row", "nothing live; or exited: at exit, last (x)"),
 ];
 
 /// The flamegraph's keys, as its help overlay lists them.

@@ -68,7 +68,13 @@ pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
         sep(),
         Span::raw(format!("{n} process{}", if n == 1 { "" } else { "es" })),
     ];
-    if gone > 0 {
+    let hidden = app.hidden_processes();
+    if hidden > 0 {
+        first.push(Span::styled(
+            format!(" ({gone} exited, {hidden} hidden: x)"),
+            DIM,
+        ));
+    } else if gone > 0 {
         first.push(Span::styled(format!(" ({gone} exited)"), DIM));
     }
     // Samples lost to the live sums make the estimate a lower bound.

@@ -46,6 +46,8 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
             None => Span::styled("–", DIM),
             Some(r) => Span::raw(human_bytes(r)),
         }],
+        // Nothing grows after exit: its figures are as they were then.
+        Column::Growth if row.gone => vec![Span::styled("at exit", DIM)],
         Column::Growth => vec![signed_bytes(row.growth)],
         Column::Baseline => vec![signed_bytes(row.since_baseline)],
         Column::Samples => vec![Span::raw(human_count(row.totals.live_samples as f64))],
@@ -216,8 +218,8 @@ pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
                 Cell::from(Line::from(spans).right_aligned())
             }
         }));
-        // Nothing live: only of interest for its allocation rate.
-        if r.totals.live_bytes < 0.5 {
+        // Nothing live: only of interest for its allocation rate; or gone.
+        if r.totals.live_bytes < 0.5 || r.gone {
             row.style(DIM)
         } else {
             row

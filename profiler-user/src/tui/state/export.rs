@@ -34,8 +34,10 @@ impl App {
             View::Stacks => self.settings.scope,
             View::Processes => None,
         };
-        if let Some(key) = scope {
-            profile.processes.retain(|p| p.key == key);
+        match scope {
+            Some(key) => profile.processes.retain(|p| p.key == key),
+            // What the tables show: not the exited processes they hide.
+            None => profile.processes.retain(|p| !self.hides(p.key)),
         }
         if let Some(q) = &query {
             match self.settings.view {

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crossterm::event::{KeyCode, KeyModifiers};
+
 use super::*;
 use crate::tui::rows::tests::{process, profile};
 
