@@ -270,3 +270,29 @@ fn function_grouping_sums_stacks_and_keeps_the_heaviest() {
     );
     assert_eq!(totals_of(&now, &parse.id).unwrap().live_bytes, 40.0);
 }
+
+#[test]
+fn cxx_stacks_are_named_past_operator_new_and_the_standard_library() {
+    let mut f = frames(&[
+        "operator new(unsigned long)",
+        "std::__new_allocator<char>::allocate(unsigned long, void const*)",
+        "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> \
+         >::_M_create(unsigned long&, unsigned long)",
+        "void std::vector<std::__cxx11::basic_string<char, std::char_traits<char>, \
+         std::allocator<char> >, std::allocator<std::__cxx11::basic_string<char, \
+         std::char_traits<char>, std::allocator<char> > > >::_M_realloc_insert<char const*>\
+         (__gnu_cxx::__normal_iterator<std::__cxx11::basic_string<char>*, \
+         std::vector<std::__cxx11::basic_string<char> > >, char const*&&)",
+        "Index::add(char const*)",
+        "__gnu_cxx::__ops::_Iter_pred<bool (*)(int)>::operator()(int*)",
+        "load_words(std::istream&)",
+        "main",
+    ])
+    .to_vec();
+    f[0].module = Some("/usr/lib/x86_64-linux-gnu/libstdc++.so.6".into());
+    assert_eq!(
+        stack_label(&f),
+        "Index::add(char const*) ← load_words(std::istream&)"
+    );
+    assert_eq!(function_of(&f), "Index::add(char const*)");
+}
