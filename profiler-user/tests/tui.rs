@@ -192,10 +192,16 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
     let exported = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "folded"))
-        .unwrap_or_else(|| panic!("no .folded file in {}:\n{pane}", dir.display()));
-    let folded = std::fs::read_to_string(&exported).unwrap();
-    assert!(folded.contains("main;site_large "), "{folded}");
+        .find(|p| p.extension().is_some_and(|e| e == "svg"))
+        .unwrap_or_else(|| panic!("no .svg file in {}:\n{pane}", dir.display()));
+    // Without --format, a flamegraph, named after the time.
+    let name = exported.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("allocprof-20") && name.ends_with("Z.svg"),
+        "{name}"
+    );
+    let svg = std::fs::read_to_string(&exported).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("site_large"), "{svg}");
 
     // F10 quits, as q does.
     tmux.keys(&["F10"]);

@@ -111,6 +111,18 @@ pub fn function_of(frames: &[Frame]) -> String {
         .unwrap_or_else(|| "[empty stack]".into())
 }
 
+/// A stack from the frame that names it (`function_of`) outward: what is
+/// under that frame is the allocator's and the library's.
+pub fn from_naming_frame(frames: &Arc<[Frame]>) -> Arc<[Frame]> {
+    match frames
+        .iter()
+        .position(|f| !is_allocator_frame(f) && !is_library_frame(f))
+    {
+        Some(at) if at > 0 => frames[at..].into(),
+        _ => frames.clone(),
+    }
+}
+
 /// A stack's label: its most informative frame and that frame's nearest
 /// informative caller, which tells apart stacks through the same function.
 pub fn stack_label(frames: &[Frame]) -> String {
