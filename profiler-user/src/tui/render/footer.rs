@@ -62,7 +62,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ),
     ("g", "group stacks by full stack / by function"),
     ("Esc", "back: smaller detail, clear search, leave process"),
-    ("↑↓ j k", "move; PgUp PgDn Home End: by page, to the ends"),
+    ("↑↓ j k", "move (mouse: click, wheel); PgUp PgDn Home End"),
     ("s S r", "sort by next / previous column; r reverses"),
     ("/", "search functions (processes: names); Enter, Esc"),
     ("b B", "mark a baseline (Δ BASELINE: growth since) / clear"),
@@ -106,7 +106,7 @@ pub const LEGEND: &[(&str, &str)] = &[
 pub const FLAME_KEYS: &[(&str, &str)] = &[
     ("", "icicle: the root on top, callers above callees,"),
     ("", "allocation sites at the bottom; width = bytes"),
-    ("h l ← →", "previous / next frame among the siblings"),
+    ("h l ← →", "previous / next sibling; mouse: click, wheel"),
     ("j k ↓ ↑", "down to the widest callee / up to the caller"),
     ("Enter", "zoom: the frame becomes the full width"),
     ("Esc", "zoom out one level; at the top, back to the table"),

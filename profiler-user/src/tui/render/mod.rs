@@ -26,7 +26,7 @@ use ratatui::{
     widgets::{Block, Paragraph},
 };
 
-use super::state::App;
+use super::state::{App, Screen};
 use allocprof::stats::human_bytes;
 
 /// Below this, the layout cannot show a useful table; say so instead.
@@ -45,10 +45,25 @@ pub fn fit_and_draw<B: Backend>(terminal: &mut Terminal<B>, app: &mut App) -> Re
     if let Some(page) = table_page(size, app.zoom()) {
         app.fit_table(page);
     }
-    if let Some(areas) = areas(Rect::new(0, 0, size.width, size.height), app.zoom()) {
+    let screen = Rect::new(0, 0, size.width, size.height);
+    let mut pointable = Screen::default();
+    if let Some(areas) = areas(screen, app.zoom()) {
         let lines = detail::content(app).map_or(0, |(_, lines, _)| lines.len());
         app.fit_detail(detail::page(areas.detail), lines);
+        if app.flame().is_some() {
+            pointable.flame = flame::graph_area(screen);
+        } else {
+            let inner = Block::bordered().inner(areas.table);
+            // Under the column titles.
+            pointable.rows = Rect {
+                y: inner.y + 1,
+                height: inner.height.saturating_sub(1),
+                ..inner
+            };
+            pointable.detail = Block::bordered().inner(areas.detail);
+        }
     }
+    app.fit_screen(pointable);
     terminal.draw(|f| draw(f, app))?;
     Ok(())
 }

@@ -14,6 +14,7 @@ mod exited;
 mod export;
 mod flame;
 mod keys;
+mod mouse;
 mod search;
 mod table;
 #[cfg(test)]
@@ -22,14 +23,15 @@ pub(crate) mod tests;
 pub use self::{
     columns::{Column, Sort, View},
     exited::ShowExited,
-    flame::{FlameView, Outcome as FlameOutcome},
+    flame::{FlameView, Outcome as FlameOutcome, first_row},
+    mouse::Screen,
     search::Search,
     table::TableState,
 };
 
 use std::{sync::Arc, time::Duration};
 
-use crossterm::event::KeyEvent;
+use crossterm::event::{KeyEvent, MouseEvent};
 
 use super::{
     exporter::ViewSelection,
@@ -54,6 +56,8 @@ pub enum AppEvent {
     /// A fresh profile from the session.
     Profile(Profile),
     Key(KeyEvent),
+    /// A click or the wheel (the terminal reports them: mouse capture).
+    Mouse(MouseEvent),
     /// The terminal changed size (the next draw adapts).
     Resize,
     /// Something the user should know (shown in the status line, and
@@ -171,6 +175,8 @@ pub struct App {
     /// The notice shown and when it was first seen shown, in the session's
     /// time (the profiles' `elapsed`: the state has no clock of its own).
     notice_since: Option<(Notice, Duration)>,
+    /// Where the last draw put what the mouse can point at.
+    screen: Screen,
     /// Printed on exit: the terminal's history outlives the status line.
     pub log: Vec<String>,
 }
@@ -203,6 +209,7 @@ impl App {
             flame: None,
             notice: None,
             notice_since: None,
+            screen: Screen::default(),
             log: Vec::new(),
         }
     }
@@ -363,6 +370,7 @@ impl App {
                 Effect::None
             }
             AppEvent::Key(key) => self.key(key),
+            AppEvent::Mouse(mouse) => self.mouse(mouse),
             AppEvent::Resize => Effect::None,
             AppEvent::Warning(text) => {
                 self.log.push(format!("warning: {text}"));
