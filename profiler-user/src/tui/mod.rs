@@ -10,6 +10,7 @@
 //!   table's height, the one thing of the screen the state needs (to scroll);
 //!   `exporter`: the `e` key's injected writer.
 
+pub mod callers;
 pub mod exporter;
 pub mod flame;
 pub mod history;

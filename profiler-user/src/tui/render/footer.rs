@@ -67,8 +67,8 @@ pub const KEYS: &[(&str, &str)] = &[
     ("/", "search functions (processes: names); Enter, Esc"),
     ("b B", "mark a baseline (Δ BASELINE: growth since) / clear"),
     ("p Space", "pause / resume the view; profiling goes on"),
-    ("e", "export the view to a file (the path is shown)"),
-    ("x", "exited processes: shown 60 s / all / hidden"),
+    ("c", "callers and callees of the row's function"),
+    ("x e", "exited processes: 60 s / all / none; e: export"),
     (
         "f",
         "flamegraph of the process (or of all); ? there: its keys",

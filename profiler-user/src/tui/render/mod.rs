@@ -8,6 +8,7 @@
 //! computes the layout, hands the heights to [`App::fit_table`] and
 //! [`App::fit_detail`], then draws.
 
+mod callers;
 mod detail;
 mod flame;
 mod footer;
@@ -135,6 +136,16 @@ pub fn draw(frame: &mut Frame, app: &App) {
         return;
     }
     header::header(frame, app, areas.header);
+    if let Some(view) = app.callers() {
+        let body = areas.table.union(areas.detail);
+        let body = areas.history.map_or(body, |h| body.union(h));
+        callers::draw(frame, app, view, body);
+        footer::footer(frame, app, areas.footer);
+        if app.help() {
+            footer::help(frame, area, ("Keys", "any key closes"), footer::KEYS);
+        }
+        return;
+    }
     table::table(frame, app, areas.table);
     detail::detail(frame, app, areas.detail);
     if let Some(history) = areas.history {

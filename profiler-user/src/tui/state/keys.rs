@@ -34,6 +34,9 @@ impl App {
         if self.flame.is_some() {
             return self.flame_key(key);
         }
+        if self.callers.is_some() {
+            return self.callers_key(key);
+        }
         if self.settings.search.editing && self.search_key(key) {
             return Effect::None;
         }
@@ -109,6 +112,7 @@ impl App {
             KeyCode::Char('B') => self.clear_baseline(),
             KeyCode::Char('p' | ' ') => self.toggle_pause(),
             KeyCode::Char('x') => self.cycle_exited(),
+            KeyCode::Char('c') => self.open_callers(),
             KeyCode::Char('e') => return self.export(),
             KeyCode::Char('f') => self.open_flame(),
             _ => {}

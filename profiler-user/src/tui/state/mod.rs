@@ -9,6 +9,7 @@
 //! key; `flame`: the flamegraph view (opened over the tables by `f`). `App`'s fields group what was read (`Profiles`) apart from what the
 //! user chose to see (`Settings`) and the rows and selections they yield.
 
+mod callers;
 mod columns;
 mod exited;
 mod export;
@@ -21,6 +22,7 @@ mod table;
 pub(crate) mod tests;
 
 pub use self::{
+    callers::CallersView,
     columns::{Column, Sort, View},
     exited::ShowExited,
     flame::{FlameView, Outcome as FlameOutcome, first_row},
@@ -171,6 +173,9 @@ pub struct App {
     zoom: bool,
     /// The flamegraph, when open: it takes the keys and the screen.
     flame: Option<FlameView>,
+    /// The callers and callees view, when open: it takes the keys and the
+    /// table's place.
+    callers: Option<CallersView>,
     notice: Option<Notice>,
     /// The notice shown and when it was first seen shown, in the session's
     /// time (the profiles' `elapsed`: the state has no clock of its own).
@@ -207,6 +212,7 @@ impl App {
             legend: false,
             zoom: false,
             flame: None,
+            callers: None,
             notice: None,
             notice_since: None,
             screen: Screen::default(),
@@ -366,6 +372,7 @@ impl App {
                     self.profiles.shown = self.profiles.latest.clone();
                     self.recompute();
                     self.rebuild_flame(false);
+                    self.rebuild_callers();
                 }
                 Effect::None
             }
@@ -501,6 +508,7 @@ impl App {
             self.profiles.shown = self.profiles.latest.clone();
             self.recompute();
             self.rebuild_flame(false);
+            self.rebuild_callers();
         }
     }
 

@@ -50,6 +50,13 @@ impl App {
             }
             return Effect::None;
         }
+        if let Some(view) = self.callers.as_mut() {
+            // The table is under it: only the wheel, to move its selection.
+            if let Some(step) = wheel {
+                view.select_by(step);
+            }
+            return Effect::None;
+        }
         if click && self.screen.rows.contains(at) {
             let offset = self.table().visible(self.rows.len()).start;
             let index = offset + usize::from(at.y - self.screen.rows.y);
