@@ -13,6 +13,8 @@ mod detail;
 mod flame;
 mod footer;
 mod header;
+#[cfg(test)]
+mod sizes;
 mod sparklines;
 mod table;
 #[cfg(test)]
