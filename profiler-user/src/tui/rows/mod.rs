@@ -328,7 +328,7 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
             id: RowId::Process(p.key),
             label: inert(&p.name).into_owned(),
             totals: p.totals,
-            share: share(p.totals.live_bytes, totals[gone(p) as usize]),
+            share: share(p.totals.live_bytes, totals[usize::from(gone(p))]),
             alloc_rate: dt.map(|dt| rate(&p.totals, rate_then.get(&p.key), dt)),
             growth: inputs.growth_ref.and_then(|g| {
                 seconds_between(inputs.current, g)?;
@@ -413,7 +413,10 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
                 })
                 .into_owned(),
                 totals: *totals,
-                share: share(totals.live_bytes, split[gone.contains(process) as usize]),
+                share: share(
+                    totals.live_bytes,
+                    split[usize::from(gone.contains(process))],
+                ),
                 alloc_rate: dt.map(|dt| {
                     let then = rate_then
                         .as_ref()
@@ -449,7 +452,7 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
 fn split_total(rows: impl Iterator<Item = (bool, Totals)>) -> [f64; 2] {
     let mut split = [0.0; 2];
     for (gone, totals) in rows {
-        split[gone as usize] += totals.live_bytes;
+        split[usize::from(gone)] += totals.live_bytes;
     }
     split
 }

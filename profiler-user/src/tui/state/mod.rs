@@ -272,6 +272,7 @@ impl App {
     pub fn sort(&self) -> Sort {
         self.settings.sort()
     }
+    #[cfg(test)]
     pub fn show_exited(&self) -> ShowExited {
         self.settings.exited
     }
