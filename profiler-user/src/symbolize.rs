@@ -471,18 +471,68 @@ pub fn is_allocator_frame(frame: &Frame) -> bool {
 }
 
 /// A frame of the language's standard library or the C runtime: rarely the
-/// answer to "who allocated this".
+/// answer to "who allocated this". Rust's (`alloc::`, `core::`, `std::`,
+/// their sources), C++'s (`operator new`, `std::` and `__gnu_cxx::`
+/// templates such as `std::vector<…>::_M_realloc_insert`, whatever return
+/// type the demangler put first; any frame of libstdc++ or libc++) and libc's.
 pub fn is_library_frame(frame: &Frame) -> bool {
     const PREFIXES: &[&str] = &[
-        "alloc::", "core::", "std::", "<alloc::", "<core::", "<std::", "__libc_", "_start",
+        "alloc::",
+        "core::",
+        "std::",
+        "<alloc::",
+        "<core::",
+        "<std::",
+        "__libc_",
+        "_start",
+        "__gnu_cxx::",
+        "operator new",
+        "operator delete",
+        "__cxa_",
     ];
+    const MODULES: &[&str] = &["libstdc++", "libc++"];
     // /rustc/ is the standard library's source, /rust/deps/ the crates it
     // vendors (hashbrown behind HashMap).
+    let name = qualified_name(&frame.function);
     frame
         .location
         .as_deref()
         .is_some_and(|l| l.starts_with("/rustc/") || l.starts_with("/rust/deps/"))
-        || PREFIXES.iter().any(|p| frame.function.starts_with(p))
+        || frame.module.as_deref().is_some_and(|m| {
+            let file = basename(Path::new(m));
+            MODULES.iter().any(|lib| file.starts_with(lib))
+        })
+        || PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// A demangled C++ name without the return type the demangler writes
+/// before template functions' names: `void std::vector<int>::_M_realloc_insert<int>(…)`
+/// → `std::vector<int>::_M_realloc_insert<int>(…)`. The name starts after
+/// the last space outside brackets before the parameter list; `operator
+/// new(…)` and Rust names (no such space) are kept whole.
+fn qualified_name(name: &str) -> &str {
+    if name.starts_with("operator ") {
+        return name;
+    }
+    let mut depth = 0i32;
+    let mut start = 0;
+    for (i, c) in name.char_indices() {
+        match c {
+            '<' | '[' | '{' => depth += 1,
+            '>' | ']' | '}' => depth -= 1,
+            '(' if depth == 0 => break,
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ' ' if depth == 0 => {
+                if name[i + 1..].starts_with("operator ") {
+                    return &name[i + 1..];
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    &name[start..]
 }
 
 /// The frame that best names a stack: the first that is neither allocator
@@ -524,6 +574,73 @@ mod tests {
         names.sweep();
         assert_eq!(names.names.len(), 1, "only the name a frame holds stays");
         assert!(Arc::ptr_eq(&held, &names.name("main")));
+    }
+
+    #[test]
+    fn cxx_allocator_and_standard_library_frames_are_library_frames() {
+        let lib = |name: &str| is_library_frame(&frame(name, "/usr/bin/app"));
+        for name in [
+            "operator new(unsigned long)",
+            "operator new[](unsigned long)",
+            "operator new(unsigned long, std::align_val_t)",
+            "std::__new_allocator<int>::allocate(unsigned long, void const*)",
+            "__gnu_cxx::new_allocator<int>::allocate(unsigned long, void const*)",
+            "std::allocator_traits<std::allocator<int> >::allocate(std::allocator<int>&, \
+             unsigned long)",
+            "std::_Vector_base<int, std::allocator<int> >::_M_allocate(unsigned long)",
+            "void std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>\
+             (__gnu_cxx::__normal_iterator<int*, std::vector<int, std::allocator<int> > >, \
+             int const&)",
+            "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> \
+             >::_M_create(unsigned long&, unsigned long)",
+            "std::vector<Foo, std::allocator<Foo> >::push_back(Foo const&)",
+            "std::unique_ptr<ns::Foo, std::default_delete<ns::Foo> > \
+             std::make_unique<ns::Foo>()",
+            "__gnu_cxx::__normal_iterator<int*, std::vector<int> >::operator++()",
+        ] {
+            assert!(lib(name), "{name}");
+        }
+        // The program's own functions, even returning standard types.
+        for name in [
+            "grow_vector()",
+            "ns::make_foo()",
+            "std::vector<int, std::allocator<int> > ns::load(char const*)",
+            "unsigned long ns::Cache::fill(std::__cxx11::basic_string<char> const&)",
+            "ns::Foo::operator new(unsigned long)",
+            "main",
+            "app::load::{{closure}}",
+        ] {
+            assert!(!lib(name), "{name}");
+        }
+        // Anything libstdc++ (or libc++) runs is the library's.
+        assert!(is_library_frame(&frame(
+            "some_internal_helper",
+            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
+        )));
+        assert!(is_library_frame(&frame("f", "/usr/lib/libc++.so.1")));
+        // A C++ stack is named by its first frame of the program.
+        let stack = [
+            frame(
+                "operator new(unsigned long)",
+                "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+            ),
+            frame(
+                "std::__new_allocator<int>::allocate(unsigned long, void const*)",
+                "/usr/bin/app",
+            ),
+            frame(
+                "void std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>\
+                 (__gnu_cxx::__normal_iterator<int*, std::vector<int, std::allocator<int> > \
+                 >, int const&)",
+                "/usr/bin/app",
+            ),
+            frame("grow_vector()", "/usr/bin/app"),
+            frame("main", "/usr/bin/app"),
+        ];
+        assert_eq!(
+            &*most_informative(&stack).unwrap().function,
+            "grow_vector()"
+        );
     }
 
     #[test]

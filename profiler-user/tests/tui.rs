@@ -167,10 +167,12 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
 
     // F1 (as `?`) opens the help; `?` again turns to the legend.
     tmux.keys(&["F1"]);
+    // Its last line drawn: the whole overlay is (a capture may land
+    // mid-draw).
     let pane = tmux.wait_for("the help", |p| {
-        p.contains("Keys") && p.contains("mark a baseline")
+        p.contains("Keys") && p.contains("q F10 ? F1")
     });
-    assert!(pane.contains("q F10 ? F1"), "{pane}");
+    assert!(pane.contains("mark a baseline"), "{pane}");
     tmux.literal("?");
     tmux.wait_for("the legend", |p| {
         p.contains("Legend") && p.contains("(0 B – x)")
@@ -192,10 +194,16 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
     let exported = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "folded"))
-        .unwrap_or_else(|| panic!("no .folded file in {}:\n{pane}", dir.display()));
-    let folded = std::fs::read_to_string(&exported).unwrap();
-    assert!(folded.contains("main;site_large "), "{folded}");
+        .find(|p| p.extension().is_some_and(|e| e == "svg"))
+        .unwrap_or_else(|| panic!("no .svg file in {}:\n{pane}", dir.display()));
+    // Without --format, a flamegraph, named after the time.
+    let name = exported.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("allocprof-20") && name.ends_with("Z.svg"),
+        "{name}"
+    );
+    let svg = std::fs::read_to_string(&exported).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("site_large"), "{svg}");
 
     // F10 quits, as q does.
     tmux.keys(&["F10"]);

@@ -10,6 +10,7 @@
 //!   table's height, the one thing of the screen the state needs (to scroll);
 //!   `exporter`: the `e` key's injected writer.
 
+pub mod callers;
 pub mod exporter;
 pub mod flame;
 pub mod history;
@@ -26,7 +27,7 @@ use std::{
 use anyhow::{Context, Result};
 use crossterm::{
     cursor::Show,
-    event::{Event, EventStream, KeyEventKind},
+    event::{DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind},
     execute,
     terminal::{EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode},
 };
@@ -138,6 +139,7 @@ async fn input(tx: mpsc::Sender<AppEvent>) -> Result<()> {
             _ = sighup.recv() => AppEvent::Quit,
             event = events.next() => match event {
                 Some(Ok(Event::Key(key))) if key.kind != KeyEventKind::Release => AppEvent::Key(key),
+                Some(Ok(Event::Mouse(mouse))) => AppEvent::Mouse(mouse),
                 Some(Ok(Event::Resize(..))) => AppEvent::Resize,
                 Some(Ok(_)) => continue,
                 Some(Err(e)) => return Err(e).context("reading the terminal"),
@@ -178,7 +180,8 @@ async fn ui(
     Ok(())
 }
 
-/// Raw mode and the alternate screen, undone on drop and on panic.
+/// Raw mode, the alternate screen and mouse capture, undone on drop and on
+/// panic.
 struct TerminalGuard {
     terminal: Terminal<CrosstermBackend<Stdout>>,
 }
@@ -200,7 +203,7 @@ impl TerminalGuard {
             restore();
             anyhow::Error::from(e).context("setting up the terminal")
         };
-        execute!(stdout(), EnterAlternateScreen).map_err(guard)?;
+        execute!(stdout(), EnterAlternateScreen, EnableMouseCapture).map_err(guard)?;
         let terminal = Terminal::new(CrosstermBackend::new(stdout())).map_err(guard)?;
         Ok(TerminalGuard { terminal })
     }
@@ -212,10 +215,10 @@ impl Drop for TerminalGuard {
     }
 }
 
-/// Leaves raw mode and the alternate screen, once.
+/// Leaves raw mode, mouse capture and the alternate screen, once.
 fn restore() {
     if ACTIVE.swap(false, Ordering::SeqCst) {
         let _ = disable_raw_mode();
-        let _ = execute!(stdout(), LeaveAlternateScreen, Show);
+        let _ = execute!(stdout(), DisableMouseCapture, LeaveAlternateScreen, Show);
     }
 }

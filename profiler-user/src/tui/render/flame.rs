@@ -14,7 +14,7 @@ use ratatui::{
 use super::{ACCENT, BOLD, DIM, GROWING, detail::short_path, header, interval, truncate};
 use crate::tui::{
     flame::{Mode, NodeId, ROOT, Scope},
-    state::{App, FlameView, format_elapsed},
+    state::{App, FlameView, first_row, format_elapsed},
 };
 use allocprof::{inert::inert, stats::human_bytes};
 
@@ -28,23 +28,28 @@ const ABOVE_ZOOM: Color = Color::Indexed(240);
 const MATCH: Color = Color::Magenta;
 
 pub(super) fn draw(frame: &mut Frame, app: &App, flame: &FlameView, area: Rect) {
-    let [top, body, status, bottom] = Layout::vertical([
-        Constraint::Length(2),
-        Constraint::Min(3),
-        Constraint::Length(2),
-        Constraint::Length(1),
-    ])
-    .areas(area);
+    let [top, body, status, bottom] = areas(area);
     header::header(frame, app, top);
     graph(frame, app, flame, body);
     status_lines(frame, flame, status);
     super::footer::footer(frame, app, bottom);
 }
 
-/// The frame's row on screen: the first rows scroll off when the selection
-/// is deeper than the view is high (one row of callees kept in sight).
-fn first_row(selected_row: usize, rows: usize) -> usize {
-    (selected_row + 2).saturating_sub(rows).min(selected_row)
+/// Where the icicle itself is drawn, for a screen of `area`: inside the
+/// graph's border (the state maps mouse clicks with it).
+pub(super) fn graph_area(area: Rect) -> Rect {
+    let [_, body, _, _] = areas(area);
+    Block::bordered().inner(body)
+}
+
+fn areas(area: Rect) -> [Rect; 4] {
+    Layout::vertical([
+        Constraint::Length(2),
+        Constraint::Min(3),
+        Constraint::Length(2),
+        Constraint::Length(1),
+    ])
+    .areas(area)
 }
 
 fn graph(frame: &mut Frame, app: &App, flame: &FlameView, area: Rect) {

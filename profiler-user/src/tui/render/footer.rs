@@ -55,20 +55,20 @@ pub(super) fn footer(frame: &mut Frame, app: &App, area: Rect) {
 
 /// Every key, as the help overlay lists them.
 pub const KEYS: &[(&str, &str)] = &[
-    ("Tab", "switch between processes and stacks"),
+    ("Tab a", "processes / stacks; a: all processes' stacks"),
     (
         "Enter d",
         "open process / enlarge detail: j k PgDn scroll it",
     ),
-    ("a", "stacks of all processes, a row per process's stack"),
     ("g", "group stacks by full stack / by function"),
     ("Esc", "back: smaller detail, clear search, leave process"),
-    ("↑↓ j k", "move; PgUp PgDn Home End: by page, to the ends"),
+    ("↑↓ j k", "move (mouse: click, wheel); PgUp PgDn Home End"),
     ("s S r", "sort by next / previous column; r reverses"),
     ("/", "search functions (processes: names); Enter, Esc"),
     ("b B", "mark a baseline (Δ BASELINE: growth since) / clear"),
     ("p Space", "pause / resume the view; profiling goes on"),
-    ("e", "export the view to a file (the path is shown)"),
+    ("c", "callers and callees of the row's function"),
+    ("x e", "exited processes: 60 s / all / none; e: export"),
     (
         "f",
         "flamegraph of the process (or of all); ? there: its keys",
@@ -99,17 +99,14 @@ pub const LEGEND: &[(&str, &str)] = &[
         "@file:line",
         "the same, told apart by the naming frame's line",
     ),
-    (
-        "dim row",
-        "nothing live: of interest for its allocations only",
-    ),
+    ("dim row", "nothing live; or exited: at exit, last (x)"),
 ];
 
 /// The flamegraph's keys, as its help overlay lists them.
 pub const FLAME_KEYS: &[(&str, &str)] = &[
     ("", "icicle: the root on top, callers above callees,"),
     ("", "allocation sites at the bottom; width = bytes"),
-    ("h l ← →", "previous / next frame among the siblings"),
+    ("h l ← →", "previous / next sibling; mouse: click, wheel"),
     ("j k ↓ ↑", "down to the widest callee / up to the caller"),
     ("Enter", "zoom: the frame becomes the full width"),
     ("Esc", "zoom out one level; at the top, back to the table"),

@@ -68,11 +68,18 @@ pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
         sep(),
         Span::raw(format!("{n} process{}", if n == 1 { "" } else { "es" })),
     ];
-    if gone > 0 {
+    let hidden = app.hidden_processes();
+    if hidden > 0 {
+        first.push(Span::styled(
+            format!(" ({gone} exited, {hidden} hidden: x)"),
+            DIM,
+        ));
+    } else if gone > 0 {
         first.push(Span::styled(format!(" ({gone} exited)"), DIM));
     }
     // Samples lost to the live sums make the estimate a lower bound.
     let lost = profile.lost_live_bytes();
+    let exited = first.len() - 5;
     first.extend([
         sep(),
         Span::raw(if lost > 0 {
@@ -85,6 +92,20 @@ pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
         sep(),
         Span::raw(format_elapsed(profile.elapsed)),
     ]);
+    // Narrow: the interval, the exited count, then what is profiled go
+    // before the live heap and the elapsed time would be cut.
+    let room = (line1.width as usize).saturating_sub(badges.width());
+    let interval_at = first.len() - 3;
+    if Line::from(first.clone()).width() > room {
+        first.remove(interval_at);
+    }
+    if Line::from(first.clone()).width() > room && exited > 0 {
+        first.remove(5);
+    }
+    if Line::from(first.clone()).width() > room {
+        // " allocprof " and the live heap, without the target.
+        first.drain(1..3);
+    }
     frame.render_widget(Line::from(first), line1);
     frame.render_widget(badges, line1);
 

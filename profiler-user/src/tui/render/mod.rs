@@ -8,10 +8,13 @@
 //! computes the layout, hands the heights to [`App::fit_table`] and
 //! [`App::fit_detail`], then draws.
 
+mod callers;
 mod detail;
 mod flame;
 mod footer;
 mod header;
+#[cfg(test)]
+mod sizes;
 mod sparklines;
 mod table;
 #[cfg(test)]
@@ -26,7 +29,7 @@ use ratatui::{
     widgets::{Block, Paragraph},
 };
 
-use super::state::App;
+use super::state::{App, Screen};
 use allocprof::stats::human_bytes;
 
 /// Below this, the layout cannot show a useful table; say so instead.
@@ -45,10 +48,25 @@ pub fn fit_and_draw<B: Backend>(terminal: &mut Terminal<B>, app: &mut App) -> Re
     if let Some(page) = table_page(size, app.zoom()) {
         app.fit_table(page);
     }
-    if let Some(areas) = areas(Rect::new(0, 0, size.width, size.height), app.zoom()) {
+    let screen = Rect::new(0, 0, size.width, size.height);
+    let mut pointable = Screen::default();
+    if let Some(areas) = areas(screen, app.zoom()) {
         let lines = detail::content(app).map_or(0, |(_, lines, _)| lines.len());
         app.fit_detail(detail::page(areas.detail), lines);
+        if app.flame().is_some() {
+            pointable.flame = flame::graph_area(screen);
+        } else {
+            let inner = Block::bordered().inner(areas.table);
+            // Under the column titles.
+            pointable.rows = Rect {
+                y: inner.y + 1,
+                height: inner.height.saturating_sub(1),
+                ..inner
+            };
+            pointable.detail = Block::bordered().inner(areas.detail);
+        }
     }
+    app.fit_screen(pointable);
     terminal.draw(|f| draw(f, app))?;
     Ok(())
 }
@@ -120,6 +138,16 @@ pub fn draw(frame: &mut Frame, app: &App) {
         return;
     }
     header::header(frame, app, areas.header);
+    if let Some(view) = app.callers() {
+        let body = areas.table.union(areas.detail);
+        let body = areas.history.map_or(body, |h| body.union(h));
+        callers::draw(frame, app, view, body);
+        footer::footer(frame, app, areas.footer);
+        if app.help() {
+            footer::help(frame, area, ("Keys", "any key closes"), footer::KEYS);
+        }
+        return;
+    }
     table::table(frame, app, areas.table);
     detail::detail(frame, app, areas.detail);
     if let Some(history) = areas.history {

@@ -30,16 +30,32 @@ pub(super) fn history(frame: &mut Frame, app: &App, area: Rect) {
     let growth = app
         .history()
         .reference(now, GROWTH_WINDOW)
-        .map(|r| profile.live_totals().live_bytes - r.totals().live_bytes);
-    let mut title = vec![
-        Span::raw("live heap "),
+        .map(|r| profile.live_totals().live_bytes - r.live_totals().live_bytes);
+    // The figure and its growth are never cut: the words and the span of
+    // the history go first when narrow.
+    let figures = [
         Span::styled(human_bytes(profile.live_totals().live_bytes), BOLD),
         Span::raw(" "),
         signed_bytes(growth),
         Span::styled("/1m", DIM),
     ];
-    title.push(span_of(&total, width, now));
-    sparkline(frame, top, Line::from(title), &total, width, ACCENT);
+    let span = span_of(&total, width, now);
+    let title = [
+        [
+            vec![Span::raw("live heap ")],
+            figures.to_vec(),
+            vec![span.clone()],
+        ]
+        .concat(),
+        [vec![Span::raw("live heap ")], figures.to_vec()].concat(),
+        [vec![Span::raw("heap ")], figures.to_vec()].concat(),
+        figures.to_vec(),
+    ]
+    .into_iter()
+    .map(Line::from)
+    .find(|l| l.width() <= width)
+    .unwrap_or_else(|| Line::from(figures.to_vec()));
+    sparkline(frame, top, title, &total, width, ACCENT);
 
     if let Some(row) = app.selected_row() {
         let series = app.history().row_series(now, &row.id);

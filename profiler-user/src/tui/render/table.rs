@@ -46,6 +46,8 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
             None => Span::styled("–", DIM),
             Some(r) => Span::raw(human_bytes(r)),
         }],
+        // Nothing grows after exit: its figures are as they were then.
+        Column::Growth if row.gone => vec![Span::styled("at exit", DIM)],
         Column::Growth => vec![signed_bytes(row.growth)],
         Column::Baseline => vec![signed_bytes(row.since_baseline)],
         Column::Samples => vec![Span::raw(human_count(row.totals.live_samples as f64))],
@@ -73,14 +75,15 @@ fn width_of(spans: &[Span]) -> usize {
 /// Columns dropped first when the terminal is narrow.
 fn drop_order(view: View) -> &'static [Column] {
     match view {
+        // PID and STATE stay: which process, and whether it still runs.
         View::Processes => &[
             Column::Resident,
             Column::Old,
             Column::Samples,
             Column::Objects,
-            Column::State,
             Column::AllocRate,
-            Column::Pid,
+            Column::Growth,
+            Column::Baseline,
         ],
         View::Stacks => &[
             Column::Old,
@@ -192,6 +195,22 @@ pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
     }
     columns.retain(|c| widths.iter().any(|(w, _)| w == c));
     let name_width = budget.saturating_sub(fixed(&widths)).max(8);
+    // Wide: the name column takes what its names need, and the space left
+    // goes between the figures, not after the names.
+    let name_need = widths
+        .iter()
+        .find(|(c, _)| *c == Column::Name)
+        .map_or(0, |(_, w)| w + 2);
+    let spare = name_width.saturating_sub(name_need.max(name_min(view)));
+    let name_width = name_width - spare;
+    let others = widths.len().saturating_sub(1).max(1);
+    for (i, (_, w)) in widths
+        .iter_mut()
+        .filter(|(c, _)| *c != Column::Name)
+        .enumerate()
+    {
+        *w += spare / others + usize::from(i < spare % others);
+    }
 
     let header = TableRow::new(columns.iter().map(|c| {
         let mut title = c.title(view).to_string();
@@ -216,15 +235,15 @@ pub(super) fn table(frame: &mut Frame, app: &App, area: Rect) {
                 Cell::from(Line::from(spans).right_aligned())
             }
         }));
-        // Nothing live: only of interest for its allocation rate.
-        if r.totals.live_bytes < 0.5 {
+        // Nothing live: only of interest for its allocation rate; or gone.
+        if r.totals.live_bytes < 0.5 || r.gone {
             row.style(DIM)
         } else {
             row
         }
     });
     let constraints = columns.iter().map(|c| match c {
-        Column::Name => Constraint::Fill(1),
+        Column::Name => Constraint::Length(name_width as u16),
         c => Constraint::Length(
             widths
                 .iter()

@@ -459,6 +459,39 @@ fn exited_processes_are_not_live_heap() {
         header.contains(&format!("live heap {}", human_bytes(live_before))),
         "the exited process's 5 GB are not live heap: {header}"
     );
+    // Its 5 GB stacks come last, named as at exit, dimmed.
+    let exited = line_of(&text, "· server (99) exited").unwrap();
+    assert!(
+        line_of(&text, "leak ← handle · server (7)").unwrap() < exited,
+        "{text}"
+    );
+    // Shares apart, too: the running processes' of the live heap.
+    let server = text
+        .lines()
+        .find(|l| l.contains("cache_fill ← main · server (7)"))
+        .unwrap();
+    assert!(
+        server.contains("48.8 KiB ± 4.3 KiB") && server.contains(" 67.6% "),
+        "{text}"
+    );
+    // The process table: GROWTH says it is at exit; a minute later, and
+    // until `x`, the header counts it hidden.
+    press(&mut app, KeyCode::Tab);
+    let (text, buffer) = screen(&mut app, 120, 24);
+    let (x, y) = cell_of(&text, "at exit");
+    assert_eq!(buffer[(x, y)].fg, Color::DarkGray, "{text}");
+    assert!(
+        text.lines().nth(y as usize).unwrap().contains("server"),
+        "{text}"
+    );
+    let mut later = sample(61);
+    later
+        .processes
+        .push(app.shown().unwrap().processes[2].clone());
+    app.update(AppEvent::Profile(later));
+    let (text, _) = screen(&mut app, 120, 24);
+    assert!(text.contains("(1 exited, 1 hidden: x)"), "{text}");
+    assert!(!text.contains("at exit"), "{text}");
 }
 
 // ---- the flamegraph ----

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::layout::{Position, Rect};
 
 use super::search::Search;
 use crate::tui::flame::{Key, Mode, NodeId, ROOT, Scope, Tree};
@@ -26,6 +27,13 @@ pub struct FlameView {
 /// Frames a tree may hold and still be rebuilt at every refresh: building
 /// one takes about a microsecond a frame, on the UI's thread.
 const FRAMES_PER_SECOND: usize = 100_000;
+
+/// The first row of the icicle on screen: the first rows scroll off when
+/// the selection is deeper than the view is high (one row of callees kept
+/// in sight).
+pub fn first_row(selected_row: usize, rows: usize) -> usize {
+    (selected_row + 2).saturating_sub(rows).min(selected_row)
+}
 
 /// What a key did, for the app.
 #[derive(Debug, PartialEq, Eq)]
@@ -201,6 +209,31 @@ impl FlameView {
             _ => return Outcome::Unhandled,
         }
         Outcome::Done
+    }
+
+    /// A click at `(x, y)` on the screen, the icicle drawn in `graph`:
+    /// selects the frame there, if any (the rows scrolled as drawn).
+    pub fn click(&mut self, x: u16, y: u16, graph: Rect) -> bool {
+        if !graph.contains(Position::new(x, y)) {
+            return false;
+        }
+        let skip = first_row(self.tree.node(self.selected).depth, graph.height as usize);
+        let row = skip + usize::from(y - graph.y);
+        let x = x - graph.x;
+        let hit = self
+            .tree
+            .layout(self.zoom(), self.mode(), graph.width)
+            .into_iter()
+            .find(|p| p.row == row && (p.x..p.x + p.width).contains(&x));
+        if let Some(p) = hit {
+            self.selected = p.node;
+        }
+        hit.is_some()
+    }
+
+    /// The wheel: up to the caller, down to the widest callee.
+    pub fn wheel(&mut self, down: bool) {
+        if down { self.child() } else { self.parent() }
     }
 
     /// The callees of `id` that have a width in the mode shown.

@@ -9,28 +9,34 @@
 //! key; `flame`: the flamegraph view (opened over the tables by `f`). `App`'s fields group what was read (`Profiles`) apart from what the
 //! user chose to see (`Settings`) and the rows and selections they yield.
 
+mod callers;
 mod columns;
+mod exited;
 mod export;
 mod flame;
+mod keys;
+mod mouse;
 mod search;
 mod table;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub use self::{
+    callers::CallersView,
     columns::{Column, Sort, View},
-    flame::{FlameView, Outcome as FlameOutcome},
+    exited::ShowExited,
+    flame::{FlameView, Outcome as FlameOutcome, first_row},
+    mouse::Screen,
     search::Search,
     table::TableState,
 };
 
 use std::{sync::Arc, time::Duration};
 
-use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use crossterm::event::{KeyEvent, MouseEvent};
 
 use super::{
     exporter::ViewSelection,
-    flame::{Scope as FlameScope, Tree},
     history::{GROWTH_WINDOW, History, RATE_WINDOW},
     rows::{self, Grouping, Inputs, Row, RowId},
 };
@@ -52,6 +58,8 @@ pub enum AppEvent {
     /// A fresh profile from the session.
     Profile(Profile),
     Key(KeyEvent),
+    /// A click or the wheel (the terminal reports them: mouse capture).
+    Mouse(MouseEvent),
     /// The terminal changed size (the next draw adapts).
     Resize,
     /// Something the user should know (shown in the status line, and
@@ -100,6 +108,7 @@ struct Profiles {
     shown: Option<Arc<Profile>>,
     paused: bool,
     baseline: Option<Arc<Profile>>,
+    gone_since: exited::GoneSince,
 }
 
 /// What the user chose to see: which rows, grouped and ordered how.
@@ -112,6 +121,7 @@ struct Settings {
     process_sort: Sort,
     stack_sort: Sort,
     search: Search,
+    exited: ShowExited,
 }
 
 impl Settings {
@@ -163,10 +173,15 @@ pub struct App {
     zoom: bool,
     /// The flamegraph, when open: it takes the keys and the screen.
     flame: Option<FlameView>,
+    /// The callers and callees view, when open: it takes the keys and the
+    /// table's place.
+    callers: Option<CallersView>,
     notice: Option<Notice>,
     /// The notice shown and when it was first seen shown, in the session's
     /// time (the profiles' `elapsed`: the state has no clock of its own).
     notice_since: Option<(Notice, Duration)>,
+    /// Where the last draw put what the mouse can point at.
+    screen: Screen,
     /// Printed on exit: the terminal's history outlives the status line.
     pub log: Vec<String>,
 }
@@ -183,6 +198,7 @@ impl App {
                 process_sort: Sort::by(Column::Live),
                 stack_sort: Sort::by(Column::Live),
                 search: Search::default(),
+                exited: ShowExited::default(),
             },
             all_rows: Vec::new(),
             rows: Vec::new(),
@@ -196,8 +212,10 @@ impl App {
             legend: false,
             zoom: false,
             flame: None,
+            callers: None,
             notice: None,
             notice_since: None,
+            screen: Screen::default(),
             log: Vec::new(),
         }
     }
@@ -253,6 +271,32 @@ impl App {
     }
     pub fn sort(&self) -> Sort {
         self.settings.sort()
+    }
+    #[cfg(test)]
+    pub fn show_exited(&self) -> ShowExited {
+        self.settings.exited
+    }
+
+    /// Whether the tables leave out the gone process `key` (`x`; by
+    /// default, once gone for [`EXITED_TTL`]). Never the one entered.
+    pub fn hides(&self, key: ProcessKey) -> bool {
+        let now = self
+            .profiles
+            .shown
+            .as_ref()
+            .map_or(Duration::ZERO, |p| p.elapsed);
+        self.settings.scope != Some(key)
+            && self
+                .profiles
+                .gone_since
+                .hidden(key, self.settings.exited, now)
+    }
+
+    /// How many of the shown profile's processes the tables leave out.
+    pub fn hidden_processes(&self) -> usize {
+        self.profiles.shown.as_ref().map_or(0, |p| {
+            p.processes.iter().filter(|p| self.hides(p.key)).count()
+        })
     }
 
     /// The view's columns, in order.
@@ -323,15 +367,18 @@ impl App {
                 let profile = Arc::new(profile);
                 self.expire_notice(profile.elapsed);
                 self.profiles.history.record(&profile);
+                self.profiles.gone_since.record(&profile);
                 self.profiles.latest = Some(profile);
                 if !self.profiles.paused {
                     self.profiles.shown = self.profiles.latest.clone();
                     self.recompute();
                     self.rebuild_flame(false);
+                    self.rebuild_callers();
                 }
                 Effect::None
             }
             AppEvent::Key(key) => self.key(key),
+            AppEvent::Mouse(mouse) => self.mouse(mouse),
             AppEvent::Resize => Effect::None,
             AppEvent::Warning(text) => {
                 self.log.push(format!("warning: {text}"));
@@ -375,211 +422,6 @@ impl App {
                 }
             }
             _ => self.notice_since = Some((notice.clone(), now)),
-        }
-    }
-
-    fn key(&mut self, key: KeyEvent) -> Effect {
-        if key.kind == KeyEventKind::Release {
-            return Effect::None;
-        }
-        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
-        // F10 quits from anywhere, as in htop and mc.
-        if ctrl && matches!(key.code, KeyCode::Char('c' | 'C')) || key.code == KeyCode::F(10) {
-            return Effect::Quit;
-        }
-        if self.help {
-            // `?` turns the keys page to the legend; any other key closes
-            // the help, and does nothing else.
-            let help_key = matches!(key.code, KeyCode::Char('?') | KeyCode::F(1));
-            if help_key && !self.legend && self.flame.is_none() {
-                self.legend = true;
-            } else {
-                self.help = false;
-                self.legend = false;
-            }
-            return Effect::None;
-        }
-        if self.flame.is_some() {
-            return self.flame_key(key);
-        }
-        if self.settings.search.editing && self.search_key(key) {
-            return Effect::None;
-        }
-        match key.code {
-            KeyCode::Char('q') => return Effect::Quit,
-            KeyCode::Char('?') | KeyCode::F(1) => self.help = true,
-            KeyCode::Tab | KeyCode::BackTab => {
-                let view = match self.settings.view {
-                    View::Processes => View::Stacks,
-                    View::Stacks => View::Processes,
-                };
-                self.set_view(view);
-            }
-            KeyCode::Enter => match (
-                self.settings.view,
-                self.selected_row().map(|r| r.id.clone()),
-            ) {
-                (View::Processes, Some(RowId::Process(key))) => {
-                    self.settings.scope = Some(key);
-                    self.tables[View::Stacks as usize].reset();
-                    self.selected[View::Stacks as usize] = None;
-                    self.set_view(View::Stacks);
-                }
-                (View::Stacks, _) => {
-                    self.zoom = !self.zoom;
-                    self.detail_scroll = 0;
-                }
-                _ => {}
-            },
-            KeyCode::Char('d') => {
-                self.zoom = !self.zoom;
-                self.detail_scroll = 0;
-            }
-            KeyCode::Char('a') => {
-                if self.settings.scope.is_some() {
-                    self.settings.scope = None;
-                    self.tables[View::Stacks as usize].reset();
-                    self.selected[View::Stacks as usize] = None;
-                }
-                self.set_view(View::Stacks);
-            }
-            KeyCode::Esc => self.back(),
-            // The enlarged detail takes the vi keys and the pages to scroll;
-            // the arrows still move among the rows.
-            KeyCode::Char('j') if self.zoom => self.scroll_detail(1),
-            KeyCode::Char('k') if self.zoom => self.scroll_detail(-1),
-            KeyCode::PageDown if self.zoom => self.scroll_detail(self.detail_page() as isize),
-            KeyCode::PageUp if self.zoom => self.scroll_detail(-(self.detail_page() as isize)),
-            KeyCode::Up | KeyCode::Char('k') => self.select(|t, len| t.select_by(-1, len)),
-            KeyCode::Down | KeyCode::Char('j') => self.select(|t, len| t.select_by(1, len)),
-            KeyCode::PageUp => self.select(TableState::page_up),
-            KeyCode::PageDown => self.select(TableState::page_down),
-            KeyCode::Home => self.select(TableState::home),
-            KeyCode::End => self.select(TableState::end),
-            KeyCode::Char('s') => self.cycle_sort(1),
-            KeyCode::Char('S') => self.cycle_sort(-1),
-            KeyCode::Char('r') => {
-                let sort = self.settings.sort_mut();
-                sort.descending = !sort.descending;
-                self.arrange();
-            }
-            KeyCode::Char('g') => {
-                self.settings.grouping = match self.settings.grouping {
-                    Grouping::Stack => Grouping::Function,
-                    Grouping::Function => Grouping::Stack,
-                };
-                self.tables[View::Stacks as usize].reset();
-                self.selected[View::Stacks as usize] = None;
-                self.set_view(View::Stacks);
-            }
-            KeyCode::Char('/') => self.settings.search.editing = true,
-            KeyCode::Char('b') => self.mark_baseline(),
-            KeyCode::Char('B') => self.clear_baseline(),
-            KeyCode::Char('p' | ' ') => self.toggle_pause(),
-            KeyCode::Char('e') => return self.export(),
-            KeyCode::Char('f') => self.open_flame(),
-            _ => {}
-        }
-        Effect::None
-    }
-
-    /// A key in the flamegraph: its own first, then the app's baseline and
-    /// help keys. Nothing else of the tables' (`q` leaves the view).
-    fn flame_key(&mut self, key: KeyEvent) -> Effect {
-        let Some(flame) = self.flame.as_mut() else {
-            return Effect::None;
-        };
-        match flame.key(key) {
-            FlameOutcome::Done => {}
-            FlameOutcome::Close => self.flame = None,
-            FlameOutcome::Thawed => self.rebuild_flame(true),
-            FlameOutcome::NoBaseline => {
-                self.notice = Some(Notice::Warning(if self.profiles.baseline.is_some() {
-                    // Marked after the freeze: the frozen tree has no growth.
-                    "the picture was frozen before the baseline: Space thaws it".into()
-                } else {
-                    "no baseline to compare with: press b to mark one, d then shows the growth \
-                     since"
-                        .into()
-                }));
-            }
-            FlameOutcome::Unhandled => match key.code {
-                KeyCode::Char('?') | KeyCode::F(1) => self.help = true,
-                KeyCode::Char('b') => self.mark_baseline(),
-                KeyCode::Char('B') => self.clear_baseline(),
-                _ => {}
-            },
-        }
-        Effect::None
-    }
-
-    /// `f`: the flamegraph of the process the view is on (the selected
-    /// process, or the stack view's), else of all processes.
-    fn open_flame(&mut self) {
-        let scope = match (self.settings.view, self.selected_row().map(|r| &r.id)) {
-            (View::Processes, Some(RowId::Process(key))) => FlameScope::Process(*key),
-            (View::Processes, _) => FlameScope::All,
-            (View::Stacks, _) => self
-                .settings
-                .scope
-                .map_or(FlameScope::All, FlameScope::Process),
-        };
-        let Some(shown) = self.profiles.shown.as_deref() else {
-            self.notice = Some(Notice::Warning("no profile yet to draw".into()));
-            return;
-        };
-        self.flame = Some(FlameView::new(
-            Tree::build(shown, scope, self.profiles.baseline.as_deref()),
-            shown.elapsed,
-        ));
-    }
-
-    /// The open flamegraph from the shown profile: not while frozen, and
-    /// for a large tree not before its refresh gap is over, unless `now`
-    /// (what it shows changed: baseline, thaw).
-    fn rebuild_flame(&mut self, now: bool) {
-        let (Some(flame), Some(shown)) = (self.flame.as_mut(), self.profiles.shown.as_deref())
-        else {
-            return;
-        };
-        if !flame.due(shown.elapsed, now) {
-            return;
-        }
-        flame.update(
-            Tree::build(shown, flame.scope(), self.profiles.baseline.as_deref()),
-            shown.elapsed,
-        );
-    }
-
-    /// A key while the search query is edited; false if it is not for the
-    /// query (navigation keys keep working).
-    fn search_key(&mut self, key: KeyEvent) -> bool {
-        match key.code {
-            KeyCode::Char(c) if !key.modifiers.contains(KeyModifiers::CONTROL) => {
-                self.settings.search.query.push(c);
-            }
-            KeyCode::Backspace => {
-                self.settings.search.query.pop();
-            }
-            KeyCode::Enter => self.settings.search.editing = false,
-            KeyCode::Esc => self.settings.search = Search::default(),
-            _ => return false,
-        }
-        self.arrange();
-        true
-    }
-
-    /// Esc: one step back (detail zoom, search, scope), never a quit.
-    fn back(&mut self) {
-        if self.zoom {
-            self.zoom = false;
-        } else if !self.settings.search.query.is_empty() {
-            self.settings.search = Search::default();
-            self.arrange();
-        } else if let (View::Stacks, Some(key)) = (self.settings.view, self.settings.scope) {
-            self.settings.scope = None;
-            self.selected[View::Processes as usize] = Some(RowId::Process(key));
-            self.set_view(View::Processes);
         }
     }
 
@@ -649,6 +491,13 @@ impl App {
         self.rebuild_flame(true);
     }
 
+    /// `x`: which exited processes the tables show.
+    fn cycle_exited(&mut self) {
+        self.settings.exited = self.settings.exited.next();
+        self.notice = Some(Notice::Info(self.settings.exited.describe()));
+        self.arrange();
+    }
+
     fn toggle_pause(&mut self) {
         self.profiles.paused = !self.profiles.paused;
         if self.profiles.paused {
@@ -660,6 +509,7 @@ impl App {
             self.profiles.shown = self.profiles.latest.clone();
             self.recompute();
             self.rebuild_flame(false);
+            self.rebuild_callers();
         }
     }
 
@@ -700,14 +550,20 @@ impl App {
         let mut shown: Vec<Row> = self
             .all_rows
             .iter()
+            .filter(|r| !(r.gone && r.process_key().is_some_and(|k| self.hides(k))))
             .filter(|r| query.as_deref().is_none_or(|q| row_matches(r, grouping, q)))
             .cloned()
             .collect();
         let sort = self.sort();
+        // Gone processes' figures are at exit: apart, after the running
+        // ones', whatever the column (an exited leak is not growing).
         shown.sort_by(|a, b| {
             let o = compare(sort.column, a, b);
             let o = if sort.descending { o.reverse() } else { o };
-            o.then_with(|| b.totals.live_bytes.total_cmp(&a.totals.live_bytes))
+            a.gone
+                .cmp(&b.gone)
+                .then(o)
+                .then_with(|| b.totals.live_bytes.total_cmp(&a.totals.live_bytes))
                 .then_with(|| a.id.cmp(&b.id))
         });
         self.rows = shown;

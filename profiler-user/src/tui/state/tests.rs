@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crossterm::event::{KeyCode, KeyModifiers};
+
 use super::*;
 use crate::tui::rows::tests::{process, profile};
 
@@ -270,7 +272,13 @@ fn export_restricts_the_profile_to_the_view() {
         panic!("e exports");
     };
     assert_eq!(profile.processes.len(), 2);
-    assert_eq!(selection, ViewSelection::default());
+    assert_eq!(
+        selection,
+        ViewSelection {
+            grouping: Some(Grouping::Stack),
+            ..Default::default()
+        }
+    );
     // One process, searched.
     press(&mut app, KeyCode::Tab);
     press(&mut app, KeyCode::Enter);

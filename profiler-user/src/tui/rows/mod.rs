@@ -2,11 +2,14 @@
 //! refreshes (a process image, a stack, a function), so that selection,
 //! history and baselines follow the row rather than its position.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use allocprof::{
     inert::inert,
-    profile::{ProcessKey, ProcessProfile, Profile, StackProfile},
+    profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile},
     stats::Totals,
     symbolize::{Frame, is_allocator_frame, is_library_frame, most_informative},
 };
@@ -65,12 +68,27 @@ pub struct Row {
     pub frames: Arc<[Frame]>,
     /// Process rows only.
     pub process: Option<ProcessInfo>,
+    /// The row's process exited or exec'ed: its figures are as they were
+    /// then ("at exit"), not live heap, and it sorts apart, after the
+    /// running processes' rows.
+    pub gone: bool,
+}
+
+impl Row {
+    /// The process the row is (a process row) or is of (a stack or
+    /// function row).
+    pub fn process_key(&self) -> Option<ProcessKey> {
+        match &self.id {
+            RowId::Process(key) => Some(*key),
+            RowId::Stack { scope, .. } | RowId::Function { scope, .. } => *scope,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessInfo {
     pub name: String,
-    pub state: allocprof::profile::ProcessState,
+    pub state: ProcessState,
     /// What it has resident (running processes).
     pub resident: Option<allocprof::discover::Resident>,
 }
@@ -91,6 +109,18 @@ pub fn function_of(frames: &[Frame]) -> String {
     most_informative(frames)
         .map(|f| f.function.to_string())
         .unwrap_or_else(|| "[empty stack]".into())
+}
+
+/// A stack from the frame that names it (`function_of`) outward: what is
+/// under that frame is the allocator's and the library's.
+pub fn from_naming_frame(frames: &Arc<[Frame]>) -> Arc<[Frame]> {
+    match frames
+        .iter()
+        .position(|f| !is_allocator_frame(f) && !is_library_frame(f))
+    {
+        Some(at) if at > 0 => frames[at..].into(),
+        _ => frames.clone(),
+    }
 }
 
 /// A stack's label: its most informative frame and that frame's nearest
@@ -145,10 +175,7 @@ fn split_duplicates(rows: &mut [Row], mut suffix: impl FnMut(&Row) -> Option<Str
     }
     for (_, mut same) in by_label.into_iter().filter(|(_, v)| v.len() > 1) {
         let suffixes: Vec<Option<String>> = same.iter().map(|&i| suffix(&rows[i])).collect();
-        let distinct = suffixes
-            .iter()
-            .collect::<std::collections::HashSet<_>>()
-            .len();
+        let distinct = suffixes.iter().collect::<HashSet<_>>().len();
         if suffixes.iter().all(Option::is_none) {
             same.sort_by(|&a, &b| rows[a].id.cmp(&rows[b].id));
             for (n, i) in same.into_iter().enumerate() {
@@ -291,7 +318,8 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
     let dt = inputs
         .rate_ref
         .and_then(|r| seconds_between(inputs.current, r));
-    let total: f64 = inputs.current.totals().live_bytes;
+    let gone = |p: &ProcessProfile| p.state != ProcessState::Live;
+    let totals = split_total(inputs.current.processes.iter().map(|p| (gone(p), p.totals)));
     inputs
         .current
         .processes
@@ -300,7 +328,7 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
             id: RowId::Process(p.key),
             label: inert(&p.name).into_owned(),
             totals: p.totals,
-            share: share(p.totals.live_bytes, total),
+            share: share(p.totals.live_bytes, totals[usize::from(gone(p))]),
             alloc_rate: dt.map(|dt| rate(&p.totals, rate_then.get(&p.key), dt)),
             growth: inputs.growth_ref.and_then(|g| {
                 seconds_between(inputs.current, g)?;
@@ -315,6 +343,7 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
                 state: p.state,
                 resident: p.resident,
             }),
+            gone: gone(p),
         })
         .collect()
 }
@@ -334,7 +363,7 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
         .growth_ref
         .and_then(|g| seconds_between(inputs.current, g))
         .is_some();
-    let total: f64 = groups.values().map(|g| g.totals.live_bytes).sum();
+
     let live_in = |m: &Option<HashMap<RowId, Group>>, id: &RowId| {
         m.as_ref()
             .and_then(|m| m.get(id))
@@ -346,34 +375,64 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
             .current
             .processes
             .iter()
-            .map(|p| (p.key, format!(" · {}", p.label())))
+            .map(|p| match p.state {
+                ProcessState::Live => (p.key, format!(" · {}", p.label())),
+                // Its figures are at exit (at exec): apart from the live heap.
+                state => (p.key, format!(" · {} {}", p.label(), state.describe())),
+            })
             .collect(),
     };
+    let gone: HashSet<ProcessKey> = inputs
+        .current
+        .processes
+        .iter()
+        .filter(|p| p.state != ProcessState::Live)
+        .map(|p| p.key)
+        .collect();
+    let split = split_total(
+        groups
+            .values()
+            .map(|g| (gone.contains(&g.process), g.totals)),
+    );
     let mut rows: Vec<Row> = groups
         .iter()
-        .map(|(id, Group { totals, frames, .. })| Row {
-            id: id.clone(),
-            label: inert(&match grouping {
-                Grouping::Stack => stack_label(frames),
-                Grouping::Function => function_of(frames),
-            })
-            .into_owned(),
-            totals: *totals,
-            share: share(totals.live_bytes, total),
-            alloc_rate: dt.map(|dt| {
-                let then = rate_then
+        .map(
+            |(
+                id,
+                Group {
+                    totals,
+                    frames,
+                    process,
+                    ..
+                },
+            )| Row {
+                id: id.clone(),
+                label: inert(&match grouping {
+                    Grouping::Stack => stack_label(frames),
+                    Grouping::Function => function_of(frames),
+                })
+                .into_owned(),
+                totals: *totals,
+                share: share(
+                    totals.live_bytes,
+                    split[usize::from(gone.contains(process))],
+                ),
+                alloc_rate: dt.map(|dt| {
+                    let then = rate_then
+                        .as_ref()
+                        .and_then(|m| m.get(id))
+                        .map(|g| &g.totals);
+                    rate(totals, then, dt)
+                }),
+                growth: growth_ok.then(|| totals.live_bytes - live_in(&growth_then, id)),
+                since_baseline: baseline
                     .as_ref()
-                    .and_then(|m| m.get(id))
-                    .map(|g| &g.totals);
-                rate(totals, then, dt)
-            }),
-            growth: growth_ok.then(|| totals.live_bytes - live_in(&growth_then, id)),
-            since_baseline: baseline
-                .as_ref()
-                .map(|_| totals.live_bytes - live_in(&baseline, id)),
-            frames: frames.clone(),
-            process: None,
-        })
+                    .map(|_| totals.live_bytes - live_in(&baseline, id)),
+                frames: frames.clone(),
+                process: None,
+                gone: gone.contains(process),
+            },
+        )
         .collect();
     if grouping == Grouping::Stack {
         disambiguate(&mut rows);
@@ -388,6 +447,16 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
     rows
 }
 
+/// The live bytes of running processes' rows, and of gone ones': each
+/// row's share is of its own kind's (the gone held theirs at exit).
+fn split_total(rows: impl Iterator<Item = (bool, Totals)>) -> [f64; 2] {
+    let mut split = [0.0; 2];
+    for (gone, totals) in rows {
+        split[usize::from(gone)] += totals.live_bytes;
+    }
+    split
+}
+
 fn share(part: f64, total: f64) -> f64 {
     if total > 0.0 {
         (part / total).clamp(0.0, 1.0)
@@ -397,277 +466,4 @@ fn share(part: f64, total: f64) -> f64 {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use std::time::Duration;
-
-    use profiler_common::DROP_REASONS;
-
-    use super::*;
-    use allocprof::profile::ProcessState;
-
-    pub fn frames(names: &[&str]) -> Arc<[Frame]> {
-        names
-            .iter()
-            .map(|n| Frame {
-                function: (*n).into(),
-                location: Some(format!("/src/work.c:{}", n.len()).into()),
-                module: Some("/usr/bin/work".into()),
-                inlined: false,
-            })
-            .collect()
-    }
-
-    pub fn totals(live: f64, alloc: f64) -> Totals {
-        Totals {
-            live_bytes: live,
-            live_var: live * 100.0,
-            live_objects: live / 64.0,
-            live_samples: 1,
-            alloc_bytes: alloc,
-            alloc_var: 0.0,
-            alloc_objects: alloc / 64.0,
-            alloc_samples: 2,
-            ages: Default::default(),
-        }
-    }
-
-    /// A process with stacks given as (frames, live, allocated).
-    pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessProfile {
-        let stacks: Vec<StackProfile> = stacks
-            .iter()
-            .map(|(f, live, alloc)| StackProfile {
-                frames: frames(f),
-                totals: totals(*live, *alloc),
-            })
-            .collect();
-        ProcessProfile {
-            key: ProcessKey { pid, generation: 0 },
-            name: name.into(),
-            state: ProcessState::Live,
-            rate: 524_288,
-            totals: stacks.iter().map(|s| s.totals).sum(),
-            alloc_events: 10,
-            free_events: 5,
-            drops: [0; DROP_REASONS],
-            lost_live_bytes: 0,
-            contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
-            weight_form: profiler_common::WeightForm::InverseProbability,
-            mapped_bytes: 0,
-            mmap_events: 0,
-            resident: None,
-            backend_heap: None,
-            stacks,
-        }
-    }
-
-    pub fn profile(secs: u64, processes: Vec<ProcessProfile>) -> Profile {
-        Profile {
-            processes,
-            drops: [0; DROP_REASONS],
-            elapsed: Duration::from_secs(secs),
-            unwind: Default::default(),
-            min_age: Duration::ZERO,
-        }
-    }
-
-    #[test]
-    fn labels_skip_allocator_and_library_frames() {
-        let f = frames(&[
-            "malloc",
-            "alloc::vec::Vec::push",
-            "app::load",
-            "std::rt::main",
-            "main",
-        ]);
-        // malloc has no allocator marker here; give it one through its module.
-        let mut v = f.to_vec();
-        v[0].module = Some("/opt/liballocprof.so".into());
-        assert_eq!(stack_label(&v), "app::load ← main");
-        assert_eq!(function_of(&v), "app::load");
-        assert_eq!(stack_label(&frames(&["std::alloc"])), "std::alloc");
-    }
-
-    #[test]
-    fn all_process_rows_name_their_process_and_get_rates_and_baselines() {
-        let then = profile(
-            10,
-            vec![process(1, "a", &[(&["leak", "main"], 100.0, 100.0)])],
-        );
-        let now = profile(
-            15,
-            vec![
-                process(1, "a", &[(&["leak", "main"], 600.0, 1100.0)]),
-                process(2, "b\u{1b}[2J", &[(&["leak", "main"], 400.0, 400.0)]),
-            ],
-        );
-        let mut rows = stack_rows(
-            Inputs {
-                current: &now,
-                rate_ref: Some(&then),
-                growth_ref: Some(&then),
-                baseline: Some(&then),
-            },
-            None,
-            Grouping::Stack,
-        );
-        rows.sort_by(|a, b| a.label.cmp(&b.label));
-        // A row per process, not a sum, named (inertly) after it.
-        let labels: Vec<&str> = rows.iter().map(|r| r.label.as_str()).collect();
-        assert_eq!(
-            labels,
-            ["leak ← main · a (1)", "leak ← main · b\\x1b[2J (2)"]
-        );
-        let r = &rows[0];
-        assert_eq!(r.totals.live_bytes, 600.0);
-        assert_eq!(r.share, 0.6);
-        // (1100 - 100) bytes over 5 s.
-        assert_eq!(r.alloc_rate, Some(200.0));
-        assert_eq!(r.growth, Some(500.0));
-        assert_eq!(r.since_baseline, Some(500.0));
-        assert_eq!(totals_of(&now, &r.id).unwrap().live_bytes, 600.0);
-        assert_eq!(totals_of(&then, &r.id).unwrap().live_bytes, 100.0);
-        // New in `now`: everything it holds is growth.
-        assert_eq!(rows[1].since_baseline, Some(400.0));
-        assert_eq!(totals_of(&then, &rows[1].id), None);
-        // By function, too.
-        let rows = stack_rows(
-            Inputs {
-                current: &now,
-                rate_ref: None,
-                growth_ref: None,
-                baseline: None,
-            },
-            None,
-            Grouping::Function,
-        );
-        assert!(rows.iter().any(|r| r.label == "leak · a (1)"));
-    }
-
-    #[test]
-    fn stacks_alike_in_two_processes_need_no_ordinal() {
-        let now = profile(
-            1,
-            vec![
-                process(1, "a", &[(&["q", "main", "x"], 1.0, 1.0)]),
-                process(2, "a", &[(&["q", "main", "y"], 1.0, 1.0)]),
-            ],
-        );
-        let inputs = Inputs {
-            current: &now,
-            rate_ref: None,
-            growth_ref: None,
-            baseline: None,
-        };
-        let mut labels: Vec<String> = stack_rows(inputs, None, Grouping::Stack)
-            .into_iter()
-            .map(|r| r.label)
-            .collect();
-        labels.sort();
-        assert_eq!(labels, ["q ← main · a (1)", "q ← main · a (2)"]);
-    }
-
-    #[test]
-    fn equal_labels_are_told_apart() {
-        let mut p = process(
-            1,
-            "a",
-            &[
-                (&["alloc::vec::from_elem", "load", "main"], 1.0, 1.0),
-                (
-                    &["alloc::raw_vec::RawVec<T>::grow", "load", "main"],
-                    2.0,
-                    2.0,
-                ),
-                (
-                    &["alloc::raw_vec::RawVec<T>::grow", "load", "x", "main"],
-                    3.0,
-                    3.0,
-                ),
-                (
-                    &["alloc::raw_vec::RawVec<T>::grow", "load", "y", "main"],
-                    3.0,
-                    3.0,
-                ),
-                (&["parse", "main"], 4.0, 4.0),
-                (&["parse", "main"], 4.0, 4.0),
-                (&["q", "main", "x"], 4.0, 4.0),
-                (&["q", "main", "y"], 4.0, 4.0),
-            ],
-        );
-        // `parse` at two lines.
-        let mut v = p.stacks[5].frames.to_vec();
-        v[0].location = Some("/src/parse.c:99".into());
-        p.stacks[5].frames = v.into();
-        let now = profile(1, vec![p]);
-        let inputs = Inputs {
-            current: &now,
-            rate_ref: None,
-            growth_ref: None,
-            baseline: None,
-        };
-        let mut labels: Vec<String> =
-            stack_rows(inputs, Some(now.processes[0].key), Grouping::Stack)
-                .into_iter()
-                .map(|r| r.label)
-                .collect();
-        labels.sort();
-        assert_eq!(
-            labels,
-            [
-                "load ← main via RawVec<T>::grow",
-                "load ← main via vec::from_elem",
-                "load ← x",
-                "load ← y",
-                "parse ← main @parse.c:99",
-                "parse ← main @work.c:5",
-                "q ← main #1",
-                "q ← main #2",
-            ]
-        );
-        assert_eq!(short_function("a::b::<impl c::D>::e"), "<impl c::D>::e");
-        assert_eq!(short_function("main"), "main");
-    }
-
-    #[test]
-    fn function_grouping_sums_stacks_and_keeps_the_heaviest() {
-        let now = profile(
-            1,
-            vec![process(
-                1,
-                "a",
-                &[
-                    (&["parse", "load"], 10.0, 10.0),
-                    (&["parse", "main"], 30.0, 30.0),
-                    (&["other", "main"], 5.0, 5.0),
-                ],
-            )],
-        );
-        let key = ProcessKey {
-            pid: 1,
-            generation: 0,
-        };
-        let rows = stack_rows(
-            Inputs {
-                current: &now,
-                rate_ref: None,
-                growth_ref: None,
-                baseline: None,
-            },
-            Some(key),
-            Grouping::Function,
-        );
-        let parse = rows.iter().find(|r| r.label == "parse").unwrap();
-        assert_eq!(parse.totals.live_bytes, 40.0);
-        assert_eq!(&*parse.frames[1].function, "main");
-        assert_eq!(parse.alloc_rate, None);
-        assert_eq!(parse.since_baseline, None);
-        assert_eq!(
-            parse.id,
-            RowId::Function {
-                scope: Some(key),
-                name: "parse".into()
-            }
-        );
-        assert_eq!(totals_of(&now, &parse.id).unwrap().live_bytes, 40.0);
-    }
-}
+pub(crate) mod tests;
