@@ -50,10 +50,21 @@ pub struct LiveSample {
     pub weight: u64,
     /// `ProcCounters::generation` when the sample was taken (bumped on exec).
     pub generation: u32,
-    pub _pad: u32,
+    /// Back-pressure: its process kept 1 in `thin_factor` alloc events when
+    /// it was taken (0 or 1: every one), so it stands for `thin_factor`
+    /// times its weight (see [`SampleDelta::thinned`]).
+    pub thin_factor: u32,
     /// When it was allocated (`bpf_ktime_get_ns`: CLOCK_MONOTONIC), for
     /// leaks by age.
     pub allocated_ns: u64,
+}
+
+impl LiveSample {
+    /// What it added to its aggregate (and its free subtracts).
+    #[inline(always)]
+    pub fn delta(&self) -> SampleDelta {
+        SampleDelta::thinned(self.size, self.weight, u64::from(self.thin_factor))
+    }
 }
 
 /// Key of the per-process, per-stack aggregates.
@@ -80,6 +91,12 @@ pub struct StackAgg {
     pub alloc_objects: u64,
     pub alloc_var: u64,
     pub alloc_samples: u64,
+    /// The part of the variance that back-pressure adds, `Σ w'·(w' − w)`
+    /// for samples kept 1 in m with weight `w' = m·w` (units as `*_var`,
+    /// which include it): `nsamples × R` weights, whose variance user space
+    /// computes as R·bytes, need it added.
+    pub live_thin_var: u64,
+    pub alloc_thin_var: u64,
 }
 
 /// What one sample adds to (and its free subtracts from) the sums: unbiased
@@ -90,6 +107,9 @@ pub struct SampleDelta {
     pub bytes: u64,
     pub objects: u64,
     pub var: u64,
+    /// The part of `var` due to back-pressure (0 for a sample every event
+    /// of which was kept): see [`SampleDelta::thinned`].
+    pub thin_var: u64,
 }
 
 /// Variance sums count units of `2^VAR_UNIT_SHIFT` bytes², so that a u64 sum
@@ -137,8 +157,136 @@ impl SampleDelta {
             bytes: weight,
             objects: weight.wrapping_mul(OBJECT_SCALE) / size,
             var: var_factor(weight) * var_factor(excess),
+            thin_var: 0,
         }
     }
+
+    /// A sample kept with probability `1/factor` (back-pressure): it counts
+    /// `w' = factor·weight` bytes, unbiased again. Its variance term is the
+    /// Horvitz-Thompson one of the combined inclusion probability,
+    /// `w'·(w' − size)`, which is the first stage's term scaled by `factor`
+    /// plus the thinning's own `w'·(w' − w)` (kept apart in `thin_var`).
+    #[inline(always)]
+    pub fn thinned(size: u64, weight: u64, factor: u64) -> SampleDelta {
+        if factor <= 1 {
+            return SampleDelta::of(size, weight);
+        }
+        let weight = if weight < MAX_WEIGHT {
+            weight
+        } else {
+            MAX_WEIGHT
+        };
+        let factor = if factor < MAX_THIN_FACTOR {
+            factor
+        } else {
+            MAX_THIN_FACTOR
+        };
+        // < 2^60: no overflow; clamped like any weight.
+        let scaled = weight * factor;
+        let mut d = SampleDelta::of(size, scaled);
+        d.thin_var = var_factor(d.bytes) * var_factor(d.bytes - weight);
+        d
+    }
+}
+
+/// Back-pressure (`--max-event-rate`): the window over which a process's
+/// alloc events are counted to decide how many to keep.
+pub const THIN_WINDOW_NS: u64 = 100_000_000;
+/// The most a sample can stand for: 1 kept in 2^20.
+pub const MAX_THIN_FACTOR: u64 = 1 << 20;
+
+/// A process's back-pressure state after one more alloc event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThinStep {
+    pub window_ns: u64,
+    pub window_events: u64,
+    /// Keep this event with probability 1/factor (a power of two).
+    pub factor: u64,
+}
+
+/// Decides how many alloc events of a process to keep so that the kept
+/// ones stay near `per_second` (0: keep all). Each window of
+/// [`THIN_WINDOW_NS`] starts from the factor the last window's rate asks
+/// for, and within a window the factor rises as soon as the events so far
+/// would exceed the window's allowance at it: a steady rate is held at the
+/// budget, a burst costs at most a logarithmic overshoot. The factor is
+/// decided before the event's own draw, so whichever it is, keeping 1 in
+/// `factor` and scaling by `factor` is unbiased.
+#[inline(always)]
+pub fn thin_step(
+    window_ns: u64,
+    window_events: u64,
+    factor: u64,
+    now_ns: u64,
+    per_second: u64,
+) -> ThinStep {
+    if per_second == 0 {
+        return ThinStep {
+            window_ns,
+            window_events,
+            factor: 1,
+        };
+    }
+    // Clamped so the products below fit in 64 bits (the BPF target has no
+    // 128-bit multiply, which saturating_mul would need).
+    const MAX_RATE: u64 = 1_000_000_000;
+    let per_second = if per_second < MAX_RATE {
+        per_second
+    } else {
+        MAX_RATE
+    };
+    let allowance = {
+        let a = per_second * THIN_WINDOW_NS / 1_000_000_000;
+        if a == 0 { 1 } else { a }
+    };
+    let elapsed = now_ns.wrapping_sub(window_ns);
+    let (window_ns, events, base) = if window_ns == 0 || elapsed >= THIN_WINDOW_NS {
+        // The last window's rate, per window (0 after a long pause).
+        let per_window = if window_ns == 0 || elapsed >= 16 * THIN_WINDOW_NS {
+            0
+        } else {
+            let events = if window_events < MAX_RATE {
+                window_events
+            } else {
+                MAX_RATE
+            };
+            events * THIN_WINDOW_NS / elapsed
+        };
+        (now_ns, 0, pow2_at_least(per_window / allowance))
+    } else {
+        (window_ns, window_events, factor)
+    };
+    let events = events + 1;
+    let within = pow2_at_least(events.div_ceil(allowance));
+    let factor = if within > base { within } else { base };
+    ThinStep {
+        window_ns,
+        window_events: events,
+        factor: if factor < MAX_THIN_FACTOR {
+            factor
+        } else {
+            MAX_THIN_FACTOR
+        },
+    }
+}
+
+/// The smallest power of two ≥ `x` (1 for 0), saturating at 2^32; no loop
+/// and no count-leading-zeros (the BPF target has neither).
+#[inline(always)]
+const fn pow2_at_least(x: u64) -> u64 {
+    if x <= 1 {
+        return 1;
+    }
+    if x > 1 << 32 {
+        return 1 << 32;
+    }
+    let mut v = x - 1;
+    v |= v >> 1;
+    v |= v >> 2;
+    v |= v >> 4;
+    v |= v >> 8;
+    v |= v >> 16;
+    v + 1
 }
 
 /// A user stack, filed under the hash of its process image and frames
@@ -264,6 +412,12 @@ pub struct ProcCounters {
     /// the heap; and how many `mmap` probes fired.
     pub mapped_bytes: u64,
     pub mmap_events: u64,
+    /// Back-pressure (see [`thin_step`]): the current window's start and
+    /// alloc events, the factor in force, and the alloc events not kept.
+    pub thin_window_ns: u64,
+    pub thin_window_events: u64,
+    pub thin_factor: u64,
+    pub thinned_events: u64,
     pub drops: [u64; DROP_REASONS],
 }
 
@@ -524,12 +678,92 @@ mod tests {
         assert_eq!(size_of::<LiveKey>(), 16);
         assert_eq!(size_of::<LiveSample>(), 40);
         assert_eq!(size_of::<AggKey>(), 16);
-        assert_eq!(size_of::<StackAgg>(), 64);
+        assert_eq!(size_of::<StackAgg>(), 80);
         assert_eq!(size_of::<StackTrace>(), 8 * (1 + MAX_STACK_DEPTH));
-        assert_eq!(size_of::<ProcCounters>(), 104 + 8 * DROP_REASONS);
+        assert_eq!(size_of::<ProcCounters>(), 136 + 8 * DROP_REASONS);
         assert_eq!(size_of::<ProcEvent>(), 8);
         assert_eq!(size_of::<UsdtArg>(), 16);
         assert_eq!(size_of::<UsdtSpec>(), 16 * MAX_USDT_ARGS + 8);
+    }
+
+    #[test]
+    fn a_thinned_sample_counts_factor_times_with_both_stages_variance() {
+        // p = 1/4, then kept 1 in 8: counts 32 objects, w' = 3.2 MB.
+        let d = SampleDelta::thinned(100_000, 400_000, 8);
+        assert_eq!(d.bytes, 3_200_000);
+        assert_eq!(d.objects, 32 * OBJECT_SCALE);
+        // w'(w' − size) = 8·w(w − size) + w'(w' − w), the HT variance of
+        // the product of the two inclusion probabilities (never understated,
+        // rounded up by < 0.1% here).
+        let close = |units: u64, exact: f64| {
+            let v = variance_in_bytes2(units);
+            v >= exact && v <= exact * 1.001
+        };
+        assert!(close(d.var, 3.2e6 * 3.1e6), "{d:?}");
+        assert!(close(d.thin_var, 3.2e6 * 2.8e6), "{d:?}");
+        assert_eq!(SampleDelta::thinned(100, 400, 1), SampleDelta::of(100, 400));
+        assert_eq!(SampleDelta::thinned(100, 400, 0), SampleDelta::of(100, 400));
+        let sample = LiveSample {
+            size: 100_000,
+            weight: 400_000,
+            thin_factor: 8,
+            ..LiveSample::default()
+        };
+        assert_eq!(sample.delta(), d);
+    }
+
+    #[test]
+    fn back_pressure_holds_a_steady_rate_at_the_budget() {
+        // 100k events/s against a budget of 1000/s, for 2 s.
+        let (budget, rate) = (1000u64, 100_000u64);
+        let mut st = ThinStep {
+            window_ns: 0,
+            window_events: 0,
+            factor: 1,
+        };
+        let mut kept_share = 0.0;
+        let mut kept_second_half = 0.0;
+        let n = 2 * rate;
+        for i in 0..n {
+            let now = 1_000 + i * 1_000_000_000 / rate;
+            st = thin_step(st.window_ns, st.window_events, st.factor, now, budget);
+            assert!(st.factor.is_power_of_two());
+            kept_share += 1.0 / st.factor as f64;
+            if i >= n / 2 {
+                kept_second_half += 1.0 / st.factor as f64;
+            }
+        }
+        // Steady state: at most the budget (powers of two: ≥ half of it).
+        assert!(
+            (500.0..=1000.0).contains(&kept_second_half),
+            "{kept_second_half}"
+        );
+        // The first window's ramp costs a logarithmic overshoot only.
+        assert!(kept_share <= 2.0 * 1000.0 + 1000.0, "{kept_share}");
+        // No budget: all kept.
+        assert_eq!(thin_step(0, 0, 1, 5, 0).factor, 1);
+        // A pause forgets the old rate.
+        let later = st.window_ns + 20 * THIN_WINDOW_NS;
+        assert_eq!(
+            thin_step(st.window_ns, st.window_events, st.factor, later, budget).factor,
+            1
+        );
+    }
+
+    #[test]
+    fn powers_of_two_without_loops() {
+        for (x, p) in [
+            (0, 1),
+            (1, 1),
+            (2, 2),
+            (3, 4),
+            (4, 4),
+            (5, 8),
+            (1 << 20, 1 << 20),
+        ] {
+            assert_eq!(pow2_at_least(x), p, "{x}");
+        }
+        assert_eq!(pow2_at_least(u64::MAX), 1 << 32);
     }
 
     #[test]

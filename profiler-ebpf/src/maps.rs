@@ -39,6 +39,12 @@ pub static STACKS: HashMap<u64, StackTrace> = HashMap::with_max_entries(65_536, 
 #[map]
 pub static STACK_SCRATCH: PerCpuArray<StackTrace> = PerCpuArray::with_max_entries(1, 0);
 
+/// The back-pressure factor of the sample whose stack this CPU is walking,
+/// parked across the walk under the `STACK_SCRATCH` claim (see
+/// `probes::take_stack`).
+#[map]
+pub static THIN_SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// Walks claiming `STACK_SCRATCH` on this CPU (see `probes::take_stack`).
 #[map]
 pub static STACK_SCRATCH_CLAIMS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
@@ -77,6 +83,12 @@ pub static MAX_NEW_STACKS_PER_SECOND: u64 = DEFAULT_NEW_STACKS_PER_SECOND;
 #[unsafe(no_mangle)]
 pub static NEW_STACKS_BURST: u64 = DEFAULT_NEW_STACKS_BURST;
 
+/// Set by user space at load time (`--max-event-rate`): the alloc events
+/// per second and process kept, the rest thinned (see
+/// `profiler_common::thin_step`); 0 keeps every event.
+#[unsafe(no_mangle)]
+pub static MAX_EVENT_RATE: u64 = 0;
+
 /// Set by user space when profiling system-wide: report every exec, not only
 /// those of processes already tracked.
 #[unsafe(no_mangle)]
@@ -105,4 +117,10 @@ pub fn new_stacks_per_second() -> u64 {
 pub fn new_stacks_burst() -> u64 {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&NEW_STACKS_BURST) }
+}
+
+#[inline(always)]
+pub fn max_event_rate() -> u64 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&MAX_EVENT_RATE) }
 }

@@ -10,7 +10,7 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_attach_cookie,
-        generated::bpf_get_stack,
+        generated::bpf_get_prandom_u32, generated::bpf_get_stack,
     },
     macros::uprobe,
     programs::ProbeContext,
@@ -18,13 +18,13 @@ use aya_ebpf::{
 use profiler_common::{
     AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK,
     OVERFLOW_STACK, ProcCounters, SampleDelta, StackTrace, UsdtSpec, new_stack_budget,
-    release_claim, stack_hash_step, stack_id, stack_seed, try_claim, weight_check,
+    release_claim, stack_hash_step, stack_id, stack_seed, thin_step, try_claim, weight_check,
 };
 
 use crate::{
     maps::{
-        AGGS, DROPS, LIVE, PROCS, STACK_SCRATCH, STACK_SCRATCH_CLAIMS, STACKS, USDT_SPECS,
-        max_live_per_process, new_stacks_burst, new_stacks_per_second,
+        AGGS, DROPS, LIVE, PROCS, STACK_SCRATCH, STACK_SCRATCH_CLAIMS, STACKS, THIN_SCRATCH,
+        USDT_SPECS, max_event_rate, max_live_per_process, new_stacks_burst, new_stacks_per_second,
     },
     usdt::read_arg,
 };
@@ -93,9 +93,17 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     // SAFETY: map values stay valid for the whole program run.
     let proc: &ProcCounters = unsafe { &*proc_ptr };
     add(&proc.alloc_events, 1);
+    // Back-pressure, before the costly part: keep 1 event in `factor`.
+    let factor = thin_factor(proc_ptr);
+    // SAFETY: a helper without arguments.
+    if factor > 1 && u64::from(unsafe { bpf_get_prandom_u32() }) & (factor - 1) != 0 {
+        add(&proc.thinned_events, 1);
+        return Ok(());
+    }
 
     let generation = proc.generation;
-    let stack_id = take_stack(ctx, pid, generation).unwrap_or_else(|reason| {
+    let (stack, factor) = take_stack(ctx, pid, generation, factor);
+    let stack_id = stack.unwrap_or_else(|reason| {
         count_drop(pid, reason);
         if reason == DropReason::StackRateLimited {
             OVERFLOW_STACK
@@ -111,21 +119,22 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
         size,
         weight,
         generation,
-        _pad: 0,
+        thin_factor: factor as u32,
         // SAFETY: a helper without arguments.
         allocated_ns: unsafe { bpf_ktime_get_ns() },
     };
+    let delta = sample.delta();
     let agg_key = AggKey {
         pid,
         generation,
         stack_id,
     };
-    let delta = SampleDelta::of(sample.size, sample.weight);
     let agg =
         get_or_insert(&AGGS, &agg_key).ok_or_else(|| lose(proc, &delta, DropReason::AggMapFull))?;
     add(&agg.alloc_bytes, delta.bytes);
     add(&agg.alloc_objects, delta.objects);
     add(&agg.alloc_var, delta.var);
+    add(&agg.alloc_thin_var, delta.thin_var);
     add(&agg.alloc_samples, 1);
 
     // Pointer 0: the emitter sampled the allocation but cannot report its
@@ -158,20 +167,56 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     add(&agg.live_bytes, delta.bytes);
     add(&agg.live_objects, delta.objects);
     add(&agg.live_var, delta.var);
+    add(&agg.live_thin_var, delta.thin_var);
     add(&agg.live_samples, 1);
     Ok(())
+}
+
+/// The process's back-pressure factor for this alloc event (1: keep it;
+/// see `profiler_common::thin_step`). Plain racy writes, as the stack
+/// budget: a lost update only shifts the factor for a moment, and whatever
+/// the factor, keeping 1 in it and scaling by it stays unbiased.
+#[inline(always)]
+fn thin_factor(proc: *mut ProcCounters) -> u64 {
+    let budget = max_event_rate();
+    if budget == 0 {
+        return 1;
+    }
+    // SAFETY: pointers to fields of a map value, valid for the whole program
+    // run; aligned reads and writes (see above for the races).
+    unsafe {
+        let window = core::ptr::addr_of_mut!((*proc).thin_window_ns);
+        let events = core::ptr::addr_of_mut!((*proc).thin_window_events);
+        let factor = core::ptr::addr_of_mut!((*proc).thin_factor);
+        let step = thin_step(
+            core::ptr::read_volatile(window),
+            core::ptr::read_volatile(events),
+            core::ptr::read_volatile(factor),
+            bpf_ktime_get_ns(),
+            budget,
+        );
+        core::ptr::write_volatile(window, step.window_ns);
+        core::ptr::write_volatile(events, step.window_events);
+        core::ptr::write_volatile(factor, step.factor);
+        step.factor
+    }
 }
 
 fn try_free(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     let spec = probe_spec(ctx)?;
     let ptr = read_arg(ctx, &spec.args[0]).ok_or(DropReason::ArgReadFailed)?;
     let key = LiveKey { pid, _pad: 0, ptr };
-    // SAFETY: copied out at once; the remove decides who retires it.
-    let sample = unsafe { LIVE.get(key) }
-        .copied()
-        .ok_or(DropReason::UnmatchedFree)?;
     // SAFETY: map values stay valid for the whole program run.
     let proc = PROCS.get_ptr_mut(pid).map(|p| unsafe { &*p });
+    // SAFETY: copied out at once; the remove decides who retires it.
+    let Some(sample) = unsafe { LIVE.get(key) }.copied() else {
+        // Under back-pressure most frees are of events not kept: expected.
+        return match proc {
+            // SAFETY: an aligned read of a field others update atomically.
+            Some(p) if unsafe { core::ptr::read_volatile(&p.thinned_events) } > 0 => Ok(()),
+            _ => Err(DropReason::UnmatchedFree),
+        };
+    };
     if let Some(proc) = proc {
         add(&proc.free_events, 1);
     }
@@ -201,10 +246,11 @@ fn retire(pid: u32, proc: Option<&ProcCounters>, sample: &LiveSample) {
     if let Some(agg) = AGGS.get_ptr_mut(agg_key) {
         // SAFETY: map values stay valid for the whole program run.
         let agg = unsafe { &*agg };
-        let delta = SampleDelta::of(sample.size, sample.weight);
+        let delta = sample.delta();
         sub(&agg.live_bytes, delta.bytes);
         sub(&agg.live_objects, delta.objects);
         sub(&agg.live_var, delta.var);
+        sub(&agg.live_thin_var, delta.thin_var);
         sub(&agg.live_samples, 1);
     }
     if let Some(proc) = proc
@@ -226,19 +272,39 @@ fn probe_spec(ctx: &ProbeContext) -> Result<&'static UsdtSpec, DropReason> {
 /// its frames. The per-CPU scratch is shared by every program on this CPU,
 /// and a uprobe program can be preempted (migration is disabled, preemption is not): a claim counter
 /// lets one walk at a time use it; the others count a drop.
-fn take_stack(ctx: &ProbeContext, pid: u32, generation: u32) -> Result<u64, DropReason> {
-    let claims = STACK_SCRATCH_CLAIMS
-        .get_ptr_mut(0)
-        .ok_or(DropReason::StackFailed)?;
+///
+/// The back-pressure `factor` comes back with the result: on a walk it is
+/// parked in this CPU's `THIN_SCRATCH` (ours under the claim) and read
+/// back, so the verifier sees one state at the walk whichever way the
+/// factor was decided (the walk's callback is verified once per distinct
+/// state reaching it, and the alloc program is close to the verifier's
+/// 1M-instruction limit).
+fn take_stack(
+    ctx: &ProbeContext,
+    pid: u32,
+    generation: u32,
+    factor: u64,
+) -> (Result<u64, DropReason>, u64) {
+    let Some(claims) = STACK_SCRATCH_CLAIMS.get_ptr_mut(0) else {
+        return (Err(DropReason::StackFailed), factor);
+    };
     // SAFETY: a per-CPU map value, valid for the whole program run; every
     // access is an atomic add or an aligned volatile read.
     let claims = MapCounter(unsafe { &*claims });
     if !try_claim(&claims) {
-        return Err(DropReason::ScratchBusy);
+        return (Err(DropReason::ScratchBusy), factor);
     }
+    let Some(parked) = THIN_SCRATCH.get_ptr_mut(0) else {
+        release_claim(&claims);
+        return (Err(DropReason::StackFailed), factor);
+    };
+    // SAFETY: this CPU's slot, ours alone under the claim.
+    unsafe { core::ptr::write_volatile(parked, factor) };
     let result = take_stack_claimed(ctx, pid, generation);
+    // SAFETY: as above.
+    let factor = unsafe { core::ptr::read_volatile(parked) };
     release_claim(&claims);
-    result
+    (result, factor)
 }
 
 /// A counter in a map value, shared between CPUs or preempted programs.

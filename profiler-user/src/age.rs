@@ -6,7 +6,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use profiler_common::{AggKey, LiveKey, LiveSample, SampleDelta, StackAgg};
+use profiler_common::{AggKey, LiveKey, LiveSample, StackAgg};
 
 /// The ages the views show live bytes past.
 pub const OLD: Duration = Duration::from_secs(60);
@@ -60,7 +60,9 @@ pub fn by_stack(
                 stack_id: sample.stack_id,
             })
             .or_default();
-        let weight = sample.weight as f64;
+        // The kernel's own arithmetic, so the sums mean what its do.
+        let d = sample.delta();
+        let weight = d.bytes as f64;
         if age >= OLD {
             entry.ages.over_old += weight;
         }
@@ -69,12 +71,11 @@ pub fn by_stack(
         }
         entry.ages.oldest = entry.ages.oldest.max(age);
         if age >= min_age {
-            // The kernel's own arithmetic, so the sums mean what its do.
-            let d = SampleDelta::of(sample.size, sample.weight);
             let old = &mut entry.old_enough;
             old.live_bytes = old.live_bytes.wrapping_add(d.bytes);
             old.live_objects = old.live_objects.wrapping_add(d.objects);
             old.live_var = old.live_var.wrapping_add(d.var);
+            old.live_thin_var = old.live_thin_var.wrapping_add(d.thin_var);
             old.live_samples += 1;
         }
     }
@@ -97,6 +98,7 @@ pub fn monotonic_now_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profiler_common::SampleDelta;
 
     fn sample(stack_id: u64, weight: u64, allocated_s: u64) -> (LiveKey, LiveSample) {
         (
@@ -110,7 +112,7 @@ mod tests {
                 size: 64,
                 weight,
                 generation: 1,
-                _pad: 0,
+                thin_factor: 0,
                 allocated_ns: allocated_s * 1_000_000_000,
             },
         )

@@ -97,6 +97,14 @@ pub struct TargetArgs {
           value_parser = clap::value_parser!(u64).range(1..=profiler_common::MAX_NEW_STACKS_BURST))]
     pub new_stacks_burst: u64,
 
+    /// Back-pressure: per process, at most about N sampled allocations a
+    /// second go through the kernel's stack walk and tables; past that, one
+    /// in a power of two is kept and counts for the others (estimates stay
+    /// unbiased, intervals widen). 0 (the default): no limit.
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
+    pub max_event_rate: u64,
+
     /// Rows of unwind tables the kernel holds for all files (16 bytes each,
     /// preallocated). 0 turns unwind tables off: stacks are walked by frame
     /// pointers only, cheaper per sample for programs built with them, but
@@ -164,6 +172,7 @@ impl TargetArgs {
             max_live_per_process: self.max_live_per_process,
             max_new_stacks_per_second: self.max_new_stacks_per_second,
             new_stacks_burst: self.new_stacks_burst,
+            max_event_rate: self.max_event_rate,
             max_unwind_rows: self.max_unwind_rows,
             diagnostics: self.verbose,
             ..Limits::default()

@@ -52,6 +52,10 @@ pub struct Limits {
     pub max_new_stacks_per_second: u64,
     /// New stack-table entries a process may create at once.
     pub new_stacks_burst: u64,
+    /// Back-pressure: per process, the sampled alloc events per second the
+    /// kernel keeps; past it, 1 in a power of two is kept and stands for
+    /// all of them (see `profiler_common::thin_step`). 0: keep every one.
+    pub max_event_rate: u64,
     /// Rows of compiled unwind tables, for all files (16 bytes each); 0
     /// turns unwind tables off (every stack is walked by frame pointers).
     pub max_unwind_rows: u32,
@@ -70,6 +74,7 @@ impl Default for Limits {
             max_processes: 16_384,
             max_new_stacks_per_second: DEFAULT_NEW_STACKS_PER_SECOND,
             new_stacks_burst: DEFAULT_NEW_STACKS_BURST,
+            max_event_rate: 0,
             max_unwind_rows: 1 << 20,
             diagnostics: false,
         }
@@ -200,6 +205,7 @@ impl Kernel {
                 true,
             )
             .override_global("NEW_STACKS_BURST", &limits.new_stacks_burst, true)
+            .override_global("MAX_EVENT_RATE", &limits.max_event_rate, true)
             .load(object)
             .map_err(classify_load_error)?;
         for kind in ProbeKind::ALL {

@@ -83,6 +83,11 @@ pub struct ProcessProfile {
     /// probes), beside the heap; `mmap_events` of them.
     pub mapped_bytes: i64,
     pub mmap_events: u64,
+    /// Back-pressure (`--max-event-rate`): its alloc events the kernel did
+    /// not keep (the kept ones stand for them), and the factor last in
+    /// force (1 in `thin_factor` kept; 1: all).
+    pub thinned_events: u64,
+    pub thin_factor: u64,
     /// What a running process has resident (`/proc/PID/status`), to set
     /// the heap against; none for gone processes.
     pub resident: Option<crate::discover::Resident>,
@@ -118,6 +123,8 @@ impl ProcessProfile {
             weight_form: WeightForm::NoSamples,
             mapped_bytes: 0,
             mmap_events: 0,
+            thinned_events: 0,
+            thin_factor: 1,
             resident: None,
             backend_heap: None,
             stacks,
@@ -274,6 +281,8 @@ mod tests {
             weight_form: WeightForm::NoSamples,
             mapped_bytes: 0,
             mmap_events: 0,
+            thinned_events: 0,
+            thin_factor: 1,
             resident: None,
             backend_heap: None,
             stacks,

@@ -127,6 +127,16 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             human_bytes(p.mapped_bytes as f64),
         );
     }
+    for p in profile.processes.iter().filter(|p| p.thinned_events > 0) {
+        let _ = writeln!(
+            out,
+            "  {}: back-pressure (--max-event-rate): {} of {} sampled allocations not walked, the kept ones count for them (1 in {} now); estimates stay unbiased, intervals include it",
+            inert(&p.label()),
+            p.thinned_events,
+            p.alloc_events,
+            p.thin_factor,
+        );
+    }
     let unrecognized: Vec<String> = profile
         .processes
         .iter()

@@ -21,6 +21,11 @@ pub struct Totals {
     pub alloc_var: f64,
     pub alloc_objects: f64,
     pub alloc_samples: u64,
+    /// The part of the variances due to back-pressure (see
+    /// `StackAgg::live_thin_var`), already in `*_var` for `size / p`
+    /// weights, added to them for `nsamples × R` ones.
+    pub live_thin_var: f64,
+    pub alloc_thin_var: f64,
     /// The live bytes by age (zero where unknown: gone processes, profiles
     /// read back from files).
     pub ages: crate::age::Ages,
@@ -38,6 +43,8 @@ impl Totals {
             alloc_var: variance_in_bytes2(agg.alloc_var),
             alloc_objects: objects(agg.alloc_objects),
             alloc_samples: agg.alloc_samples,
+            live_thin_var: variance_in_bytes2(agg.live_thin_var),
+            alloc_thin_var: variance_in_bytes2(agg.alloc_thin_var),
             ages: crate::age::Ages::default(),
         }
     }
@@ -52,8 +59,8 @@ impl Totals {
             WeightForm::NoSamples | WeightForm::InverseProbability => {}
             WeightForm::PointsTimesInterval { interval } => {
                 let r = interval as f64;
-                self.live_var = r * self.live_bytes.max(0.0);
-                self.alloc_var = r * self.alloc_bytes.max(0.0);
+                self.live_var = r * self.live_bytes.max(0.0) + self.live_thin_var;
+                self.alloc_var = r * self.alloc_bytes.max(0.0) + self.alloc_thin_var;
             }
             WeightForm::Unrecognized => {
                 self.live_var = f64::NAN;
@@ -103,6 +110,8 @@ impl AddAssign for Totals {
         self.alloc_var += o.alloc_var;
         self.alloc_objects += o.alloc_objects;
         self.alloc_samples += o.alloc_samples;
+        self.live_thin_var += o.live_thin_var;
+        self.alloc_thin_var += o.alloc_thin_var;
         self.ages.merge(&o.ages);
     }
 }
@@ -217,6 +226,25 @@ pub fn human_count(n: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn back_pressure_variance_is_added_to_n_times_r_weights_only() {
+        let t = Totals {
+            live_bytes: 1000.0,
+            live_var: 5000.0,
+            live_thin_var: 700.0,
+            alloc_bytes: 2000.0,
+            alloc_var: 9000.0,
+            alloc_thin_var: 900.0,
+            ..Default::default()
+        };
+        // size / p: the kernel's variance already holds the thinning's part.
+        let ht = t.with_weight_form(WeightForm::InverseProbability);
+        assert_eq!((ht.live_var, ht.alloc_var), (5000.0, 9000.0));
+        // nsamples × R: R per byte, plus the thinning's part.
+        let nr = t.with_weight_form(WeightForm::PointsTimesInterval { interval: 4 });
+        assert_eq!((nr.live_var, nr.alloc_var), (4700.0, 8900.0));
+    }
 
     #[test]
     fn ci_is_z_sigma() {

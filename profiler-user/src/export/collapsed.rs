@@ -85,6 +85,8 @@ mod tests {
                 weight_form: profiler_common::WeightForm::InverseProbability,
                 mapped_bytes: 0,
                 mmap_events: 0,
+                thinned_events: 0,
+                thin_factor: 1,
                 resident: None,
                 backend_heap: None,
                 stacks: vec![StackProfile { frames, totals }],

@@ -91,6 +91,14 @@ pub struct Process {
     /// Bytes the emitter mapped on its own account (`mmap` minus `munmap`
     /// probes), beside the heap; 0 without such probes.
     pub mapped_bytes: i64,
+    /// Back-pressure (`--max-event-rate`): its alloc events not kept (the
+    /// kept ones count for them; estimates stay unbiased), and the factor
+    /// last in force (1 in `thin_factor` kept). 0 and 1 without it (added
+    /// within version 2).
+    #[serde(default)]
+    pub thinned_events: u64,
+    #[serde(default = "one")]
+    pub thin_factor: u64,
     /// What the running process had resident (`/proc/PID/status`), to set
     /// the heap against; null for gone processes (added within version 2).
     #[serde(default)]
@@ -118,6 +126,10 @@ pub struct ResidentBytes {
     pub anon_bytes: u64,
     pub file_bytes: u64,
     pub shmem_bytes: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// The backend allocator's own figures; null where it does not keep one.
@@ -265,6 +277,8 @@ pub fn report(profile: &Profile) -> Report {
                 _ => None,
             },
             mapped_bytes: p.mapped_bytes,
+            thinned_events: p.thinned_events,
+            thin_factor: p.thin_factor,
             resident: p.resident.map(|r| ResidentBytes {
                 anon_bytes: r.anon,
                 file_bytes: r.file,

@@ -162,7 +162,7 @@ pub(crate) mod tests {
             alloc_var: alloc * 10.0,
             alloc_objects: alloc / size,
             alloc_samples: 5,
-            ages: Default::default(),
+            ..Totals::default()
         }
     }
 
@@ -216,6 +216,8 @@ pub(crate) mod tests {
             weight_form: profiler_common::WeightForm::InverseProbability,
             mapped_bytes: 0,
             mmap_events: 0,
+            thinned_events: 0,
+            thin_factor: 1,
             resident: None,
             backend_heap: Some(crate::backend_stats::BackendHeap {
                 backend: "glibc",
@@ -255,6 +257,8 @@ pub(crate) mod tests {
             weight_form: profiler_common::WeightForm::InverseProbability,
             mapped_bytes: 0,
             mmap_events: 0,
+            thinned_events: 0,
+            thin_factor: 1,
             resident: None,
             backend_heap: None,
             stacks: other_stacks,

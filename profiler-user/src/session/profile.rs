@@ -49,6 +49,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 agg.live_bytes = old.live_bytes;
                 agg.live_objects = old.live_objects;
                 agg.live_var = old.live_var;
+                agg.live_thin_var = old.live_thin_var;
                 agg.live_samples = old.live_samples;
             }
             let totals = Totals {
@@ -119,6 +120,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             // as negative, not as 2^64.
             mapped_bytes: proc.mapped_bytes as i64,
             mmap_events: proc.mmap_events,
+            thinned_events: proc.thinned_events,
+            thin_factor: proc.thin_factor.max(1),
             resident: if image.state == ProcessState::Live {
                 self.processes.resident(key.pid)
             } else {

@@ -142,7 +142,7 @@ impl World {
                 size,
                 weight,
                 generation: key.generation,
-                _pad: 0,
+                thin_factor: 0,
                 allocated_ns: crate::age::monotonic_now_ns().saturating_sub(age.as_nanos() as u64),
             },
         ));

@@ -229,6 +229,13 @@ fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
             ),
         ]));
     }
+    if p.thinned_events > 0 {
+        lines.push(Line::from(format!(
+            "back-pressure: {} sampled allocations not walked, counted by the kept ones (1 in {} now)",
+            human_count(p.thinned_events as f64),
+            p.thin_factor
+        )));
+    }
     if let Some(b) = &p.backend_heap {
         lines.push(Line::from(format!("allocator {}", b.describe())));
     }

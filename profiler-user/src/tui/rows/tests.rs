@@ -29,7 +29,7 @@ pub fn totals(live: f64, alloc: f64) -> Totals {
         alloc_var: 0.0,
         alloc_objects: alloc / 64.0,
         alloc_samples: 2,
-        ages: Default::default(),
+        ..Totals::default()
     }
 }
 
@@ -56,6 +56,8 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         weight_form: profiler_common::WeightForm::InverseProbability,
         mapped_bytes: 0,
         mmap_events: 0,
+        thinned_events: 0,
+        thin_factor: 1,
         resident: None,
         backend_heap: None,
         stacks,

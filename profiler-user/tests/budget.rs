@@ -1,0 +1,104 @@
+//! Back-pressure (`--max-event-rate`) with real eBPF and a real process far
+//! above the budget: the kernel keeps about the budget's worth of sampled
+//! allocations a second, and the kept ones, scaled, still estimate each
+//! site within its (wider) σ bounds.
+
+mod common;
+
+use std::process::Command;
+
+use allocprof::{
+    kernel::Limits,
+    report::{self, ReportOptions},
+    session::{Session, Target},
+    stats::Z95,
+};
+use common::Proc;
+
+const BUDGET: u64 = 2000;
+/// Small, so the workload samples hundreds of thousands of allocations a
+/// second: 22% of the 256-byte ones, 39% of the 512-byte ones.
+const RATE: u64 = 1024;
+
+#[test]
+fn under_a_budget_far_below_the_event_rate_estimates_stay_within_sigma() {
+    common::require_bpf();
+    let exe = common::compile_c("budget_sites.c", &[]);
+    let mut cmd = Command::new(exe);
+    cmd.arg("3")
+        .env("LD_PRELOAD", common::preload_library())
+        .env("ALLOCPROF_RATE", RATE.to_string());
+    let mut w = Proc::spawn(cmd);
+    common::wait_for_mapping(w.pid(), "liballocprof.so");
+    let limits = Limits {
+        max_event_rate: BUDGET,
+        ..Limits::default()
+    };
+    let mut session = Session::start(Target::Pids(vec![w.pid()]), limits).unwrap();
+    w.send("go");
+    let line = w.line();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"ready"), "{line}");
+    let churned: f64 = fields[1].parse().unwrap();
+    let kept_blocks: f64 = fields[2].parse().unwrap();
+    let seconds: f64 = fields[3].parse().unwrap();
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+
+    // Far above the budget: most events thinned, the kept ones near it.
+    let events = p.alloc_events as f64;
+    let walked = (p.alloc_events - p.thinned_events) as f64;
+    let what = format!(
+        "{events} sampled allocations in {seconds:.2} s, {walked} walked, factor {}",
+        p.thin_factor
+    );
+    eprintln!("{what}");
+    assert!(events > 20.0 * BUDGET as f64 * seconds, "{what}");
+    assert!(p.thin_factor > 1, "{what}");
+    // A window's allowance is BUDGET / 10; the first windows ramp up.
+    let allowance = BUDGET as f64 / 10.0;
+    assert!(
+        walked <= 1.5 * BUDGET as f64 * seconds + 10.0 * allowance,
+        "{what}"
+    );
+    assert!(walked >= 0.25 * BUDGET as f64 * seconds, "{what}");
+
+    // Each site within 4σ, σ from the interval the profile reports (which
+    // includes the thinning).
+    let within = |est: f64, ci95: f64, truth: f64, name: &str| {
+        let sigma = ci95 / Z95;
+        assert!(
+            sigma > 0.0 && (est - truth).abs() <= 4.0 * sigma,
+            "{name}: {est} vs {truth} (σ {sigma}); {what}"
+        );
+    };
+    let keep = common::site(p, "keep_site");
+    within(
+        keep.live_bytes,
+        keep.live_ci95(),
+        kept_blocks * 512.0,
+        "keep_site live",
+    );
+    let churn = common::site(p, "churn_site");
+    within(
+        churn.alloc_bytes,
+        churn.alloc_ci95(),
+        churned * 256.0,
+        "churn_site allocated",
+    );
+    // Nothing churned stays live; frees of unkept blocks are no drops.
+    within(
+        churn.live_bytes,
+        churn.live_ci95().max(1.0),
+        0.0,
+        "churn_site live",
+    );
+    assert_eq!(
+        p.drops[profiler_common::DropReason::UnmatchedFree as usize],
+        0,
+        "{what}"
+    );
+    let text = report::render(&profile, ReportOptions::default());
+    assert!(text.contains("back-pressure (--max-event-rate)"), "{text}");
+    w.send("exit");
+}
