@@ -418,7 +418,23 @@ pub struct ProcCounters {
     pub thin_window_events: u64,
     pub thin_factor: u64,
     pub thinned_events: u64,
+    /// The name the kernel saw at the image's first alloc event (`comm`,
+    /// NUL-padded; cleared at exec): the name of a process that exits
+    /// before user space reads `/proc`.
+    pub comm: [u8; 16],
     pub drops: [u64; DROP_REASONS],
+}
+
+impl ProcCounters {
+    /// [`ProcCounters::comm`] up to its first NUL, if set.
+    pub fn comm_bytes(&self) -> Option<&[u8]> {
+        let len = self
+            .comm
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.comm.len());
+        (len > 0).then(|| &self.comm[..len])
+    }
 }
 
 /// Provider `otel_memory` (the OpenTelemetry contract; allocprof's allocator).
@@ -680,7 +696,7 @@ mod tests {
         assert_eq!(size_of::<AggKey>(), 16);
         assert_eq!(size_of::<StackAgg>(), 80);
         assert_eq!(size_of::<StackTrace>(), 8 * (1 + MAX_STACK_DEPTH));
-        assert_eq!(size_of::<ProcCounters>(), 136 + 8 * DROP_REASONS);
+        assert_eq!(size_of::<ProcCounters>(), 152 + 8 * DROP_REASONS);
         assert_eq!(size_of::<ProcEvent>(), 8);
         assert_eq!(size_of::<UsdtArg>(), 16);
         assert_eq!(size_of::<UsdtSpec>(), 16 * MAX_USDT_ARGS + 8);

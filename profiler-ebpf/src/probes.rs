@@ -9,8 +9,8 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_attach_cookie,
-        generated::bpf_get_prandom_u32, generated::bpf_get_stack,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        generated::bpf_get_attach_cookie, generated::bpf_get_prandom_u32, generated::bpf_get_stack,
     },
     macros::uprobe,
     programs::ProbeContext,
@@ -93,6 +93,7 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     // SAFETY: map values stay valid for the whole program run.
     let proc: &ProcCounters = unsafe { &*proc_ptr };
     add(&proc.alloc_events, 1);
+    note_comm(proc_ptr);
     // Back-pressure, before the costly part: keep 1 event in `factor`.
     let factor = thin_factor(proc_ptr);
     // SAFETY: a helper without arguments.
@@ -170,6 +171,22 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     add(&agg.live_thin_var, delta.thin_var);
     add(&agg.live_samples, 1);
     Ok(())
+}
+
+/// Keeps the name the kernel sees, once per image (exec clears it), so a
+/// process that exits before user space reads `/proc` is still named.
+#[inline(always)]
+fn note_comm(proc: *mut ProcCounters) {
+    // SAFETY: a pointer to a field of a map value, valid for the whole
+    // program run; racing writers write the same name.
+    unsafe {
+        let comm = core::ptr::addr_of_mut!((*proc).comm);
+        if core::ptr::read_volatile(comm.cast::<u8>()) == 0
+            && let Ok(name) = bpf_get_current_comm()
+        {
+            core::ptr::write_volatile(comm, name);
+        }
+    }
 }
 
 /// The process's back-pressure factor for this alloc event (1: keep it;

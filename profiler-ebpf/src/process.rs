@@ -32,6 +32,8 @@ pub fn sched_process_exec(_ctx: RawTracePointContext) -> i32 {
             // are retired by user space.
             proc.generation = proc.generation.wrapping_add(1);
             proc.live_samples = 0;
+            // The new image names itself at its first alloc event.
+            proc.comm[0] = 0;
             true
         }
         None => false,

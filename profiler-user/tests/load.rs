@@ -100,6 +100,13 @@ fn a_storm_of_a_thousand_short_lived_processes_is_all_accounted() {
         missed.len(),
         &missed[..missed.len().min(20)]
     );
+    // Each keeps its name, gone before a scan or not: the kernel's.
+    let unnamed: Vec<&serde_json::Value> = processes
+        .iter()
+        .filter(|p| pids.iter().any(|pid| p["pid"] == *pid) && p["name"] != "short_lived")
+        .map(|p| &p["name"])
+        .collect();
+    assert!(unnamed.is_empty(), "storm processes misnamed: {unnamed:?}");
     assert!(
         peak_kib < 128 * 1024,
         "allocprof peaked at {peak_kib} KiB over {PROCESSES} processes"

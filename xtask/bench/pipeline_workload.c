@@ -1,6 +1,8 @@
 /* Target side of `cargo xtask bench pipeline`, run under LD_PRELOAD with
  * ALLOCPROF_RATE=1 so that every allocation is a sampled event.
  *   cost N          time N sampled mallocs, then their N frees
+ *   cost2 N         `cost N` in 2 threads at once (sharing the process's
+ *                   counters and the kernel's maps): their mean
  *   rate EPS SECS   EPS sampled events per second (malloc+free pairs) for SECS
  *   max SECS THR    THR threads of malloc/free pairs as fast as they go
  *   deep N DEPTH    `cost N` at the bottom of DEPTH nested calls (built with
@@ -36,6 +38,35 @@ static void cost(long n) {
     for (long i = 0; i < n; i++) free(p[i]);
     double t2 = now();
     printf("alloc_ns %.1f\nfree_ns %.1f\n", (t1 - t0) / n * 1e9, (t2 - t1) / n * 1e9);
+}
+
+static long cost2_n;
+static pthread_barrier_t cost2_start;
+static double cost2_alloc[2], cost2_free[2];
+
+static void *cost2_thread(void *arg) {
+    long k = (long)arg, n = cost2_n;
+    void **p = malloc(n * sizeof *p);
+    pthread_barrier_wait(&cost2_start);
+    double t0 = now();
+    for (long i = 0; i < n; i++) { p[i] = malloc(64); ESCAPE(p[i]); }
+    double t1 = now();
+    for (long i = 0; i < n; i++) free(p[i]);
+    double t2 = now();
+    cost2_alloc[k] = (t1 - t0) / n * 1e9;
+    cost2_free[k] = (t2 - t1) / n * 1e9;
+    free(p);
+    return 0;
+}
+
+static void cost2(long n) {
+    pthread_t t[2];
+    cost2_n = n;
+    pthread_barrier_init(&cost2_start, 0, 2);
+    for (long i = 0; i < 2; i++) pthread_create(&t[i], 0, cost2_thread, (void *)i);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], 0);
+    printf("alloc_ns %.1f\nfree_ns %.1f\n", (cost2_alloc[0] + cost2_alloc[1]) / 2,
+           (cost2_free[0] + cost2_free[1]) / 2);
 }
 
 static void rate(long eps, double secs) {
@@ -92,6 +123,7 @@ int main(int argc, char **argv) {
     if (argc < 3) return 64;
     wait_line();
     if (!strcmp(argv[1], "cost")) cost(atol(argv[2]));
+    else if (!strcmp(argv[1], "cost2")) cost2(atol(argv[2]));
     else if (!strcmp(argv[1], "rate") && argc == 4) rate(atol(argv[2]), atof(argv[3]));
     else if (!strcmp(argv[1], "max") && argc == 4) max_rate(atof(argv[2]), atoi(argv[3]));
     else if (!strcmp(argv[1], "deep") && argc == 4) deep(atol(argv[2]), atoi(argv[3]));

@@ -32,40 +32,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     shell::cargo(root, &["build", "--release"])?;
     let bench = Bench::new(root)?;
 
-    println!(
-        "## sampled alloc/free cost, ALLOCPROF_RATE=1 (every allocation sampled), median of {RUNS}"
-    );
-    let mut bare = Vec::new();
-    let mut attached = Vec::new();
-    for _ in 0..RUNS {
-        bare.push(bench.cost(false, false)?.0);
-        attached.push(bench.cost(true, false)?.0);
-    }
-    // Separate runs: the kernel's run-time statistics slow each program run.
-    let mut kernel = Vec::new();
-    for _ in 0..RUNS {
-        kernel.extend(bench.cost(true, true)?.1);
-    }
-    let (b_alloc, b_free) = medians(&bare);
-    let (a_alloc, a_free) = medians(&attached);
-    println!("| | without allocprof | with allocprof | added by allocprof |");
-    println!("|---|---|---|---|");
-    println!(
-        "| sampled alloc | {b_alloc:.0} ns | {a_alloc:.0} ns | {:.2} µs |",
-        (a_alloc - b_alloc) / 1e3
-    );
-    println!(
-        "| sampled free | {b_free:.0} ns | {a_free:.0} ns | {:.2} µs |",
-        (a_free - b_free) / 1e3
-    );
-
-    if !kernel.is_empty() {
-        let (k_alloc, k_free) = medians(&kernel);
-        println!(
-            "eBPF program time alone (kernel.bpf_stats_enabled): alloc {:.2} µs, free {:.2} µs",
-            k_alloc / 1e3,
-            k_free / 1e3
-        );
+    for (threads, mode) in [("1 thread", "cost"), ("2 threads at once", "cost2")] {
+        sampled_cost(&bench, threads, mode)?;
     }
 
     println!("\n## the unwinder: sampled alloc {DEEP} calls deep (~20 frames), median of {RUNS}");
@@ -200,12 +168,17 @@ impl Bench {
 
     /// (ns per sampled alloc, ns per sampled free).
     /// With `stats`, also the eBPF programs' own time (when bpftool can tell).
-    fn cost(&self, profiled: bool, stats: bool) -> Result<(AllocFree, Option<AllocFree>)> {
+    fn cost(
+        &self,
+        mode: &str,
+        profiled: bool,
+        stats: bool,
+    ) -> Result<(AllocFree, Option<AllocFree>)> {
         let (out, kernel) = if profiled {
-            let (out, _, kernel) = self.run_profiled(&["cost", COST_N], None, stats)?;
+            let (out, _, kernel) = self.run_profiled(&[mode, COST_N], None, stats)?;
             (out, kernel)
         } else {
-            let mut w = self.spawn_workload(&["cost", COST_N])?;
+            let mut w = self.spawn_workload(&[mode, COST_N])?;
             let out = start(&mut w)?;
             stop(&mut w)?;
             (out, None)
@@ -456,6 +429,48 @@ fn dropped(report: &str) -> Result<u64> {
         .and_then(|(_, tail)| tail.strip_suffix(" dropped"))
         .and_then(|n| n.parse().ok())
         .with_context(|| format!("unexpected report header: {header}"))
+}
+
+/// Target ns per sampled alloc and free, with and without allocprof, and
+/// the eBPF programs' own time, for `mode` (`cost` or `cost2`).
+fn sampled_cost(bench: &Bench, threads: &str, mode: &str) -> Result<()> {
+    println!(
+        "## sampled alloc/free cost, {threads}, ALLOCPROF_RATE=1 (every allocation sampled), median of {RUNS}"
+    );
+    let mut bare = Vec::new();
+    let mut attached = Vec::new();
+    for _ in 0..RUNS {
+        bare.push(bench.cost(mode, false, false)?.0);
+        attached.push(bench.cost(mode, true, false)?.0);
+    }
+    // Separate runs: the kernel's run-time statistics slow each program run.
+    let mut kernel = Vec::new();
+    for _ in 0..RUNS {
+        kernel.extend(bench.cost(mode, true, true)?.1);
+    }
+    let (b_alloc, b_free) = medians(&bare);
+    let (a_alloc, a_free) = medians(&attached);
+    println!("| | without allocprof | with allocprof | added by allocprof |");
+    println!("|---|---|---|---|");
+    println!(
+        "| sampled alloc | {b_alloc:.0} ns | {a_alloc:.0} ns | {:.2} µs |",
+        (a_alloc - b_alloc) / 1e3
+    );
+    println!(
+        "| sampled free | {b_free:.0} ns | {a_free:.0} ns | {:.2} µs |",
+        (a_free - b_free) / 1e3
+    );
+
+    if !kernel.is_empty() {
+        let (k_alloc, k_free) = medians(&kernel);
+        println!(
+            "eBPF program time alone (kernel.bpf_stats_enabled): alloc {:.2} µs, free {:.2} µs",
+            k_alloc / 1e3,
+            k_free / 1e3
+        );
+    }
+    println!();
+    Ok(())
 }
 
 fn medians(runs: &[(f64, f64)]) -> (f64, f64) {

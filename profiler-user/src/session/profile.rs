@@ -27,7 +27,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         if let Some(known) = self.names.get(&pid) {
             return known.clone();
         }
-        let name = self.processes.name(pid).unwrap_or_else(|| "?".into());
+        // Gone before we read /proc: the name the kernel saw, if it did.
+        let name = self.processes.name(pid).or_else(|| {
+            let counters = self.kernel.process(pid)?;
+            Some(String::from_utf8_lossy(counters.comm_bytes()?).into_owned())
+        });
+        let Some(name) = name else {
+            // Not cached: it may be named yet.
+            return ("?".into(), self.processes.sampling_rate(pid));
+        };
         let known = (name, self.processes.sampling_rate(pid));
         self.names.insert(pid, known.clone());
         known

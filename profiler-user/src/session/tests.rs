@@ -803,3 +803,20 @@ fn live_bytes_are_split_by_age_and_min_age_keeps_only_the_old() {
     assert_eq!(stack(&p, "beta_site").live_bytes, 0.0);
     assert_eq!(images(&p, 100)[0].totals.live_bytes, old.live_bytes);
 }
+
+#[test]
+fn a_process_gone_before_it_is_read_keeps_the_name_the_kernel_saw() {
+    let world = World::default();
+    let mut s = session(&world, Target::All);
+    // Sampled and gone before the session ever read its /proc entry.
+    world.sample(300, 9, &[address_in(alpha_site)], 4 << 20);
+    {
+        let mut w = world.0.borrow_mut();
+        let proc = w.kernel.procs.get_mut(&300).unwrap();
+        proc.comm[..9].copy_from_slice(b"shortjob\0");
+    }
+    world.exit(300);
+    let profile = s.complete_profile().unwrap();
+    let gone = only_image(&profile, 300, ProcessState::Exited);
+    assert_eq!(gone.name, "shortjob");
+}
