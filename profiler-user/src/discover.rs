@@ -389,6 +389,16 @@ pub fn stat_is_live(stat: &str) -> bool {
         .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
 }
 
+/// When a task started, from its `/proc/.../stat`: field 22, `starttime`,
+/// in clock ticks since boot.
+#[doc(hidden)] // public for the fuzz crate
+pub fn stat_start_ticks(stat: &str) -> Option<u64> {
+    // Fields after the parenthesised comm (which may contain spaces and
+    // parentheses): the state is field 3, so starttime is the 20th of them.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
 /// A running process, reached through one of its live threads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Process {
@@ -435,6 +445,11 @@ impl Process {
     pub fn maps(&self) -> std::io::Result<Vec<MapsEntry>> {
         let text = read_bounded(&self.dir.join("maps"), MAX_MAPS_BYTES)?;
         Ok(parse_maps_read(text, MAX_MAPS_BYTES))
+    }
+
+    /// When it started, in clock ticks since boot.
+    pub fn start_ticks(&self) -> Option<u64> {
+        stat_start_ticks(&read_string(&self.dir.join("stat"), MAX_SMALL_BYTES).ok()?)
     }
 
     /// What it has resident now.
@@ -642,6 +657,15 @@ pub(crate) fn sampling_rate(pid: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_time_is_field_22_whatever_the_name_holds() {
+        let stat =
+            "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 98765 1000 50";
+        assert_eq!(stat_start_ticks(stat), Some(98765));
+        assert_eq!(stat_start_ticks("4242 (x) S 1 2"), None);
+        assert_eq!(stat_start_ticks("garbage"), None);
+    }
 
     #[test]
     fn resident_memory_comes_from_the_rss_lines_of_status() {

@@ -88,6 +88,9 @@ pub struct ProcessProfile {
     /// force (1 in `thin_factor` kept; 1: all).
     pub thinned_events: u64,
     pub thin_factor: u64,
+    /// It ran before allocprof attached: its live figures are the bytes it
+    /// allocated since, still live (what it held before is not seen).
+    pub since_attach: bool,
     /// What a running process has resident (`/proc/PID/status`), to set
     /// the heap against; none for gone processes.
     pub resident: Option<crate::discover::Resident>,
@@ -125,6 +128,7 @@ impl ProcessProfile {
             mmap_events: 0,
             thinned_events: 0,
             thin_factor: 1,
+            since_attach: false,
             resident: None,
             backend_heap: None,
             stacks,
@@ -166,9 +170,46 @@ pub struct Profile {
     /// `--min-age`: the live figures of running processes count only
     /// samples allocated at least this long ago (zero: all).
     pub min_age: Duration,
+    /// When allocprof attached (none for profiles read back from files).
+    pub attached_at: Option<std::time::SystemTime>,
+    /// The followed processes (sampled since or not) that ran before
+    /// allocprof attached, as `name (pid)`: their heap from before is not
+    /// seen.
+    pub ran_before_attach: Vec<String>,
 }
 
 impl Profile {
+    /// When allocprof attached, as a local wall-clock time (`HH:MM:SS`).
+    pub fn attached_clock(&self) -> Option<String> {
+        let secs = self
+            .attached_at?
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs();
+        let t = libc::time_t::try_from(secs).ok()?;
+        // SAFETY: an all-zero tm is a valid value for localtime_r to fill.
+        let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+        // SAFETY: both pointers are valid for the call; localtime_r is the
+        // thread-safe form.
+        if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+            return None;
+        }
+        Some(format!(
+            "{:02}:{:02}:{:02}",
+            tm.tm_hour, tm.tm_min, tm.tm_sec
+        ))
+    }
+
+    /// The live figures are the bytes allocated since attach, not a whole
+    /// heap: some followed process ran before allocprof attached, or none
+    /// has been sampled yet.
+    pub fn live_since_attach(&self) -> bool {
+        self.attached_at.is_some()
+            && (!self.ran_before_attach.is_empty()
+                || self.processes.iter().any(|p| p.since_attach)
+                || self.processes.is_empty())
+    }
+
     /// Every process image summed, live or gone (the exports' total).
     pub fn totals(&self) -> Totals {
         self.processes.iter().map(|p| p.totals).sum()
@@ -283,6 +324,7 @@ mod tests {
             mmap_events: 0,
             thinned_events: 0,
             thin_factor: 1,
+            since_attach: false,
             resident: None,
             backend_heap: None,
             stacks,

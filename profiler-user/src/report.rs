@@ -57,9 +57,22 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             with_ci(at_exit.live_bytes, at_exit.live_ci95())
         )
     };
+    // Processes that ran before we attached: what they held then is not
+    // seen, and the figure must not read as their whole heap.
+    let attached = profile.attached_clock().unwrap_or_else(|| "?".into());
+    let predating: Vec<String> = profile
+        .ran_before_attach
+        .iter()
+        .map(|l| inert(l).into_owned())
+        .collect();
+    let heap_label = if profile.live_since_attach() {
+        format!("live bytes allocated since attach ({attached})")
+    } else {
+        "estimated live heap".to_string()
+    };
     let _ = writeln!(
         out,
-        "allocprof: {} process{}, {:.1} s, estimated live heap {}{held}, {} sampled allocations{unwind}, {} dropped",
+        "allocprof: {} process{}, {:.1} s, {heap_label} {}{held}, {} sampled allocations{unwind}, {} dropped",
         profile.processes.len(),
         if profile.processes.len() == 1 {
             ""
@@ -71,6 +84,14 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
         total.alloc_samples,
         dropped,
     );
+    if !predating.is_empty() {
+        let _ = writeln!(
+            out,
+            "allocprof: {} ran before allocprof attached at {attached}: live figures count only what {} allocated since and still hold, not the heap before",
+            predating.join(", "),
+            if predating.len() == 1 { "it" } else { "they" }
+        );
+    }
     if !profile.min_age.is_zero() {
         let _ = writeln!(
             out,
@@ -115,7 +136,11 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             p.dropped(),
             human_bytes(p.rate as f64),
             p.contract(),
-            p.state.describe(),
+            if p.state == ProcessState::Live && p.since_attach {
+                "live (since attach)"
+            } else {
+                p.state.describe()
+            },
         );
     }
     resident(&mut out, profile);
@@ -395,6 +420,39 @@ mod tests {
             header.contains(&format!("(1 gone, holding {} ", human_bytes(gone))),
             "{header}"
         );
+    }
+
+    #[test]
+    fn a_process_that_ran_before_attach_is_not_shown_as_its_whole_heap() {
+        let mut profile = hand_made();
+        profile.attached_at = Some(std::time::SystemTime::now());
+        let clock = profile.attached_clock().unwrap();
+        let live = profile.live_totals().live_bytes;
+        let first = profile
+            .processes
+            .iter_mut()
+            .find(|p| p.state == ProcessState::Live)
+            .unwrap();
+        first.since_attach = true;
+        let label = inert(&first.label()).into_owned();
+        profile.ran_before_attach = vec![first.label()];
+        let text = render(&profile, ReportOptions::default());
+        let header = text.lines().next().unwrap();
+        assert!(
+            header.contains(&format!(
+                "live bytes allocated since attach ({clock}) {}",
+                human_bytes(live)
+            )),
+            "{header}"
+        );
+        assert!(!header.contains("estimated live heap"), "{header}");
+        assert!(
+            text.contains(&format!(
+                "{label} ran before allocprof attached at {clock}: live figures count only what it allocated since"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("live (since attach)"), "{text}");
     }
 
     #[test]

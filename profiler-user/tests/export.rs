@@ -231,9 +231,11 @@ fn headless_pprof_opens_in_go_tool_pprof_with_the_reports_totals() {
     let top = go_tool_pprof(&["-top", "-unit=B", file]);
     let total = pprof_total(&top);
     // The report printed by the same run shows the same total.
+    // The workload ran before allocprof attached: the header says so.
     assert!(
         report.contains(&format!(
-            "estimated live heap {} ±",
+            "live bytes allocated since attach ({}) {} ±",
+            report_attach_time(&report),
             human_bytes(total as f64)
         )),
         "pprof total {total} vs the report:\n{report}\n{top}"
@@ -545,6 +547,7 @@ struct Report {
     processes: Vec<Process>,
     unwind: Unwind,
     min_age_seconds: f64,
+    attached_at: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -574,8 +577,24 @@ struct Process {
     weight_form: Option<String>,
     weight_interval_bytes: Option<u64>,
     mapped_bytes: i64,
+    since_attach: bool,
+    thinned_events: u64,
+    thin_factor: u64,
     resident: Option<Resident>,
+    allocator: Option<Allocator>,
     stacks: Vec<Stack>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Allocator {
+    backend: String,
+    reserved_bytes: Option<u64>,
+    committed_bytes: Option<u64>,
+    in_use_bytes: Option<u64>,
+    free_bytes: Option<u64>,
+    mmapped_bytes: Option<u64>,
+    age_seconds: f64,
 }
 
 #[derive(Deserialize, Debug)]
@@ -676,6 +695,23 @@ fn json_follows_the_documented_schema() {
     assert_eq!(p.weight_form.as_deref(), Some("inverse_probability"));
     assert_eq!(p.weight_interval_bytes, None);
     assert_eq!(p.mapped_bytes, 0, "liballocprof fires no mmap probes");
+    // It ran before allocprof attached; nothing was thinned.
+    assert!(p.since_attach);
+    assert_eq!((p.thinned_events, p.thin_factor), (0, 1));
+    let attached = r.attached_at.as_deref().expect("when allocprof attached");
+    assert!(humantime::parse_rfc3339(attached).is_ok(), "{attached}");
+    // liballocprof.so's own figures: mimalloc keeps reserved and committed.
+    let a = p.allocator.as_ref().expect("the allocator's figures");
+    assert_eq!(a.backend, "mimalloc");
+    assert!(
+        a.committed_bytes.is_some() && a.reserved_bytes >= a.committed_bytes,
+        "{a:?}"
+    );
+    assert_eq!(
+        (a.in_use_bytes, a.free_bytes, a.mmapped_bytes),
+        (None, None, None)
+    );
+    assert!(a.age_seconds >= 0.0, "{a:?}");
     // A running process: what it had resident, the heap within its
     // anonymous memory.
     let res = p
@@ -745,4 +781,13 @@ fn json_follows_the_documented_schema() {
     assert_eq!(freed.totals.live_bytes, 0.0);
     assert!(freed.totals.alloc_bytes > 0.0);
     assert!(freed.totals.alloc_bytes_ci95 > Some(0.0));
+}
+
+/// The `HH:MM:SS` of the report's "ran before allocprof attached at" line.
+fn report_attach_time(report: &str) -> &str {
+    let at = report
+        .find("ran before allocprof attached at ")
+        .unwrap_or_else(|| panic!("no attach time in:\n{report}"));
+    let rest = &report[at + "ran before allocprof attached at ".len()..];
+    &rest[..8]
 }

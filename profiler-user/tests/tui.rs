@@ -126,8 +126,9 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
 
     // The TUI is up once its header shows a profile; the probes were
     // attached before it started.
+    // The workload ran before allocprof attached: "live since attach".
     tmux.wait_for("the TUI", |p| {
-        p.contains("live heap") && p.contains("events/s")
+        p.contains("live since attach") && p.contains("events/s")
     });
     workload.allocate();
 
@@ -221,7 +222,7 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
             .trim(),
         "0"
     );
-    assert!(!pane.contains("live heap"), "{pane}");
+    assert!(!pane.contains("live since attach"), "{pane}");
     assert!(pane.contains("allocprof: exported the stacks"), "{pane}");
     assert_eq!(
         std::fs::read_to_string(dir.join("stty.before")).unwrap(),

@@ -87,6 +87,7 @@ mod tests {
                 mmap_events: 0,
                 thinned_events: 0,
                 thin_factor: 1,
+                since_attach: false,
                 resident: None,
                 backend_heap: None,
                 stacks: vec![StackProfile { frames, totals }],

@@ -53,6 +53,8 @@ pub fn growth(a: &Profile, b: &Profile) -> Profile {
         elapsed: b.elapsed.saturating_sub(a.elapsed),
         unwind: b.unwind,
         min_age: b.min_age,
+        attached_at: None,
+        ran_before_attach: Vec::new(),
     }
 }
 

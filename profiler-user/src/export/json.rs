@@ -48,6 +48,10 @@ pub struct Report {
     /// allocations live at least this long (0: all; added within version 2).
     #[serde(default)]
     pub min_age_seconds: f64,
+    /// When allocprof attached (RFC 3339, UTC); null for profiles read back
+    /// from files (added within version 2).
+    #[serde(default)]
+    pub attached_at: Option<String>,
 }
 
 /// Files mapped executable by the profiled processes, by the state of their
@@ -95,6 +99,10 @@ pub struct Process {
     /// kept ones count for them; estimates stay unbiased), and the factor
     /// last in force (1 in `thin_factor` kept). 0 and 1 without it (added
     /// within version 2).
+    /// It ran before allocprof attached: its live figures count only what
+    /// it allocated since and still holds (added within version 2).
+    #[serde(default)]
+    pub since_attach: bool,
     #[serde(default)]
     pub thinned_events: u64,
     #[serde(default = "one")]
@@ -277,6 +285,7 @@ pub fn report(profile: &Profile) -> Report {
                 _ => None,
             },
             mapped_bytes: p.mapped_bytes,
+            since_attach: p.since_attach,
             thinned_events: p.thinned_events,
             thin_factor: p.thin_factor,
             resident: p.resident.map(|r| ResidentBytes {
@@ -327,6 +336,9 @@ pub fn report(profile: &Profile) -> Report {
             free_rows: profile.unwind.free_rows,
         },
         min_age_seconds: profile.min_age.as_secs_f64(),
+        attached_at: profile
+            .attached_at
+            .map(|t| humantime::format_rfc3339_seconds(t).to_string()),
     }
 }
 

@@ -218,6 +218,7 @@ pub(crate) mod tests {
             mmap_events: 0,
             thinned_events: 0,
             thin_factor: 1,
+            since_attach: false,
             resident: None,
             backend_heap: Some(crate::backend_stats::BackendHeap {
                 backend: "glibc",
@@ -259,6 +260,7 @@ pub(crate) mod tests {
             mmap_events: 0,
             thinned_events: 0,
             thin_factor: 1,
+            since_attach: false,
             resident: None,
             backend_heap: None,
             stacks: other_stacks,
@@ -269,6 +271,8 @@ pub(crate) mod tests {
             elapsed: Duration::from_millis(12_500),
             unwind: Default::default(),
             min_age: Duration::ZERO,
+            attached_at: None,
+            ran_before_attach: Vec::new(),
         }
     }
 

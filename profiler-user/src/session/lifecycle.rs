@@ -25,6 +25,8 @@ pub(super) struct Frozen {
     pub name: String,
     pub rate: u64,
     pub state: ProcessState,
+    /// It ran before the session attached (see `Session::predates_attach`).
+    pub since_attach: bool,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
     /// Its `STACKS` entries were deleted (all its stacks symbolized).
@@ -184,6 +186,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let (name, rate) = self.identity(key.pid);
             let mut frozen = Frozen {
                 key,
+                since_attach: self.predates_attach(key),
                 incarnation: self.incarnation(key.pid),
                 name,
                 rate,
@@ -255,8 +258,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.spaces.remove(&pid);
         self.names.remove(&pid);
         if !exited {
+            self.execed_since_attach.insert(pid);
             return;
         }
+        self.starts.remove(&pid);
+        self.execed_since_attach.remove(&pid);
         self.pids.remove_local(pid);
         self.rescans.remove(&pid);
         self.oom_victims.remove(&pid);

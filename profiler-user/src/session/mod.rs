@@ -28,7 +28,7 @@ mod unwinding;
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use profiler_common::unwind::ProcUnwind;
@@ -129,6 +129,14 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     ambiguous: HashSet<u32>,
     /// Name and sampling rate of live processes, read once.
     names: HashMap<u32, (String, u64)>,
+    /// When live processes started (clock ticks since boot), read once.
+    starts: HashMap<u32, u64>,
+    /// Processes whose image was replaced by an exec since we attached:
+    /// their current image is seen whole.
+    execed_since_attach: HashSet<u32>,
+    /// When the session attached: clock ticks since boot, and wall time.
+    attach_ticks: u64,
+    attached_at: SystemTime,
     incarnations: HashMap<u32, Incarnation>,
     next_incarnation: Incarnation,
     symbols: HashMap<(Incarnation, u64), Arc<[Frame]>>,
@@ -208,6 +216,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             probe_ids: HashSet::new(),
             ambiguous: HashSet::new(),
             names: HashMap::new(),
+            starts: HashMap::new(),
+            execed_since_attach: HashSet::new(),
+            attach_ticks: boot_ticks_now(),
+            attached_at: SystemTime::now(),
             incarnations: HashMap::new(),
             next_incarnation: 0,
             symbols: HashMap::new(),
@@ -344,4 +356,21 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         };
         self.kernel.process(host).is_some()
     }
+}
+
+/// Clock ticks since boot now (`CLOCK_BOOTTIME` in the unit of
+/// `/proc/PID/stat`'s `starttime`).
+fn boot_ticks_now() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut t) };
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&hz| hz > 0)
+        .unwrap_or(100);
+    t.tv_sec as u64 * hz + t.tv_nsec as u64 * hz / 1_000_000_000
 }

@@ -83,6 +83,10 @@ pub trait ProcessPort {
     fn backend_heap(&self, _pid: u32) -> Option<BackendHeap> {
         None
     }
+    /// When it started, in clock ticks since boot (none where unknown).
+    fn start_ticks(&self, _pid: u32) -> Option<u64> {
+        None
+    }
     /// The sampling rate it runs with.
     fn sampling_rate(&self, pid: u32) -> u64;
     fn all_pids(&self) -> Vec<u32>;
@@ -203,6 +207,10 @@ impl ProcessPort for Procfs {
             .iter()
             .find_map(|(&file, &offset)| backend_stats::block_address(&maps, file, offset))?;
         backend_stats::read(pid, address, backend_stats::monotonic_ns()).ok()
+    }
+
+    fn start_ticks(&self, pid: u32) -> Option<u64> {
+        discover::Process::find(pid)?.start_ticks()
     }
 
     fn sampling_rate(&self, pid: u32) -> u64 {

@@ -19,6 +19,7 @@ struct Image {
     rate: u64,
     state: ProcessState,
     incarnation: Incarnation,
+    since_attach: bool,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -28,6 +29,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return known.clone();
         }
         // Gone before we read /proc: the name the kernel saw, if it did.
+        if let Some(start) = self.processes.start_ticks(pid) {
+            self.starts.insert(pid, start);
+        }
         let name = self.processes.name(pid).or_else(|| {
             let counters = self.kernel.process(pid)?;
             Some(String::from_utf8_lossy(counters.comm_bytes()?).into_owned())
@@ -39,6 +43,36 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let known = (name, self.processes.sampling_rate(pid));
         self.names.insert(pid, known.clone());
         known
+    }
+
+    /// The image ran before we attached: its live figures count only what
+    /// it allocated since (its first image, started before the session).
+    pub(super) fn predates_attach(&self, key: ProcessKey) -> bool {
+        key.generation == 0
+            && self
+                .starts
+                .get(&key.pid)
+                .is_some_and(|&start| start < self.attach_ticks)
+    }
+
+    /// The followed processes whose current image ran before we attached,
+    /// sampled since or not, as `name (pid)`.
+    fn ran_before_attach(&self) -> Vec<String> {
+        let mut pids: Vec<u32> = self
+            .starts
+            .iter()
+            .filter(|&(pid, &start)| {
+                start < self.attach_ticks && !self.execed_since_attach.contains(pid)
+            })
+            .map(|(&pid, _)| pid)
+            .collect();
+        pids.sort_unstable();
+        pids.into_iter()
+            .map(|pid| {
+                let name = self.names.get(&pid).map_or("?", |(n, _)| n.as_str());
+                format!("{name} ({pid})")
+            })
+            .collect()
     }
 
     pub(super) fn build(&mut self, snapshot: &KernelSnapshot) -> Profile {
@@ -79,6 +113,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 rate,
                 state: ProcessState::Live,
                 incarnation: self.incarnation(key.pid),
+                since_attach: self.predates_attach(key),
             };
             processes.push(self.process_profile(key, image, &proc, &stacks));
         }
@@ -88,6 +123,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 rate: f.rate,
                 state: f.state,
                 incarnation: f.incarnation,
+                since_attach: f.since_attach,
             };
             processes.push(self.process_profile(f.key, image, &f.proc, &f.stacks));
         }
@@ -98,6 +134,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             elapsed: self.started.elapsed(),
             unwind: self.unwind.status(),
             min_age: self.min_age,
+            attached_at: Some(self.attached_at),
+            ran_before_attach: self.ran_before_attach(),
         }
     }
 
@@ -135,6 +173,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             } else {
                 None
             },
+            since_attach: image.since_attach,
             backend_heap: if image.state == ProcessState::Live {
                 self.processes.backend_heap(key.pid)
             } else {

@@ -864,6 +864,8 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
         elapsed: Duration::from_nanos(u64::try_from(p.duration_nanos).unwrap_or(0)),
         unwind: Default::default(),
         min_age: Duration::ZERO,
+        attached_at: None,
+        ran_before_attach: Vec::new(),
     })
 }
 
@@ -1295,6 +1297,8 @@ mod tests {
                 elapsed: Duration::from_millis(1500),
                 unwind: Default::default(),
                 min_age: Duration::ZERO,
+                attached_at: None,
+                ran_before_attach: Vec::new(),
             }
         })
     }

@@ -26,12 +26,13 @@ pub(super) fn content(app: &App) -> Option<(String, Vec<Line<'static>>, &'static
     let row = app.selected_row()?;
     Some(match &row.id {
         RowId::Process(key) => {
-            let p = app
-                .shown()
-                .and_then(|p| p.processes.iter().find(|p| p.key == *key));
+            let shown = app.shown();
+            let attached = shown.and_then(|p| p.attached_clock());
+            let p = shown.and_then(|p| p.processes.iter().find(|p| p.key == *key));
             (
                 format!(" Process {} ", app.process_label(*key)),
-                p.map(process_detail).unwrap_or_default(),
+                p.map(|p| process_detail(p, attached.as_deref()))
+                    .unwrap_or_default(),
                 "lines",
             )
         }
@@ -163,7 +164,7 @@ pub(super) fn short_path(path: &str) -> String {
     }
 }
 
-fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
+fn process_detail(p: &ProcessProfile, attached: Option<&str>) -> Vec<Line<'static>> {
     let t: &Totals = &p.totals;
     let mut lines = vec![
         Line::from(vec![
@@ -228,6 +229,12 @@ fn process_detail(p: &ProcessProfile) -> Vec<Line<'static>> {
                 DIM,
             ),
         ]));
+    }
+    if p.since_attach {
+        lines.push(Line::from(format!(
+            "ran before allocprof attached{}: live figures count only what it allocated since",
+            attached.map_or_else(String::new, |t| format!(" at {t}"))
+        )));
     }
     if p.thinned_events > 0 {
         lines.push(Line::from(format!(

@@ -82,10 +82,13 @@ pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
     let exited = first.len() - 5;
     first.extend([
         sep(),
-        Span::raw(if lost > 0 {
-            "live heap ≥ "
-        } else {
-            "live heap "
+        // Processes profiled since before we attached: what they held then
+        // is not in the figure, and it must not read as their whole heap.
+        Span::raw(match (profile.live_since_attach(), lost > 0) {
+            (true, true) => "live since attach ≥ ",
+            (true, false) => "live since attach ",
+            (false, true) => "live heap ≥ ",
+            (false, false) => "live heap ",
         }),
         Span::styled(human_bytes(total.live_bytes), BOLD),
         Span::styled(interval(total.live_bytes, total.live_ci95()), DIM),

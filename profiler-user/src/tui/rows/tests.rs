@@ -58,6 +58,7 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         mmap_events: 0,
         thinned_events: 0,
         thin_factor: 1,
+        since_attach: false,
         resident: None,
         backend_heap: None,
         stacks,
@@ -71,6 +72,8 @@ pub fn profile(secs: u64, processes: Vec<ProcessProfile>) -> Profile {
         elapsed: Duration::from_secs(secs),
         unwind: Default::default(),
         min_age: Duration::ZERO,
+        attached_at: None,
+        ran_before_attach: Vec::new(),
     }
 }
 

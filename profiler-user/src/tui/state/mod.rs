@@ -54,6 +54,9 @@ pub const WARNING_TTL: Duration = Duration::from_secs(30);
 
 /// What the run loop feeds the state.
 #[derive(Debug)]
+// A profile arrives once per interval, moved straight into the state:
+// boxing it would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum AppEvent {
     /// A fresh profile from the session.
     Profile(Profile),
