@@ -38,10 +38,12 @@
 //! Reuse: each class has three sources of slots, tried in this order:
 //! * a *warm* Treiber stack of freed slots whose pages were kept resident
 //!   (no fault on reuse; the contents are stale, so `zero` requests
-//!   memset the block). At most [`warm_limit`]`(k)` slots per class:
-//!   [`WARM_MAX_SLOTS`] and at most [`WARM_MAX_BYTES`] of slot capacity, so
-//!   the cache holds at most ~5 MiB process-wide and nothing for slots of
-//!   2 MiB and more;
+//!   memset the block). At most [`warm_limit_with_live`] slots per class:
+//!   a fixed part of [`WARM_MAX_SLOTS`] and at most [`WARM_MAX_BYTES`] of
+//!   slot capacity (at most ~7 MiB process-wide), plus one slot per live
+//!   sample of the class, so that the wander of the live count in a steady
+//!   churn does not turn frees into syscalls; nothing for slots of 2 MiB and
+//!   more;
 //! * a *cold* Treiber stack of freed slots whose pages were released with
 //!   `madvise(MADV_DONTNEED)` when the warm stack was full (read as zero);
 //! * a bump index of never-used slots (zero).
@@ -85,7 +87,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering}
 
 pub use self::layout::{
     CLASS_COUNT, COMMIT_CHUNK, LAYOUT_COUNT, Layout, MAX_ALIGN, MAX_SLOT, PAGE, WARM_MAX_BYTES,
-    WARM_MAX_SLOTS, class_for, layout, pages_for, slot_bytes, warm_limit,
+    WARM_MAX_SLOTS, class_for, layout, pages_for, slot_bytes, warm_limit, warm_limit_with_live,
 };
 use self::{
     layout::{LAYOUTS, PAGE_SHIFT},
@@ -185,6 +187,7 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
         if (pages as u32) > dirty {
             m.dirty_pages.store(pages as u32, Ordering::Relaxed);
         }
+        c.live.fetch_add(1, Ordering::Relaxed);
         if zero && source == Source::Warm {
             // SAFETY: the block's `size` bytes lie in its slot, which we
             // own and which is readable and writable (committed above in
@@ -285,7 +288,8 @@ pub fn release(p: *mut u8) {
     };
     let m = slot_meta(meta, l, k, idx);
     let c = &CLASSES[k];
-    if c.warm_count.fetch_add(1, Ordering::Relaxed) < warm_limit(k) {
+    let live = c.live.fetch_sub(1, Ordering::Relaxed).wrapping_sub(1);
+    if c.warm_count.fetch_add(1, Ordering::Relaxed) < warm_limit_with_live(k, live) {
         push(&c.warm, meta, l, k, idx);
         return;
     }

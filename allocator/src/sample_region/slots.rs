@@ -29,6 +29,8 @@ pub(super) struct Class {
     pub(super) cold: AtomicU64,
     /// Slots on (or being pushed to) the warm stack; see module docs.
     pub(super) warm_count: AtomicU32,
+    /// Live samples placed in this class (raises its warm limit).
+    pub(super) live: AtomicU32,
     /// Slots `[0, bump)` have been handed out at least once.
     pub(super) bump: AtomicUsize,
     /// Lazy mode: slots `[0, committed)` are readable and writable.
@@ -40,6 +42,7 @@ const CLASS_INIT: Class = Class {
     warm: AtomicU64::new(0),
     cold: AtomicU64::new(0),
     warm_count: AtomicU32::new(0),
+    live: AtomicU32::new(0),
     bump: AtomicUsize::new(0),
     committed: AtomicUsize::new(0),
 };
