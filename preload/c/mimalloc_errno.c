@@ -64,3 +64,11 @@ mi_decl_noinline void* _mi_malloc_generic(mi_heap_t* heap, size_t size, bool zer
   if (mi_unlikely(p == NULL)) errno = ENOMEM;
   return p;
 }
+
+/* Hidden aliases for liballocprof.so's assembly malloc/free entries, which
+ * jump to them directly (mimalloc's own symbols have default visibility in
+ * the object; the library's version script hides them only at the link). */
+extern __typeof(mi_malloc) allocprof_mi_malloc
+    __attribute__((alias("mi_malloc"), visibility("hidden")));
+extern __typeof(mi_free) allocprof_mi_free
+    __attribute__((alias("mi_free"), visibility("hidden")));

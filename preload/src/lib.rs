@@ -20,6 +20,11 @@ unsafe extern "C" {
     fn mi_free(p: *mut c_void);
     fn mi_malloc_aligned(size: usize, align: usize) -> *mut c_void;
     fn mi_usable_size(p: *const c_void) -> usize;
+    // Hidden aliases of mi_malloc and mi_free (c/mimalloc_errno.c), so the
+    // assembly entries jump to them directly: what `Mimalloc::malloc` and
+    // `Mimalloc::free` call.
+    fn allocprof_mi_malloc(size: usize) -> *mut c_void;
+    fn allocprof_mi_free(p: *mut c_void);
 }
 
 /// mimalloc (statically linked; its symbols stay private to this library).
@@ -75,4 +80,8 @@ unsafe impl Backend for Mimalloc {
     }
 }
 
-allocator::export_c_allocator!(Mimalloc);
+allocator::export_c_allocator!(
+    Mimalloc,
+    local malloc = allocprof_mi_malloc,
+    local free = allocprof_mi_free,
+);

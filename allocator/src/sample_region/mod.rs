@@ -95,16 +95,30 @@ use self::{
     slots::{CLASSES, FREE, LIVE, SlotMeta, bump, pop, push, slot_meta},
 };
 
-/// The largest region ever used: before the region exists, `BASE` sits
+/// The largest region ever used: before the region exists, `BOUNDS.base` sits
 /// this far below the top of the address space (kernel half), so
-/// `p - BASE < LEN` is false for every user pointer and NULL whichever of
-/// BASE and LEN a racing reader sees first.
+/// `p - base < len` is false for every user pointer and NULL whichever of
+/// base and len a racing reader sees first.
 const MAX_REGION_LEN: usize = LAYOUTS[0].len;
 const UNMAPPED_BASE: usize = 0usize.wrapping_sub(MAX_REGION_LEN);
 
-static BASE: AtomicUsize = AtomicUsize::new(UNMAPPED_BASE);
-/// Region length; 0 until the region exists.
-static LEN: AtomicUsize = AtomicUsize::new(0);
+/// The region's range: `p - base < len` is the whole "is it sampled?"
+/// test of `free`, so both words share one cache line of their own (read on
+/// every free, written once). `len` is 0 until the region exists. Public
+/// only for the `free` entry of `export_c_allocator!`, which reads it in
+/// assembly (`base` at offset 0, `len` at 8).
+#[doc(hidden)]
+#[repr(C, align(64))]
+pub struct Bounds {
+    pub base: AtomicUsize,
+    pub len: AtomicUsize,
+}
+
+#[doc(hidden)]
+pub static BOUNDS: Bounds = Bounds {
+    base: AtomicUsize::new(UNMAPPED_BASE),
+    len: AtomicUsize::new(0),
+};
 static META: AtomicPtr<SlotMeta> = AtomicPtr::new(ptr::null_mut());
 /// Index into `LAYOUTS` of the layout in use (valid once READY).
 static LAYOUT: AtomicUsize = AtomicUsize::new(0);
@@ -117,12 +131,25 @@ const READY: u8 = 2;
 const FAILED: u8 = 3;
 
 /// Whether `p` is (inside) the sample region. The only check on the
-/// unsampled free path: two loads of read-mostly globals on one cache line
+/// unsampled free path: two loads of read-mostly words on one cache line
 /// and a compare.
 #[inline(always)]
 pub fn contains(p: *const u8) -> bool {
-    (p as usize).wrapping_sub(load_relaxed_direct!(BASE => usize))
-        < load_relaxed_direct!(LEN => usize)
+    let (base, len): (usize, usize);
+    // SAFETY: reads the two aligned words of `BOUNDS` rip-relative (a plain
+    // `.load()` would go through the GOT from another crate, see
+    // `load_relaxed_direct!`); aligned 8-byte loads are atomic on x86_64.
+    unsafe {
+        core::arch::asm!(
+            "mov {b}, qword ptr [rip + {s}]",
+            "mov {l}, qword ptr [rip + {s} + 8]",
+            b = out(reg) base,
+            l = out(reg) len,
+            s = sym BOUNDS,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    (p as usize).wrapping_sub(base) < len
 }
 
 /// The region's address range and whether it runs in lazy mode, once it
@@ -130,8 +157,8 @@ pub fn contains(p: *const u8) -> bool {
 pub fn bounds() -> Option<(usize, usize, bool)> {
     (STATE.load(Ordering::Acquire) == READY).then(|| {
         (
-            BASE.load(Ordering::Relaxed),
-            LEN.load(Ordering::Relaxed),
+            BOUNDS.base.load(Ordering::Relaxed),
+            BOUNDS.len.load(Ordering::Relaxed),
             LAZY.load(Ordering::Relaxed),
         )
     })
@@ -318,7 +345,7 @@ fn locate(p: *const u8) -> Option<(*mut SlotMeta, &'static Layout, usize, usize,
         return None;
     }
     let l = current_layout();
-    let off = (p as usize).wrapping_sub(BASE.load(Ordering::Relaxed));
+    let off = (p as usize).wrapping_sub(BOUNDS.base.load(Ordering::Relaxed));
     let meta = META.load(Ordering::Relaxed);
     (0..l.classes).rev().find_map(|k| {
         let rel = off.checked_sub(l.offset[k])?;
@@ -347,8 +374,8 @@ fn ensure_mapped() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
             LAYOUT.store(r.layout, Ordering::Relaxed);
             LAZY.store(r.lazy, Ordering::Relaxed);
             META.store(r.meta, Ordering::Release);
-            LEN.store(LAYOUTS[r.layout].len, Ordering::Release);
-            BASE.store(r.base, Ordering::Release);
+            BOUNDS.len.store(LAYOUTS[r.layout].len, Ordering::Release);
+            BOUNDS.base.store(r.base, Ordering::Release);
             STATE.store(READY, Ordering::Release);
             Some(ready())
         }
@@ -362,7 +389,7 @@ fn ensure_mapped() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
 
 fn ready() -> (usize, *mut SlotMeta, &'static Layout) {
     (
-        BASE.load(Ordering::Relaxed),
+        BOUNDS.base.load(Ordering::Relaxed),
         META.load(Ordering::Relaxed),
         current_layout(),
     )
