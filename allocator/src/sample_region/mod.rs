@@ -51,8 +51,10 @@
 //! So a sample costs syscalls only when its class's warm cache overflows,
 //! and then exactly one `madvise`. Both stacks are ABA-tagged and share the
 //! per-slot link (a slot is on at most one stack); the warm count is taken
-//! before a push and dropped after a pop, so warm stack size <= count <=
-//! limit holds at every instant.
+//! before a push and dropped after a pop (when the popped slot is placed,
+//! together with the class's live count: one atomic add), so warm stack
+//! size <= count holds at every instant, and count <= limit whenever a
+//! release compares them.
 //!
 //! Double free: each slot has a live/free state that `free` flips with a
 //! CAS, so freeing a block twice is caught before its slot could be pushed
@@ -92,7 +94,7 @@ pub use self::layout::{
 use self::{
     layout::{LAYOUTS, PAGE_SHIFT},
     mapping::{map_region, warn},
-    slots::{CLASSES, FREE, LIVE, SlotMeta, bump, pop, push, slot_meta},
+    slots::{CLASSES, FREE, LIVE, ONE_LIVE, ONE_WARM, SlotMeta, bump, pop, push, slot_meta},
 };
 
 /// The largest region ever used: before the region exists, `BOUNDS.base` sits
@@ -184,7 +186,7 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
     for k in first..l.classes {
         let c = &CLASSES[k];
         let (idx, source) = if let Some(i) = pop(&c.warm, meta, l, k) {
-            c.warm_count.fetch_sub(1, Ordering::Relaxed);
+            // Still counted warm until placed (below): count >= stack.
             (i, Source::Warm)
         } else if let Some(i) = pop(&c.cold, meta, l, k) {
             (i, Source::Cold)
@@ -198,10 +200,7 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
             // Typically the commit limit. Give the slot back where it came
             // from and let the caller report the sample unplaced.
             match source {
-                Source::Warm => {
-                    c.warm_count.fetch_add(1, Ordering::Relaxed);
-                    push(&c.warm, meta, l, k, idx);
-                }
+                Source::Warm => push(&c.warm, meta, l, k, idx),
                 Source::Cold | Source::Bump => push(&c.cold, meta, l, k, idx),
             }
             return None;
@@ -214,7 +213,13 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
         if (pages as u32) > dirty {
             m.dirty_pages.store(pages as u32, Ordering::Relaxed);
         }
-        c.live.fetch_add(1, Ordering::Relaxed);
+        // One more live, and for a warm slot one less warm (it was
+        // counted since its pop, so the subtraction does not borrow).
+        let delta = match source {
+            Source::Warm => ONE_LIVE - ONE_WARM,
+            Source::Cold | Source::Bump => ONE_LIVE,
+        };
+        c.counts.fetch_add(delta, Ordering::Relaxed);
         if zero && source == Source::Warm {
             // SAFETY: the block's `size` bytes lie in its slot, which we
             // own and which is readable and writable (committed above in
@@ -315,12 +320,27 @@ pub fn release(p: *mut u8) {
     };
     let m = slot_meta(meta, l, k, idx);
     let c = &CLASSES[k];
-    let live = c.live.fetch_sub(1, Ordering::Relaxed).wrapping_sub(1);
-    if c.warm_count.fetch_add(1, Ordering::Relaxed) < warm_limit_with_live(k, live) {
+    // One less live; one more warm if the limit (with the live samples
+    // left) allows. One compare-exchange: a sample costs no more atomic
+    // operations on the class than with a fixed limit.
+    let mut cur = c.counts.load(Ordering::Relaxed);
+    let keep = loop {
+        let live = ((cur >> 32) as u32).wrapping_sub(1);
+        let warm = cur as u32;
+        let keep = warm < warm_limit_with_live(k, live);
+        let new = (u64::from(live) << 32) | u64::from(warm + u32::from(keep));
+        match c
+            .counts
+            .compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => break keep,
+            Err(v) => cur = v,
+        }
+    };
+    if keep {
         push(&c.warm, meta, l, k, idx);
         return;
     }
-    c.warm_count.fetch_sub(1, Ordering::Relaxed);
     let len = m.dirty_pages.load(Ordering::Relaxed) as usize * PAGE;
     // SAFETY: `p` starts slot `idx`, which the caller gives up, and `len`
     // is at most the slot's size; this only drops that range's pages.
