@@ -482,6 +482,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let deb_je = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
 
     println!("Plain mimalloc reference: {plain_cmd}\n");
+    println!("Load average at start: {}\n", load_average());
     println!(
         "## Per-operation cost: ratio to the plain backend (median of {rounds} interleaved rounds, min-max of the per-round ratios; {iters} pairs per run)\n"
     );
@@ -651,5 +652,13 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
             String::from_utf8_lossy(&out.stdout).trim()
         );
     }
+    println!("\nLoad average at the end: {}", load_average());
     Ok(())
+}
+
+/// `/proc/loadavg`'s 1, 5 and 15 minute figures: how busy the machine was.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }

@@ -96,8 +96,8 @@ pub const fn slot_bytes(k: usize) -> usize {
 
 /// The fixed part of how many freed slots class `k` keeps warm:
 /// [`WARM_MAX_SLOTS`], at most [`WARM_MAX_BYTES`] of slots (none from 2 MiB
-/// slots up). A class that keeps any also keeps one more per live sample
-/// it holds ([`warm_limit_with_live`]).
+/// slots up). Classes of small slots also keep one more per live sample
+/// they hold ([`warm_limit_with_live`]).
 pub const fn warm_limit(k: usize) -> u32 {
     let by_bytes = WARM_MAX_BYTES / slot_bytes(k);
     (if by_bytes < WARM_MAX_SLOTS {
@@ -108,7 +108,8 @@ pub const fn warm_limit(k: usize) -> u32 {
 }
 
 /// How many freed slots class `k` keeps warm while it holds `live` live
-/// samples: the fixed part plus `live` (classes with a fixed part only).
+/// samples: the fixed part, plus `live` for the classes of small slots
+/// (those whose fixed part is the full [`WARM_MAX_SLOTS`]: up to 32 KiB).
 ///
 /// Why the live part: in a steady churn the class's live samples wander
 /// around their mean (a Poisson count, standard deviation √live), and every
@@ -117,12 +118,14 @@ pub const fn warm_limit(k: usize) -> u32 {
 /// slot is reused, page faults. With 8 fixed slots a 2-thread churn of
 /// 8 B–16 KiB blocks released 1 freed sample in 13 this way, 9% of its
 /// CPU time at the default rate. The live part absorbs that wander at any
-/// heap size, and keeps what freed samples retain proportional to what live
-/// ones hold: at most the fixed part plus the live samples' own slots.
+/// heap size, and keeps what freed small samples retain proportional to
+/// what live ones hold. Larger slots keep the fixed part only: there the
+/// block's own first touches dwarf the syscall, and keeping freed ones
+/// warm would hold megabytes.
 pub const fn warm_limit_with_live(k: usize, live: u32) -> u32 {
     let fixed = warm_limit(k);
-    if fixed == 0 {
-        0
+    if fixed < WARM_MAX_SLOTS as u32 {
+        fixed
     } else {
         fixed.saturating_add(live)
     }

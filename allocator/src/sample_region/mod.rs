@@ -40,10 +40,10 @@
 //!   (no fault on reuse; the contents are stale, so `zero` requests
 //!   memset the block). At most [`warm_limit_with_live`] slots per class:
 //!   a fixed part of [`WARM_MAX_SLOTS`] and at most [`WARM_MAX_BYTES`] of
-//!   slot capacity (at most ~7 MiB process-wide), plus one slot per live
-//!   sample of the class, so that the wander of the live count in a steady
-//!   churn does not turn frees into syscalls; nothing for slots of 2 MiB and
-//!   more;
+//!   slot capacity (at most ~7 MiB process-wide), plus, for slots up to
+//!   32 KiB, one slot per live sample of the class, so that the wander of
+//!   the live count in a steady churn does not turn frees into syscalls;
+//!   nothing for slots of 2 MiB and more;
 //! * a *cold* Treiber stack of freed slots whose pages were released with
 //!   `madvise(MADV_DONTNEED)` when the warm stack was full (read as zero);
 //! * a bump index of never-used slots (zero).

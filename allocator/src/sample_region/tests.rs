@@ -54,9 +54,11 @@ fn warm_limits() {
         .map(|k| warm_limit(k) as usize * slot_bytes(k))
         .sum();
     assert!(total <= 7 << 20, "{total}");
-    // Live samples raise the limit where there is a fixed part.
+    // Live samples raise the limit of the small-slot classes only.
     assert_eq!(warm_limit_with_live(0, 100), 132);
-    assert_eq!(warm_limit_with_live(8, 3), 4);
+    assert_eq!(warm_limit_with_live(3, 100), 132);
+    assert_eq!(warm_limit_with_live(4, 100), 16);
+    assert_eq!(warm_limit_with_live(8, 3), 1);
     assert_eq!(warm_limit_with_live(9, 100), 0);
     assert_eq!(warm_limit_with_live(0, u32::MAX), u32::MAX);
 }
