@@ -367,11 +367,16 @@ fn locate(p: *const u8) -> Option<(*mut SlotMeta, &'static Layout, usize, usize,
     let l = current_layout();
     let off = (p as usize).wrapping_sub(BOUNDS.base.load(Ordering::Relaxed));
     let meta = META.load(Ordering::Relaxed);
-    (0..l.classes).rev().find_map(|k| {
-        let rel = off.checked_sub(l.offset[k])?;
-        let idx = rel >> (PAGE_SHIFT as usize + k);
-        (idx < l.slots[k]).then(|| (meta, l, k, idx, rel & (slot_bytes(k) - 1) == 0))
-    })
+    // Class offsets ascend: the class is the last one starting at or
+    // before `off` (a binary search; a linear scan from the top cost ~200
+    // instructions per call for the small classes, twice per sampled free).
+    // Past that class's slots is alignment padding: in no slot.
+    let k = l.offset[..l.classes]
+        .partition_point(|&o| o <= off)
+        .checked_sub(1)?;
+    let rel = off - l.offset[k];
+    let idx = rel >> (PAGE_SHIFT as usize + k);
+    (idx < l.slots[k]).then(|| (meta, l, k, idx, rel & (slot_bytes(k) - 1) == 0))
 }
 
 /// Map the region and side table on first use. Never waits: a thread that
