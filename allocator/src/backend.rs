@@ -34,10 +34,13 @@ pub unsafe trait Backend {
 }
 
 unsafe extern "C" {
-    fn __libc_malloc(size: usize) -> *mut c_void;
+    /// glibc's malloc (what [`Glibc`]'s `malloc` calls; public for
+    /// `export_c_allocator!`'s assembly entry).
+    pub fn __libc_malloc(size: usize) -> *mut c_void;
     fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
     fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
-    fn __libc_free(p: *mut c_void);
+    /// glibc's free (what [`Glibc`]'s `free` calls; see `__libc_malloc`).
+    pub fn __libc_free(p: *mut c_void);
     fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
 }
 

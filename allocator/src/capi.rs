@@ -4,7 +4,10 @@
 //! by the rlib itself.
 //!
 //! Fast paths: allocation = countdown + branch + backend call; free = range
-//! compare + backend call. Everything else is `#[cold]`.
+//! compare + backend call. Everything else is `#[cold]`. The exported
+//! `malloc` and `free` are written in assembly (`export_c_allocator!`):
+//! four and six instructions ending in a tail jump to the backend, with no
+//! frame, so that the layer costs next to nothing over the backend itself.
 
 use core::ffi::c_void;
 use core::ptr;
@@ -171,12 +174,34 @@ pub unsafe fn malloc_usable_size<B: Backend>(p: *mut c_void) -> usize {
     }
 }
 
-/// A sampled block is freed.
+/// A sampled block is freed (from `free` and the C entry points that
+/// free).
 #[cold]
 #[inline(never)]
 fn release_sampled<B: Backend>(p: *mut c_void) {
     sampled::release(p.cast());
     backend_stats::refresh::<B>();
+}
+
+/// The rest of `malloc` once its assembly entry (`export_c_allocator!`)
+/// found the countdown expired (the size is already subtracted).
+///
+/// # Safety
+/// C `malloc`.
+#[doc(hidden)]
+pub unsafe extern "C" fn malloc_expired<B: Backend>(size: usize) -> *mut c_void {
+    // SAFETY: same contract.
+    unsafe { alloc_slow::<B>(size, MIN_ALIGN, false) }
+}
+
+/// `free` of a pointer in the sample region, from the assembly entry of
+/// `export_c_allocator!`.
+///
+/// # Safety
+/// C `free`.
+#[doc(hidden)]
+pub unsafe extern "C" fn free_sampled<B: Backend>(p: *mut c_void) {
+    release_sampled::<B>(p);
 }
 
 /// Countdown expired on an allocation: sample it (if the sampler says so)
@@ -253,29 +278,84 @@ unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -
 
 /// Define the exported C allocator symbols in the invoking crate (an
 /// LD_PRELOAD cdylib), backed by `$backend: allocator::backend::Backend`.
+/// `malloc = f, free = g` name the C functions that `$backend`'s own
+/// `malloc` and `free` call (extern "C" items in scope): the assembly
+/// entries of `malloc` and `free` tail-jump to them, through the GOT for
+/// functions of another library (glibc's), directly for functions of this
+/// one (`local malloc = f, local free = g`: hidden symbols; rustc's
+/// GOT-indirect jumps are not relaxed by the linker).
+///
+/// Why assembly: in Rust the entries are the same logic (`capi::malloc`,
+/// `capi::free`), but rustc gives every function a frame pointer here
+/// (`-C force-frame-pointers=yes`) and calls other crates' and C functions
+/// GOT-indirect; that was a third of the layer's remaining cost on small
+/// blocks. The probe sites are in the `#[cold]` slow paths, which keep
+/// their frames, so stack walks from a probe are unaffected.
 #[macro_export]
 macro_rules! export_c_allocator {
-    ($backend:ty) => {
+    ($backend:ty, malloc = $fast_malloc:path, free = $fast_free:path $(,)?) => {
+        $crate::export_c_allocator!(
+            @entries $backend,
+            "jmp qword ptr [rip + {fast}@GOTPCREL]",
+            $fast_malloc,
+            $fast_free
+        );
+    };
+    ($backend:ty, local malloc = $fast_malloc:path, local free = $fast_free:path $(,)?) => {
+        $crate::export_c_allocator!(@entries $backend, "jmp {fast}", $fast_malloc, $fast_free);
+    };
+    (@entries $backend:ty, $jump:literal, $fast_malloc:path, $fast_free:path) => {
         use ::core::ffi::c_void as __AllocprofVoid;
 
-        /// C `malloc`.
+        /// C `malloc`: `capi::malloc` (countdown; expired → the slow path,
+        /// else the backend) as a frameless tail jump.
         ///
         /// # Safety
         /// C semantics.
+        #[unsafe(naked)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn malloc(size: usize) -> *mut __AllocprofVoid {
-            // SAFETY: C contract of the export.
-            unsafe { $crate::capi::malloc::<$backend>(size) }
+            // The countdown is the i64 at offset 0 of this thread's
+            // `__allocprof_thread_state` (allocator/src/thread_state.rs
+            // asserts it), reached initial-exec: TLS offset from the GOT,
+            // then %fs-relative. `sub` + `js` = `countdown(size)`.
+            ::core::arch::naked_asm!(
+                ".cfi_startproc",
+                "mov rax, qword ptr [rip + __allocprof_thread_state@GOTTPOFF]",
+                "sub qword ptr fs:[rax], rdi",
+                "js 2f",
+                $jump,
+                "2:",
+                "jmp {slow}",
+                ".cfi_endproc",
+                fast = sym $fast_malloc,
+                slow = sym $crate::capi::malloc_expired::<$backend>,
+            )
         }
 
-        /// C `free`.
+        /// C `free`: `capi::free` (one range compare against the sample
+        /// region, `sample_region::contains`; inside → the sampled path,
+        /// else the backend) as a frameless tail jump.
         ///
         /// # Safety
         /// C semantics.
+        #[unsafe(naked)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn free(p: *mut __AllocprofVoid) {
-            // SAFETY: C contract of the export.
-            unsafe { $crate::capi::free::<$backend>(p) }
+            ::core::arch::naked_asm!(
+                ".cfi_startproc",
+                "mov rax, rdi",
+                "sub rax, qword ptr [rip + {bounds}]",
+                "cmp rax, qword ptr [rip + {bounds} + 8]",
+                "jb 2f",
+                $jump,
+                "2:",
+                "jmp {slow}",
+                ".cfi_endproc",
+                bounds = sym $crate::sample_region::BOUNDS,
+                fast = sym $fast_free,
+                slow = sym $crate::capi::free_sampled::<$backend>,
+            )
         }
 
         /// C23 `free_sized`: the size hint is not needed (sampled blocks

@@ -1,12 +1,13 @@
-//! Cheap access to the C `errno` for `free` and the allocation slow paths,
-//! which must leave it as they found it.
+//! Cheap access to the C `errno` for the sampling layer's slow paths, which
+//! must leave it as they found it. (The fast paths do not touch errno: the
+//! backends keep it themselves, glibc by its own rules and liballocprof.so's
+//! mimalloc in its OS primitives, preload/c/mimalloc_errno.c.)
 //!
 //! glibc's `errno` is an initial-exec TLS variable of libc.so, which is
 //! always in the static TLS block: its address is the thread pointer plus
 //! an offset that is the same in every thread. We learn that offset from
 //! one `__errno_location()` call and afterwards compute the address with
-//! two loads and an add, no call (free's fast path saves and restores
-//! errno around the backend's free).
+//! two loads and an add, no call.
 
 use core::sync::atomic::{AtomicIsize, Ordering};
 
@@ -63,19 +64,6 @@ pub fn preserving<R>(f: impl FnOnce() -> R) -> R {
     let r = f();
     restore(saved);
     r
-}
-
-/// Run an allocation `f`; if it succeeds (non-null), put errno back to its
-/// value before `f`. A failure keeps the errno `f` set (ENOMEM).
-#[inline(always)]
-pub fn preserving_on_success<T>(f: impl FnOnce() -> *mut T) -> *mut T {
-    // SAFETY: this thread's errno slot, valid for the thread's life.
-    let saved = unsafe { *location() };
-    let p = f();
-    if !p.is_null() {
-        restore(saved);
-    }
-    p
 }
 
 /// Writes `saved` back to errno once [`location`] has run on this thread.

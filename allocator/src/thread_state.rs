@@ -29,6 +29,12 @@ pub(crate) struct ThreadState {
 }
 
 const _: () = assert!(size_of::<ThreadState>() <= TLS_BYTES);
+// The `malloc` entry of `export_c_allocator!` subtracts from the i64 at
+// `__allocprof_thread_state + 0` in assembly: that must be the countdown.
+const _: () = assert!(
+    core::mem::offset_of!(ThreadState, sampler) == 0
+        && core::mem::offset_of!(Sampler, remaining) == 0
+);
 const TLS_BYTES: usize = 64;
 
 core::arch::global_asm!(

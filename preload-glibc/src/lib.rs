@@ -1,4 +1,10 @@
 //! `liballocprof_glibc.so`: the same sampling layer as `liballocprof.so`,
 //! passing unsampled allocations through to glibc (`__libc_malloc` & co.).
 
-allocator::export_c_allocator!(allocator::backend::Glibc);
+use allocator::backend::{__libc_free, __libc_malloc};
+
+allocator::export_c_allocator!(
+    allocator::backend::Glibc,
+    malloc = __libc_malloc,
+    free = __libc_free,
+);

@@ -1,5 +1,12 @@
 //! `liballocprof.so`: LD_PRELOAD sampling allocator over a statically linked
 //! mimalloc. See `preload-glibc` for the glibc pass-through variant.
+//!
+//! mimalloc is compiled by build.rs from libmimalloc-sys's vendored source
+//! (this crate never names libmimalloc-sys, so that crate's own copy is not
+//! linked). Its slow paths keep errno as C requires (c/mimalloc_errno.c):
+//! every OS primitive runs with errno saved and restored, and a failed
+//! allocation sets ENOMEM. Its fast paths make no call. So `malloc` and
+//! `free` tail-call `mi_malloc`/`mi_free` with no errno work around them.
 
 use core::ffi::c_void;
 
@@ -8,14 +15,23 @@ use core::sync::atomic::{AtomicI64, Ordering};
 use allocator::backend::{Backend, Figures};
 use profiler_common::backend_stats::{BACKEND_MIMALLOC, UNKNOWN};
 
+// Hidden symbols of the mimalloc compiled by build.rs.
 unsafe extern "C" {
-    // Not in libmimalloc-sys's default bindings but always compiled in.
+    fn mi_malloc(size: usize) -> *mut c_void;
     fn mi_calloc(n: usize, size: usize) -> *mut c_void;
+    fn mi_realloc(p: *mut c_void, size: usize) -> *mut c_void;
+    fn mi_free(p: *mut c_void);
+    fn mi_malloc_aligned(size: usize, align: usize) -> *mut c_void;
     fn mi_usable_size(p: *const c_void) -> usize;
     // mimalloc's process-wide statistics (`mi_stats_t`, hidden in this
     // library). Its OS-level counters (reserved, committed) are kept in
     // release builds too, updated with atomic adds.
     static _mi_stats_main: [AtomicI64; MI_STATS_WORDS];
+    // Hidden aliases of mi_malloc and mi_free (c/mimalloc_errno.c), so the
+    // assembly entries jump to them directly: what `Mimalloc::malloc` and
+    // `Mimalloc::free` call.
+    fn allocprof_mi_malloc(size: usize) -> *mut c_void;
+    fn allocprof_mi_free(p: *mut c_void);
 }
 
 /// `mi_stats_t` (mimalloc-stats.h, MI_STAT_VERSION 4, libmimalloc-sys
@@ -50,14 +66,11 @@ fn mimalloc_figures() -> Option<Figures> {
 /// mimalloc (statically linked; its symbols stay private to this library).
 pub struct Mimalloc;
 
-/// Run a mimalloc allocation with C semantics for errno: unchanged on
-/// success, ENOMEM on failure. mimalloc's slow paths make syscalls that
-/// fail harmlessly and leave errno set even when the allocation succeeds
-/// (naming a fresh arena with prctl gives EINVAL on kernels without
-/// CONFIG_ANON_VMA_NAME).
+/// ENOMEM on failure, for the entry points not on the hot path: mimalloc's
+/// generic path already sets it (c/mimalloc_errno.c), but a few argument
+/// checks (an aligned size above PTRDIFF_MAX) return NULL before it.
 #[inline(always)]
-fn c_errno(f: impl FnOnce() -> *mut c_void) -> *mut c_void {
-    let p = allocator::errno::preserving_on_success(f);
+fn enomem_on_null(p: *mut c_void) -> *mut c_void {
     if p.is_null() {
         // SAFETY: __errno_location returns this thread's errno slot.
         unsafe { *libc::__errno_location() = libc::ENOMEM };
@@ -65,36 +78,37 @@ fn c_errno(f: impl FnOnce() -> *mut c_void) -> *mut c_void {
     p
 }
 
-// SAFETY: mimalloc has C allocator semantics; errno is set on failure here
-// in case a mimalloc build does not, and preserved across successful calls
-// and free.
+// SAFETY: mimalloc has C allocator semantics; with c/mimalloc_errno.c it
+// leaves errno alone except for ENOMEM on a failed allocation (set here too
+// where mimalloc might return NULL without its generic path).
 unsafe impl Backend for Mimalloc {
     #[inline(always)]
     unsafe fn malloc(size: usize) -> *mut c_void {
+        // Every NULL from mi_malloc comes from `_mi_malloc_generic`, which
+        // sets ENOMEM: a tail call, nothing to do after it.
         // SAFETY: forwarded verbatim.
-        c_errno(|| unsafe { libmimalloc_sys::mi_malloc(size) })
+        unsafe { mi_malloc(size) }
     }
     #[inline(always)]
     unsafe fn calloc(size: usize) -> *mut c_void {
         // SAFETY: forwarded verbatim.
-        c_errno(|| unsafe { mi_calloc(1, size) })
+        enomem_on_null(unsafe { mi_calloc(1, size) })
     }
     #[inline(always)]
     unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: p came from mimalloc.
-        c_errno(|| unsafe { libmimalloc_sys::mi_realloc(p, size) })
+        enomem_on_null(unsafe { mi_realloc(p, size) })
     }
     #[inline(always)]
     unsafe fn free(p: *mut c_void) {
-        // mi_free may reach munmap/madvise (segment and page purging),
-        // which set errno on failure; C free must not change errno.
+        // mi_free's syscalls (purging, unmapping) keep errno: see above.
         // SAFETY: p came from mimalloc (or is null).
-        allocator::errno::preserving(|| unsafe { libmimalloc_sys::mi_free(p) })
+        unsafe { mi_free(p) }
     }
     #[inline(always)]
     unsafe fn memalign(align: usize, size: usize) -> *mut c_void {
         // SAFETY: align is a power of two.
-        c_errno(|| unsafe { libmimalloc_sys::mi_malloc_aligned(size, align) })
+        enomem_on_null(unsafe { mi_malloc_aligned(size, align) })
     }
     fn figures() -> Option<Figures> {
         mimalloc_figures()
@@ -105,4 +119,8 @@ unsafe impl Backend for Mimalloc {
     }
 }
 
-allocator::export_c_allocator!(Mimalloc);
+allocator::export_c_allocator!(
+    Mimalloc,
+    local malloc = allocprof_mi_malloc,
+    local free = allocprof_mi_free,
+);

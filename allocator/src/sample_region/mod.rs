@@ -38,10 +38,12 @@
 //! Reuse: each class has three sources of slots, tried in this order:
 //! * a *warm* Treiber stack of freed slots whose pages were kept resident
 //!   (no fault on reuse; the contents are stale, so `zero` requests
-//!   memset the block). At most [`warm_limit`]`(k)` slots per class:
-//!   [`WARM_MAX_SLOTS`] and at most [`WARM_MAX_BYTES`] of slot capacity, so
-//!   the cache holds at most ~5 MiB process-wide and nothing for slots of
-//!   2 MiB and more;
+//!   memset the block). At most [`warm_limit_with_live`] slots per class:
+//!   a fixed part of [`WARM_MAX_SLOTS`] and at most [`WARM_MAX_BYTES`] of
+//!   slot capacity (at most ~7 MiB process-wide), plus, for slots up to
+//!   32 KiB, one slot per live sample of the class, so that the wander of
+//!   the live count in a steady churn does not turn frees into syscalls;
+//!   nothing for slots of 2 MiB and more;
 //! * a *cold* Treiber stack of freed slots whose pages were released with
 //!   `madvise(MADV_DONTNEED)` when the warm stack was full (read as zero);
 //! * a bump index of never-used slots (zero).
@@ -49,8 +51,10 @@
 //! So a sample costs syscalls only when its class's warm cache overflows,
 //! and then exactly one `madvise`. Both stacks are ABA-tagged and share the
 //! per-slot link (a slot is on at most one stack); the warm count is taken
-//! before a push and dropped after a pop, so warm stack size <= count <=
-//! limit holds at every instant.
+//! before a push and dropped after a pop (when the popped slot is placed,
+//! together with the class's live count: one atomic add), so warm stack
+//! size <= count holds at every instant, and count <= limit whenever a
+//! release compares them.
 //!
 //! Double free: each slot has a live/free state that `free` flips with a
 //! CAS, so freeing a block twice is caught before its slot could be pushed
@@ -85,24 +89,38 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering}
 
 pub use self::layout::{
     CLASS_COUNT, COMMIT_CHUNK, LAYOUT_COUNT, Layout, MAX_ALIGN, MAX_SLOT, PAGE, WARM_MAX_BYTES,
-    WARM_MAX_SLOTS, class_for, layout, pages_for, slot_bytes, warm_limit,
+    WARM_MAX_SLOTS, class_for, layout, pages_for, slot_bytes, warm_limit, warm_limit_with_live,
 };
 use self::{
     layout::{LAYOUTS, PAGE_SHIFT},
     mapping::{map_region, warn},
-    slots::{CLASSES, FREE, LIVE, SlotMeta, bump, pop, push, slot_meta},
+    slots::{CLASSES, FREE, LIVE, ONE_LIVE, ONE_WARM, SlotMeta, bump, pop, push, slot_meta},
 };
 
-/// The largest region ever used: before the region exists, `BASE` sits
+/// The largest region ever used: before the region exists, `BOUNDS.base` sits
 /// this far below the top of the address space (kernel half), so
-/// `p - BASE < LEN` is false for every user pointer and NULL whichever of
-/// BASE and LEN a racing reader sees first.
+/// `p - base < len` is false for every user pointer and NULL whichever of
+/// base and len a racing reader sees first.
 const MAX_REGION_LEN: usize = LAYOUTS[0].len;
 const UNMAPPED_BASE: usize = 0usize.wrapping_sub(MAX_REGION_LEN);
 
-static BASE: AtomicUsize = AtomicUsize::new(UNMAPPED_BASE);
-/// Region length; 0 until the region exists.
-static LEN: AtomicUsize = AtomicUsize::new(0);
+/// The region's range: `p - base < len` is the whole "is it sampled?"
+/// test of `free`, so both words share one cache line of their own (read on
+/// every free, written once). `len` is 0 until the region exists. Public
+/// only for the `free` entry of `export_c_allocator!`, which reads it in
+/// assembly (`base` at offset 0, `len` at 8).
+#[doc(hidden)]
+#[repr(C, align(64))]
+pub struct Bounds {
+    pub base: AtomicUsize,
+    pub len: AtomicUsize,
+}
+
+#[doc(hidden)]
+pub static BOUNDS: Bounds = Bounds {
+    base: AtomicUsize::new(UNMAPPED_BASE),
+    len: AtomicUsize::new(0),
+};
 static META: AtomicPtr<SlotMeta> = AtomicPtr::new(ptr::null_mut());
 /// Index into `LAYOUTS` of the layout in use (valid once READY).
 static LAYOUT: AtomicUsize = AtomicUsize::new(0);
@@ -115,12 +133,25 @@ const READY: u8 = 2;
 const FAILED: u8 = 3;
 
 /// Whether `p` is (inside) the sample region. The only check on the
-/// unsampled free path: two loads of read-mostly globals on one cache line
+/// unsampled free path: two loads of read-mostly words on one cache line
 /// and a compare.
 #[inline(always)]
 pub fn contains(p: *const u8) -> bool {
-    (p as usize).wrapping_sub(load_relaxed_direct!(BASE => usize))
-        < load_relaxed_direct!(LEN => usize)
+    let (base, len): (usize, usize);
+    // SAFETY: reads the two aligned words of `BOUNDS` rip-relative (a plain
+    // `.load()` would go through the GOT from another crate, see
+    // `load_relaxed_direct!`); aligned 8-byte loads are atomic on x86_64.
+    unsafe {
+        core::arch::asm!(
+            "mov {b}, qword ptr [rip + {s}]",
+            "mov {l}, qword ptr [rip + {s} + 8]",
+            b = out(reg) base,
+            l = out(reg) len,
+            s = sym BOUNDS,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    (p as usize).wrapping_sub(base) < len
 }
 
 /// The region's address range and whether it runs in lazy mode, once it
@@ -128,8 +159,8 @@ pub fn contains(p: *const u8) -> bool {
 pub fn bounds() -> Option<(usize, usize, bool)> {
     (STATE.load(Ordering::Acquire) == READY).then(|| {
         (
-            BASE.load(Ordering::Relaxed),
-            LEN.load(Ordering::Relaxed),
+            BOUNDS.base.load(Ordering::Relaxed),
+            BOUNDS.len.load(Ordering::Relaxed),
             LAZY.load(Ordering::Relaxed),
         )
     })
@@ -155,7 +186,7 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
     for k in first..l.classes {
         let c = &CLASSES[k];
         let (idx, source) = if let Some(i) = pop(&c.warm, meta, l, k) {
-            c.warm_count.fetch_sub(1, Ordering::Relaxed);
+            // Still counted warm until placed (below): count >= stack.
             (i, Source::Warm)
         } else if let Some(i) = pop(&c.cold, meta, l, k) {
             (i, Source::Cold)
@@ -169,10 +200,7 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
             // Typically the commit limit. Give the slot back where it came
             // from and let the caller report the sample unplaced.
             match source {
-                Source::Warm => {
-                    c.warm_count.fetch_add(1, Ordering::Relaxed);
-                    push(&c.warm, meta, l, k, idx);
-                }
+                Source::Warm => push(&c.warm, meta, l, k, idx),
                 Source::Cold | Source::Bump => push(&c.cold, meta, l, k, idx),
             }
             return None;
@@ -185,6 +213,13 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
         if (pages as u32) > dirty {
             m.dirty_pages.store(pages as u32, Ordering::Relaxed);
         }
+        // One more live, and for a warm slot one less warm (it was
+        // counted since its pop, so the subtraction does not borrow).
+        let delta = match source {
+            Source::Warm => ONE_LIVE - ONE_WARM,
+            Source::Cold | Source::Bump => ONE_LIVE,
+        };
+        c.counts.fetch_add(delta, Ordering::Relaxed);
         if zero && source == Source::Warm {
             // SAFETY: the block's `size` bytes lie in its slot, which we
             // own and which is readable and writable (committed above in
@@ -285,11 +320,27 @@ pub fn release(p: *mut u8) {
     };
     let m = slot_meta(meta, l, k, idx);
     let c = &CLASSES[k];
-    if c.warm_count.fetch_add(1, Ordering::Relaxed) < warm_limit(k) {
+    // One less live; one more warm if the limit (with the live samples
+    // left) allows. One compare-exchange: a sample costs no more atomic
+    // operations on the class than with a fixed limit.
+    let mut cur = c.counts.load(Ordering::Relaxed);
+    let keep = loop {
+        let live = ((cur >> 32) as u32).wrapping_sub(1);
+        let warm = cur as u32;
+        let keep = warm < warm_limit_with_live(k, live);
+        let new = (u64::from(live) << 32) | u64::from(warm + u32::from(keep));
+        match c
+            .counts
+            .compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => break keep,
+            Err(v) => cur = v,
+        }
+    };
+    if keep {
         push(&c.warm, meta, l, k, idx);
         return;
     }
-    c.warm_count.fetch_sub(1, Ordering::Relaxed);
     let len = m.dirty_pages.load(Ordering::Relaxed) as usize * PAGE;
     // SAFETY: `p` starts slot `idx`, which the caller gives up, and `len`
     // is at most the slot's size; this only drops that range's pages.
@@ -314,13 +365,18 @@ fn locate(p: *const u8) -> Option<(*mut SlotMeta, &'static Layout, usize, usize,
         return None;
     }
     let l = current_layout();
-    let off = (p as usize).wrapping_sub(BASE.load(Ordering::Relaxed));
+    let off = (p as usize).wrapping_sub(BOUNDS.base.load(Ordering::Relaxed));
     let meta = META.load(Ordering::Relaxed);
-    (0..l.classes).rev().find_map(|k| {
-        let rel = off.checked_sub(l.offset[k])?;
-        let idx = rel >> (PAGE_SHIFT as usize + k);
-        (idx < l.slots[k]).then(|| (meta, l, k, idx, rel & (slot_bytes(k) - 1) == 0))
-    })
+    // Class offsets ascend: the class is the last one starting at or
+    // before `off` (a binary search; a linear scan from the top cost ~200
+    // instructions per call for the small classes, twice per sampled free).
+    // Past that class's slots is alignment padding: in no slot.
+    let k = l.offset[..l.classes]
+        .partition_point(|&o| o <= off)
+        .checked_sub(1)?;
+    let rel = off - l.offset[k];
+    let idx = rel >> (PAGE_SHIFT as usize + k);
+    (idx < l.slots[k]).then(|| (meta, l, k, idx, rel & (slot_bytes(k) - 1) == 0))
 }
 
 /// Map the region and side table on first use. Never waits: a thread that
@@ -343,8 +399,8 @@ fn ensure_mapped() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
             LAYOUT.store(r.layout, Ordering::Relaxed);
             LAZY.store(r.lazy, Ordering::Relaxed);
             META.store(r.meta, Ordering::Release);
-            LEN.store(LAYOUTS[r.layout].len, Ordering::Release);
-            BASE.store(r.base, Ordering::Release);
+            BOUNDS.len.store(LAYOUTS[r.layout].len, Ordering::Release);
+            BOUNDS.base.store(r.base, Ordering::Release);
             STATE.store(READY, Ordering::Release);
             Some(ready())
         }
@@ -358,7 +414,7 @@ fn ensure_mapped() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
 
 fn ready() -> (usize, *mut SlotMeta, &'static Layout) {
     (
-        BASE.load(Ordering::Relaxed),
+        BOUNDS.base.load(Ordering::Relaxed),
         META.load(Ordering::Relaxed),
         current_layout(),
     )

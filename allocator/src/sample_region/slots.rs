@@ -27,8 +27,12 @@ pub(super) struct Class {
     /// Treiber heads: (ABA tag << 32) | (slot index + 1); 0 low = empty.
     pub(super) warm: AtomicU64,
     pub(super) cold: AtomicU64,
-    /// Slots on (or being pushed to) the warm stack; see module docs.
-    pub(super) warm_count: AtomicU32,
+    /// `live << 32 | warm`: `warm` counts slots on (or being pushed to or
+    /// popped from) the warm stack, see module docs; `live` the samples
+    /// placed in this class and not yet released (it raises the warm
+    /// limit). One word, so a placement or a release updates both with
+    /// one atomic operation.
+    pub(super) counts: AtomicU64,
     /// Slots `[0, bump)` have been handed out at least once.
     pub(super) bump: AtomicUsize,
     /// Lazy mode: slots `[0, committed)` are readable and writable.
@@ -39,10 +43,14 @@ pub(super) struct Class {
 const CLASS_INIT: Class = Class {
     warm: AtomicU64::new(0),
     cold: AtomicU64::new(0),
-    warm_count: AtomicU32::new(0),
+    counts: AtomicU64::new(0),
     bump: AtomicUsize::new(0),
     committed: AtomicUsize::new(0),
 };
+/// `Class::counts` units.
+pub(super) const ONE_WARM: u64 = 1;
+pub(super) const ONE_LIVE: u64 = 1 << 32;
+
 pub(super) static CLASSES: [Class; CLASS_COUNT] = [CLASS_INIT; CLASS_COUNT];
 
 pub(super) fn slot_meta<'a>(meta: *mut SlotMeta, l: &Layout, k: usize, idx: usize) -> &'a SlotMeta {

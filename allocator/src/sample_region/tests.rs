@@ -44,16 +44,23 @@ fn classes_and_layouts() {
 
 #[test]
 fn warm_limits() {
-    assert_eq!(warm_limit(0), 8);
-    assert_eq!(warm_limit(5), 8); // 8 x 128 KiB = 1 MiB
-    assert_eq!(warm_limit(6), 4);
+    assert_eq!(warm_limit(0), 32);
+    assert_eq!(warm_limit(3), 32); // 32 x 32 KiB = 1 MiB
+    assert_eq!(warm_limit(4), 16);
     assert_eq!(warm_limit(8), 1);
     assert_eq!(warm_limit(9), 0);
     assert_eq!(warm_limit(CLASS_COUNT - 1), 0);
     let total: usize = (0..CLASS_COUNT)
         .map(|k| warm_limit(k) as usize * slot_bytes(k))
         .sum();
-    assert!(total <= 5 << 20, "{total}");
+    assert!(total <= 7 << 20, "{total}");
+    // Live samples raise the limit of the small-slot classes only.
+    assert_eq!(warm_limit_with_live(0, 100), 132);
+    assert_eq!(warm_limit_with_live(3, 100), 132);
+    assert_eq!(warm_limit_with_live(4, 100), 16);
+    assert_eq!(warm_limit_with_live(8, 3), 1);
+    assert_eq!(warm_limit_with_live(9, 100), 0);
+    assert_eq!(warm_limit_with_live(0, u32::MAX), u32::MAX);
 }
 
 /// Resident pages of `[p, p + len)` (mincore).
@@ -113,10 +120,15 @@ fn alloc_free_reuse_and_alignment() {
     assert!(alloc(PAGE, MAX_ALIGN * 2, 1, false).is_none());
     assert!(!contains(ptr::null()));
 
-    // Warm reuse: class 2 (3-4 pages) keeps up to 8 freed slots
-    // resident; `zero` clears stale contents of a warm slot.
+    // Warm reuse: class 2 (3-4 pages) keeps freed slots resident while
+    // its warm count is below the fixed limit plus its live samples;
+    // `zero` clears stale contents of a warm slot. Freeing `n` live blocks
+    // in order keeps the i-th (0-based) warm while i < fixed + (n - 1 - i).
     let k = 2;
-    let n = warm_limit(k) as usize + 4;
+    let fixed = warm_limit(k) as usize;
+    let n = 2 * fixed + 8;
+    let kept = (0..n).filter(|&i| i < fixed + (n - 1 - i)).count();
+    assert!(kept < n, "some frees must overflow the warm cache");
     let blocks: Vec<*mut u8> = (0..n)
         .map(|_| {
             let b = alloc(3 * PAGE, 16, 1, true).expect("placed");
@@ -136,13 +148,13 @@ fn alloc_free_reuse_and_alignment() {
         assert_eq!(resident(b, 4 * PAGE), 3);
         free(b).unwrap();
     }
-    // The first `limit` frees stayed warm, the rest were released.
-    let warm = blocks[..warm_limit(k) as usize]
+    // The first `kept` frees stayed warm, the rest were released.
+    let warm = blocks[..kept]
         .iter()
         .filter(|&&b| resident(b, 4 * PAGE) == 3)
         .count();
-    assert_eq!(warm, warm_limit(k) as usize);
-    for &b in &blocks[warm_limit(k) as usize..] {
+    assert_eq!(warm, kept);
+    for &b in &blocks[kept..] {
         assert_eq!(resident(b, 4 * PAGE), 0);
     }
     // Reuse order: warm slots first (stale data unless `zero`), then
@@ -154,7 +166,7 @@ fn alloc_free_reuse_and_alignment() {
         assert!(blocks.contains(&b), "reused a freed slot");
         // SAFETY: 4 pages usable.
         let bytes = unsafe { core::slice::from_raw_parts(b, 4 * PAGE) };
-        let was_warm = i < warm_limit(k) as usize;
+        let was_warm = i < kept;
         if i % 2 == 0 || !was_warm {
             assert!(bytes.iter().all(|&x| x == 0), "block {i}");
         } else {
