@@ -99,6 +99,11 @@ fn wrapped_prims(glue: &str) -> Vec<String> {
     let mut names: Vec<String> = glue
         .lines()
         .filter_map(|l| {
+            // A wrapper written out: `int _mi_prim_alloc(...) {` at the
+            // start of a line.
+            if let Some(def) = l.strip_prefix("int _mi_prim_") {
+                return Some(format!("_mi_prim_{}", def.split('(').next()?.trim()));
+            }
             let rest = l.strip_prefix("ALLOCPROF_WRAP_VOID(").or_else(|| {
                 l.strip_prefix("ALLOCPROF_WRAP(")?
                     .split_once(',')

@@ -88,9 +88,11 @@ const INHERITED: u8 = 2;
 const CALL_OPCODE: u8 = 0xe8;
 
 /// May this process execute the fast site at `site` (state byte `index`)?
-/// Slow path only; once decided, one load of the verdict byte.
+/// Slow path only; once decided, one load of the verdict byte. Indices: 0
+/// `alloc`, 1 `free`, 2 and 3 `mmap` and `munmap` (liballocprof.so's, in
+/// its own crate: only it has those probes); at most 64.
 #[inline(always)]
-fn fast_site_usable(site: *const u8, index: usize) -> bool {
+pub fn fast_site_usable(site: *const u8, index: usize) -> bool {
     let verdict = thread_state::fork_local_byte(index);
     if let Some(v) = verdict {
         match v.load(Ordering::Acquire) {

@@ -30,20 +30,40 @@
   void name params { ALLOCPROF_KEEP_ERRNO(allocprof_raw_##name args); }
 
 ALLOCPROF_WRAP_VOID(_mi_prim_mem_init, (mi_os_mem_config_t* config), (config))
-ALLOCPROF_WRAP(int, _mi_prim_free, (void* addr, size_t size), (addr, size))
-ALLOCPROF_WRAP(int, _mi_prim_alloc,
-               (void* hint_addr, size_t size, size_t try_alignment, bool commit, bool allow_large,
-                bool* is_large, bool* is_zero, void** addr),
-               (hint_addr, size, try_alignment, commit, allow_large, is_large, is_zero, addr))
+/* The memory mimalloc maps from the system, announced as the
+ * otel_memory:mmap / munmap probes (preload/src/lib.rs, `os_probes`):
+ * hidden, so they stay out of the library's exports. */
+__attribute__((visibility("hidden"))) void allocprof_os_mapped(void* addr, size_t size);
+__attribute__((visibility("hidden"))) void allocprof_os_unmapped(void* addr, size_t size);
+
+int _mi_prim_free(void* addr, size_t size) {
+  int r;
+  ALLOCPROF_KEEP_ERRNO(r = allocprof_raw__mi_prim_free(addr, size));
+  if (r == 0 && addr != NULL && size > 0) allocprof_os_unmapped(addr, size);
+  return r;
+}
+int _mi_prim_alloc(void* hint_addr, size_t size, size_t try_alignment, bool commit, bool allow_large,
+                   bool* is_large, bool* is_zero, void** addr) {
+  int r;
+  ALLOCPROF_KEEP_ERRNO(r = allocprof_raw__mi_prim_alloc(hint_addr, size, try_alignment, commit,
+                                                        allow_large, is_large, is_zero, addr));
+  if (r == 0 && *addr != NULL) allocprof_os_mapped(*addr, size);
+  return r;
+}
 ALLOCPROF_WRAP(int, _mi_prim_commit, (void* addr, size_t size, bool* is_zero), (addr, size, is_zero))
 ALLOCPROF_WRAP(int, _mi_prim_decommit, (void* addr, size_t size, bool* needs_recommit),
                (addr, size, needs_recommit))
 ALLOCPROF_WRAP(int, _mi_prim_reset, (void* addr, size_t size), (addr, size))
 ALLOCPROF_WRAP(int, _mi_prim_reuse, (void* addr, size_t size), (addr, size))
 ALLOCPROF_WRAP(int, _mi_prim_protect, (void* addr, size_t size, bool protect), (addr, size, protect))
-ALLOCPROF_WRAP(int, _mi_prim_alloc_huge_os_pages,
-               (void* hint_addr, size_t size, int numa_node, bool* is_zero, void** addr),
-               (hint_addr, size, numa_node, is_zero, addr))
+int _mi_prim_alloc_huge_os_pages(void* hint_addr, size_t size, int numa_node, bool* is_zero,
+                                 void** addr) {
+  int r;
+  ALLOCPROF_KEEP_ERRNO(r = allocprof_raw__mi_prim_alloc_huge_os_pages(hint_addr, size, numa_node,
+                                                                      is_zero, addr));
+  if (r == 0 && *addr != NULL) allocprof_os_mapped(*addr, size);
+  return r;
+}
 ALLOCPROF_WRAP(size_t, _mi_prim_numa_node, (void), ())
 ALLOCPROF_WRAP(size_t, _mi_prim_numa_node_count, (void), ())
 ALLOCPROF_WRAP(mi_msecs_t, _mi_prim_clock_now, (void), ())

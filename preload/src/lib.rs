@@ -124,3 +124,99 @@ allocator::export_c_allocator!(
     local malloc = allocprof_mi_malloc,
     local free = allocprof_mi_free,
 );
+
+/// `otel_memory:mmap` and `otel_memory:munmap` for the memory mimalloc maps
+/// from the system (its arenas and segments, every mapping: these are not
+/// sampled), called by c/mimalloc_errno.c after `_mi_prim_alloc` and before
+/// nothing else: mimalloc's OS layer is its slow path, never the fast one.
+/// Two sites per probe, as `allocator::usdt`'s, for the same reason (a fork
+/// child must not execute a site the kernel optimized in its parent).
+mod os_probes {
+    use allocator::usdt::fast_site_usable;
+
+    // The fast sites' addresses (see allocator::usdt).
+    unsafe extern "C" {
+        static allocprof_usdt_mmap_fast_site: *const u8;
+        static allocprof_usdt_munmap_fast_site: *const u8;
+    }
+
+    /// mimalloc mapped `size` bytes at `addr`.
+    #[unsafe(no_mangle)]
+    pub extern "C" fn allocprof_os_mapped(addr: usize, size: usize) {
+        // SAFETY: a pointer the linker initialised, never written.
+        let site = unsafe { allocprof_usdt_mmap_fast_site };
+        if fast_site_usable(site, 2) {
+            mmap_fast(addr, size)
+        } else {
+            mmap_trap(addr, size)
+        }
+    }
+
+    /// mimalloc unmapped `size` bytes at `addr`.
+    #[unsafe(no_mangle)]
+    pub extern "C" fn allocprof_os_unmapped(addr: usize, size: usize) {
+        // SAFETY: a pointer the linker initialised, never written.
+        let site = unsafe { allocprof_usdt_munmap_fast_site };
+        if fast_site_usable(site, 3) {
+            munmap_fast(addr, size)
+        } else {
+            munmap_trap(addr, size)
+        }
+    }
+
+    #[allow(named_asm_labels)]
+    #[inline(never)]
+    fn mmap_fast(addr: usize, size: usize) {
+        // SAFETY: a NOP plus assembler directives that only add data to
+        // other sections; it reads two registers and touches neither
+        // memory nor the stack nor flags.
+        unsafe {
+            allocator::usdt_probe!(
+                "990: .byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n.pushsection .data.rel.ro.allocprof_usdt_mmap_fast_site,\"aw\"\n.balign 8\n.globl allocprof_usdt_mmap_fast_site\n.hidden allocprof_usdt_mmap_fast_site\nallocprof_usdt_mmap_fast_site: .8byte 990b\n.popsection",
+                "otel_memory", "mmap", "8@%rdi 8@%rsi",
+                in("rdi") addr, in("rsi") size,
+                options(nomem, nostack, preserves_flags)
+            );
+        }
+    }
+
+    #[inline(never)]
+    fn mmap_trap(addr: usize, size: usize) {
+        // SAFETY: as in `mmap_fast`.
+        unsafe {
+            allocator::usdt_probe!(
+                "990: nop",
+                "otel_memory", "mmap", "8@%rdi 8@%rsi",
+                in("rdi") addr, in("rsi") size,
+                options(nomem, nostack, preserves_flags)
+            );
+        }
+    }
+
+    #[allow(named_asm_labels)]
+    #[inline(never)]
+    fn munmap_fast(addr: usize, size: usize) {
+        // SAFETY: as in `mmap_fast`.
+        unsafe {
+            allocator::usdt_probe!(
+                "990: .byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n.pushsection .data.rel.ro.allocprof_usdt_munmap_fast_site,\"aw\"\n.balign 8\n.globl allocprof_usdt_munmap_fast_site\n.hidden allocprof_usdt_munmap_fast_site\nallocprof_usdt_munmap_fast_site: .8byte 990b\n.popsection",
+                "otel_memory", "munmap", "8@%rdi 8@%rsi",
+                in("rdi") addr, in("rsi") size,
+                options(nomem, nostack, preserves_flags)
+            );
+        }
+    }
+
+    #[inline(never)]
+    fn munmap_trap(addr: usize, size: usize) {
+        // SAFETY: as in `mmap_fast`.
+        unsafe {
+            allocator::usdt_probe!(
+                "990: nop",
+                "otel_memory", "munmap", "8@%rdi 8@%rsi",
+                in("rdi") addr, in("rsi") size,
+                options(nomem, nostack, preserves_flags)
+            );
+        }
+    }
+}

@@ -132,3 +132,36 @@ fn the_allocators_own_figures_show_what_it_holds_beyond_the_live_heap() {
         w.send("exit");
     }
 }
+
+/// liballocprof.so announces the memory its mimalloc maps from the system
+/// (`otel_memory:mmap`/`munmap`): followed from the process's start (the
+/// library armed before it runs), the mapped bytes are what mimalloc's own
+/// statistics call reserved.
+#[test]
+fn liballocprof_announces_the_memory_its_mimalloc_maps() {
+    common::require_bpf();
+    let exe = common::compile_c("fragment.c", &[]);
+    let mut session = Session::start(Target::All, Limits::default()).unwrap();
+    assert!(session.arm(&common::preload_library()).unwrap());
+    let mut w = Proc::spawn(Command::new(exe));
+    common::wait_for_mapping(w.pid(), "liballocprof.so");
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+    let reserved = p
+        .backend_heap
+        .and_then(|b| b.reserved)
+        .expect("mimalloc's reserved bytes") as f64;
+    let mapped = p.mapped_bytes as f64;
+    assert!(p.mmap_events >= 1, "{p:?}");
+    // The 80 MB the workload allocated live in what mimalloc mapped.
+    assert!(mapped >= 80e6, "mapped {mapped}");
+    assert!(
+        (mapped - reserved).abs() <= 64.0 * 1_048_576.0,
+        "mapped {mapped} vs mimalloc's reserved {reserved}"
+    );
+    let text = report::render(&profile, ReportOptions::default());
+    assert!(text.contains("on its own account"), "{text}");
+    w.send("exit");
+}
