@@ -113,17 +113,6 @@ fn heap(f: BackendFigures, now_ns: u64) -> BackendHeap {
     }
 }
 
-/// `CLOCK_MONOTONIC` now, the clock the library stamps its refreshes with.
-pub fn monotonic_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    (t.tv_sec as u64) * 1_000_000_000 + t.tv_nsec as u64
-}
-
 fn copy(pid: u32, address: u64) -> io::Result<[u64; WORDS]> {
     let mut words = [0u64; WORDS];
     let local = libc::iovec {

@@ -104,7 +104,7 @@ pub struct ProcessProfile {
 impl ProcessProfile {
     /// A process image from its stacks: sorted, totals summed, no event or
     /// drop counters (the caller sets those where it has them).
-    pub(crate) fn from_stacks(
+    pub fn from_stacks(
         key: ProcessKey,
         name: String,
         state: ProcessState,
@@ -308,27 +308,13 @@ mod tests {
                 },
             })
             .collect();
-        ProcessProfile {
-            key: ProcessKey { pid, generation: 0 },
-            name: "w".into(),
-            state: ProcessState::Live,
-            rate: 524_288,
-            totals: stacks.iter().map(|s| s.totals).sum(),
-            alloc_events: 0,
-            free_events: 0,
-            drops: [0; DROP_REASONS],
-            lost_live_bytes: 0,
-            contracts: 0,
-            weight_form: WeightForm::NoSamples,
-            mapped_bytes: 0,
-            mmap_events: 0,
-            thinned_events: 0,
-            thin_factor: 1,
-            since_attach: false,
-            resident: None,
-            backend_heap: None,
+        ProcessProfile::from_stacks(
+            ProcessKey { pid, generation: 0 },
+            "w".into(),
+            ProcessState::Live,
+            524_288,
             stacks,
-        }
+        )
     }
 
     #[test]

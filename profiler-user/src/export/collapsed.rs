@@ -47,8 +47,6 @@ fn sanitize(s: &str) -> String {
 mod tests {
     use std::sync::Arc;
 
-    use profiler_common::DROP_REASONS;
-
     use super::*;
     use crate::{
         profile::{ProcessKey, ProcessProfile, ProcessState, StackProfile},
@@ -68,30 +66,16 @@ mod tests {
             ..Default::default()
         };
         let profile = Profile {
-            processes: vec![ProcessProfile {
-                key: ProcessKey {
+            processes: vec![ProcessProfile::from_stacks(
+                ProcessKey {
                     pid: 7,
                     generation: 0,
                 },
-                name: "demo".into(),
-                state: ProcessState::Live,
-                rate: 524_288,
-                totals,
-                alloc_events: 0,
-                free_events: 0,
-                drops: [0; DROP_REASONS],
-                lost_live_bytes: 0,
-                contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
-                weight_form: profiler_common::WeightForm::InverseProbability,
-                mapped_bytes: 0,
-                mmap_events: 0,
-                thinned_events: 0,
-                thin_factor: 1,
-                since_attach: false,
-                resident: None,
-                backend_heap: None,
-                stacks: vec![StackProfile { frames, totals }],
-            }],
+                "demo".into(),
+                ProcessState::Live,
+                524_288,
+                vec![StackProfile { frames, totals }],
+            )],
             ..Default::default()
         };
         assert_eq!(

@@ -242,28 +242,19 @@ pub(crate) mod tests {
             },
         ];
         let other = ProcessProfile {
-            key: ProcessKey {
-                pid: 8,
-                generation: 1,
-            },
-            name: "other".into(),
-            state: ProcessState::Exited,
-            rate: 65_536,
-            totals: other_stacks.iter().map(|s| s.totals).sum(),
             alloc_events: 10,
-            free_events: 0,
-            drops: [0; DROP_REASONS],
-            lost_live_bytes: 0,
             contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
             weight_form: profiler_common::WeightForm::InverseProbability,
-            mapped_bytes: 0,
-            mmap_events: 0,
-            thinned_events: 0,
-            thin_factor: 1,
-            since_attach: false,
-            resident: None,
-            backend_heap: None,
-            stacks: other_stacks,
+            ..ProcessProfile::from_stacks(
+                ProcessKey {
+                    pid: 8,
+                    generation: 1,
+                },
+                "other".into(),
+                ProcessState::Exited,
+                65_536,
+                other_stacks,
+            )
         };
         Profile {
             processes: vec![demo, other],

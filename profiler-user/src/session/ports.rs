@@ -206,7 +206,8 @@ impl ProcessPort for Procfs {
             .stats_blocks
             .iter()
             .find_map(|(&file, &offset)| backend_stats::block_address(&maps, file, offset))?;
-        backend_stats::read(pid, address, backend_stats::monotonic_ns()).ok()
+        // The library stamps its refreshes with CLOCK_MONOTONIC too.
+        backend_stats::read(pid, address, crate::age::monotonic_now_ns()).ok()
     }
 
     fn start_ticks(&self, pid: u32) -> Option<u64> {
