@@ -443,10 +443,15 @@ fn note_weight(proc: *mut ProcCounters, provider: u32, size: u64, weight: u64) {
             core::ptr::write_volatile(min_field, check.min_weight);
         }
         let proc: &ProcCounters = &*proc;
-        // Adds of 0 or 1 rather than branches: fewer paths to verify.
-        add(&proc.weights_not_multiple, u64::from(check.not_multiple));
-        add(&proc.weights_below_size, u64::from(check.below_size));
-        add(&proc.weights_invalid, u64::from(check.invalid));
+        // One branch, then adds of 0 or 1 (fewer paths to verify than a
+        // branch each): a well-formed weight, nearly every one, makes no
+        // atomic write to the process's shared counters, whose cache line
+        // would otherwise bounce between the CPUs of a busy process.
+        if check.not_multiple | check.below_size | check.invalid {
+            add(&proc.weights_not_multiple, u64::from(check.not_multiple));
+            add(&proc.weights_below_size, u64::from(check.below_size));
+            add(&proc.weights_invalid, u64::from(check.invalid));
+        }
     }
 }
 
