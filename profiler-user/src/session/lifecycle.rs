@@ -231,6 +231,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             for (id, _) in &f.stacks {
                 let key = (f.incarnation, *id);
                 self.symbols.remove(&key);
+                self.unresolved.remove(&key);
                 if self.pending.contains(&key) {
                     self.unwanted.insert(key);
                 }

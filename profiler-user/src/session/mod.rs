@@ -133,6 +133,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     next_incarnation: Incarnation,
     symbols: HashMap<(Incarnation, u64), Arc<[Frame]>>,
     pending: HashSet<(Incarnation, u64)>,
+    /// Addresses of live images' stacks that no mapping of their process
+    /// held when they were requested (a library dlopen'ed since the last
+    /// scan): the stack is symbolized again once a scan maps one of them.
+    unresolved: HashMap<(Incarnation, u64), Vec<u64>>,
     /// Pending stacks of images dropped meanwhile: their names are not kept.
     unwanted: HashSet<(Incarnation, u64)>,
     symbolizer: SymbolizerThread<(Incarnation, u64)>,
@@ -212,6 +216,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             next_incarnation: 0,
             symbols: HashMap::new(),
             pending: HashSet::new(),
+            unresolved: HashMap::new(),
             unwanted: HashSet::new(),
             symbolizer: SymbolizerThread::spawn(),
             frozen: VecDeque::new(),
