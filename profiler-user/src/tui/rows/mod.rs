@@ -3,9 +3,12 @@
 //! history and baselines follow the row rather than its position.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
+    hash::{Hash, Hasher},
     sync::Arc,
 };
+
+use foldhash::fast::RandomState;
 
 use allocprof::{
     inert::inert,
@@ -36,7 +39,7 @@ impl Grouping {
 /// to: every stack row is one process's, even in the all-processes view, so
 /// that each row can say whose it is (it is `Option` only for identities
 /// made before a profile names the process).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RowId {
     Process(ProcessKey),
     Stack {
@@ -48,6 +51,33 @@ pub enum RowId {
         name: String,
     },
 }
+
+/// Hashes part of what equality compares (a stack's function names, not
+/// their lines and modules): equal ids hash alike, and tens of thousands of
+/// stacks are hashed at every refresh.
+impl Hash for RowId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match self {
+            RowId::Process(key) => key.hash(state),
+            RowId::Stack { scope, frames } => {
+                scope.hash(state);
+                state.write_usize(frames.len());
+                for f in frames.iter() {
+                    state.write(f.function.as_bytes());
+                }
+            }
+            RowId::Function { scope, name } => {
+                scope.hash(state);
+                name.hash(state);
+            }
+        }
+    }
+}
+
+/// Maps keyed by row: foldhash, much faster than SipHash on long keys (no
+/// key here is chosen to collide: names are hashed with a random seed).
+pub type HashMap<K, V> = std::collections::HashMap<K, V, RandomState>;
 
 /// One row of a table, with everything its columns show.
 #[derive(Clone, Debug)]
@@ -162,7 +192,7 @@ fn disambiguate(rows: &mut [Row]) {
 /// resort (no suffix given).
 fn split_duplicates(rows: &mut [Row], mut suffix: impl FnMut(&Row) -> Option<String>) {
     // Rows of different processes are told apart by their process.
-    let mut by_label: HashMap<(String, Option<ProcessKey>), Vec<usize>> = HashMap::new();
+    let mut by_label: HashMap<(String, Option<ProcessKey>), Vec<usize>> = HashMap::default();
     for (i, r) in rows.iter().enumerate() {
         let process = match &r.id {
             RowId::Process(key) => Some(*key),
@@ -246,7 +276,15 @@ pub fn stack_groups(
     scope: Option<ProcessKey>,
     grouping: Grouping,
 ) -> HashMap<RowId, Group> {
-    let mut groups: HashMap<RowId, Group> = HashMap::new();
+    let stacks = profile
+        .processes
+        .iter()
+        .filter(|p| in_scope(p, scope))
+        .map(|p| p.stacks.len())
+        .sum();
+    // Sized once: growing rehashes every key.
+    let mut groups: HashMap<RowId, Group> =
+        HashMap::with_capacity_and_hasher(stacks, RandomState::default());
     for p in profile.processes.iter().filter(|p| in_scope(p, scope)) {
         for s in &p.stacks {
             let weight = (s.totals.live_bytes, s.totals.alloc_bytes);
@@ -370,7 +408,7 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
             .map_or(0.0, |g| g.totals.live_bytes)
     };
     let names: HashMap<ProcessKey, String> = match scope {
-        Some(_) => HashMap::new(),
+        Some(_) => HashMap::default(),
         None => inputs
             .current
             .processes

@@ -9,6 +9,7 @@
 //! key; `flame`: the flamegraph view (opened over the tables by `f`). `App`'s fields group what was read (`Profiles`) apart from what the
 //! user chose to see (`Settings`) and the rows and selections they yield.
 
+mod builds;
 mod callers;
 mod columns;
 mod exited;
@@ -37,8 +38,9 @@ use crossterm::event::{KeyEvent, MouseEvent};
 
 use super::{
     exporter::ViewSelection,
-    history::{GROWTH_WINDOW, History, RATE_WINDOW},
-    rows::{self, Grouping, Inputs, Row, RowId},
+    history::History,
+    rows::{Grouping, Row, RowId},
+    view_model::Built,
 };
 use allocprof::{
     inert::inert,
@@ -66,6 +68,8 @@ pub enum AppEvent {
     /// printed again on exit).
     Warning(String),
     Info(String),
+    /// Rows or a flamegraph built off the UI's thread.
+    Built(Box<Built>),
     /// SIGINT, SIGTERM, SIGHUP: leave as `q` would.
     Quit,
 }
@@ -184,6 +188,7 @@ pub struct App {
     screen: Screen,
     /// Printed on exit: the terminal's history outlives the status line.
     pub log: Vec<String>,
+    builds: builds::Builds,
 }
 
 impl App {
@@ -217,6 +222,7 @@ impl App {
             notice_since: None,
             screen: Screen::default(),
             log: Vec::new(),
+            builds: builds::Builds::default(),
         }
     }
 
@@ -371,7 +377,7 @@ impl App {
                 self.profiles.latest = Some(profile);
                 if !self.profiles.paused {
                     self.profiles.shown = self.profiles.latest.clone();
-                    self.recompute();
+                    self.refresh_rows();
                     self.rebuild_flame(false);
                     self.rebuild_callers();
                 }
@@ -388,6 +394,10 @@ impl App {
             AppEvent::Info(text) => {
                 self.log.push(text.clone());
                 self.notice = Some(Notice::Info(text));
+                Effect::None
+            }
+            AppEvent::Built(built) => {
+                self.take_built(*built);
                 Effect::None
             }
             AppEvent::Quit => Effect::Quit,
@@ -514,34 +524,6 @@ impl App {
     }
 
     // ---- rows and selection ----
-
-    /// Rebuilds the rows from the shown profile (view, scope, grouping,
-    /// profile or baseline changed).
-    fn recompute(&mut self) {
-        let Some(current) = self.profiles.shown.clone() else {
-            return;
-        };
-        let now = current.elapsed;
-        let inputs = Inputs {
-            current: &current,
-            rate_ref: self
-                .profiles
-                .history
-                .reference(now, RATE_WINDOW)
-                .map(|p| &**p),
-            growth_ref: self
-                .profiles
-                .history
-                .reference(now, GROWTH_WINDOW)
-                .map(|p| &**p),
-            baseline: self.profiles.baseline.as_deref(),
-        };
-        self.all_rows = match self.settings.view {
-            View::Processes => rows::process_rows(inputs),
-            View::Stacks => rows::stack_rows(inputs, self.settings.scope, self.settings.grouping),
-        };
-        self.arrange();
-    }
 
     /// Filters and sorts the rows, and finds the selected row again.
     fn arrange(&mut self) {
