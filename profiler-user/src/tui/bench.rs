@@ -17,7 +17,7 @@ use crossterm::event::{KeyCode, KeyEvent};
 use ratatui::{Terminal, backend::TestBackend};
 use tokio::sync::mpsc;
 
-use super::{App, AppEvent, AppOptions, Exporter, ui};
+use super::{App, AppEvent, AppOptions, Exporter, ui, view_model};
 use crate::tui::rows::tests::{process, profile, totals};
 use allocprof::{
     profile::{ProcessProfile, Profile},
@@ -147,6 +147,7 @@ fn key_to_screen_latency() {
     let world = Arc::new(world());
     let (tx, rx) = mpsc::channel::<AppEvent>(64);
     let (drawn_tx, drawn_rx) = std_mpsc::channel::<Drawn>();
+    let worker_tx = tx.clone();
     let ui_thread = thread::Builder::new()
         .name("allocprof-ui".into())
         .spawn(move || {
@@ -160,6 +161,8 @@ fn key_to_screen_latency() {
                 interval: Duration::from_secs(1),
                 preload: None,
             });
+            // As `run` does.
+            app.build_with(view_model::spawn(worker_tx).unwrap());
             let exporter: Exporter = Box::new(|_, _| Ok("not-written".into()));
             runtime
                 .block_on(ui(&mut terminal, rx, &mut app, &exporter, |app, keys| {
@@ -178,11 +181,18 @@ fn key_to_screen_latency() {
         tx.blocking_send(AppEvent::Profile(profile_at(&world, t)))
             .unwrap();
     }
-    let wait_settled = |keys: u64, since: Instant| -> Duration {
+    // Until the first draw after the key, and until the draw that shows
+    // what it asked for built.
+    let wait_settled = |keys: u64, since: Instant| -> (Duration, Duration) {
+        let mut first = None;
         loop {
             let d = drawn_rx.recv().unwrap();
-            if d.keys >= keys && d.settled {
-                return d.at.saturating_duration_since(since);
+            if d.keys >= keys {
+                let after = d.at.saturating_duration_since(since);
+                let first = *first.get_or_insert(after);
+                if d.settled {
+                    return (first, after);
+                }
             }
         }
     };
@@ -230,7 +240,7 @@ fn key_to_screen_latency() {
         ('q', "flamegraph close (q)"),
     ];
     let rounds = 22;
-    let mut latencies: Vec<(&str, Duration)> = Vec::new();
+    let mut latencies: Vec<(&str, (Duration, Duration))> = Vec::new();
     let (cpu0, wall0) = (cpu_of_threads("allocprof-"), Instant::now());
     let mut keys = 0;
     for _ in 0..rounds {
@@ -257,26 +267,38 @@ fn key_to_screen_latency() {
         PROCESSES * STACKS_PER_PROCESS,
         latencies.len()
     );
-    println!("| keys | presses | p50 | p99 | max |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| keys | presses | drawn p50 | p99 | max | built p50 | p99 | max |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     let mut kinds: Vec<&str> = cycle.iter().map(|(_, k)| *k).collect();
     kinds.dedup();
     kinds.sort_unstable();
     kinds.dedup();
     kinds.push("all");
     for kind in kinds {
-        let mut of: Vec<Duration> = latencies
+        let of = |which: fn(&(Duration, Duration)) -> Duration| {
+            let mut of: Vec<Duration> = latencies
+                .iter()
+                .filter(|(k, _)| kind == "all" || *k == kind)
+                .map(|(_, d)| which(d))
+                .collect();
+            of.sort_unstable();
+            format!(
+                "{} | {} | {}",
+                ms(percentile(&of, 0.5)),
+                ms(percentile(&of, 0.99)),
+                ms(*of.last().unwrap())
+            )
+        };
+        let presses = latencies
             .iter()
             .filter(|(k, _)| kind == "all" || *k == kind)
-            .map(|(_, d)| *d)
-            .collect();
-        of.sort_unstable();
+            .count();
         println!(
-            "| {kind} | {} | {} | {} | {} |",
-            of.len(),
-            ms(percentile(&of, 0.5)),
-            ms(percentile(&of, 0.99)),
-            ms(*of.last().unwrap())
+            "| {kind} | {presses} | {} | {} |",
+            of(|d| d.0),
+            of(|d| d.1)
         );
     }
     println!(

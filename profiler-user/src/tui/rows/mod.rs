@@ -14,7 +14,7 @@ use allocprof::{
     inert::inert,
     profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile},
     stats::Totals,
-    symbolize::{Frame, is_allocator_frame, is_library_frame, most_informative},
+    symbolize::{Frame, Name, is_allocator_frame, is_library_frame, most_informative},
 };
 
 /// How the stack view groups stacks.
@@ -48,7 +48,8 @@ pub enum RowId {
     },
     Function {
         scope: Option<ProcessKey>,
-        name: String,
+        /// The frame's own name (shared: no copy per stack).
+        name: Name,
     },
 }
 
@@ -138,6 +139,13 @@ pub struct Inputs<'a> {
 pub fn function_of(frames: &[Frame]) -> String {
     most_informative(frames)
         .map(|f| f.function.to_string())
+        .unwrap_or_else(|| "[empty stack]".into())
+}
+
+/// [`function_of`] without a copy: the naming frame's own name.
+pub fn function_name(frames: &[Frame]) -> Name {
+    most_informative(frames)
+        .map(|f| f.function.clone())
         .unwrap_or_else(|| "[empty stack]".into())
 }
 
@@ -253,7 +261,7 @@ fn stack_id(scope: Option<ProcessKey>, grouping: Grouping, s: &StackProfile) -> 
         },
         Grouping::Function => RowId::Function {
             scope,
-            name: function_of(&s.frames),
+            name: function_name(&s.frames),
         },
     }
 }
@@ -320,7 +328,7 @@ pub fn totals_of(profile: &Profile, id: &RowId) -> Option<Totals> {
     };
     let matches = |s: &StackProfile| match id {
         RowId::Stack { frames, .. } => s.frames == *frames,
-        RowId::Function { name, .. } => function_of(&s.frames) == *name,
+        RowId::Function { name, .. } => function_name(&s.frames) == *name,
         RowId::Process(_) => false,
     };
     let mut found = None;
