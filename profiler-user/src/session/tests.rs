@@ -588,7 +588,10 @@ fn a_stack_into_a_library_mapped_after_its_scan_is_symbolized_again() {
     // Asked for once: names that are complete are not asked for again.
     let again = s.complete_profile().unwrap();
     assert!(s.pending.is_empty());
-    assert!(has_function(only_image(&again, 100, ProcessState::Live), "beta_site"));
+    assert!(has_function(
+        only_image(&again, 100, ProcessState::Live),
+        "beta_site"
+    ));
 }
 
 #[test]

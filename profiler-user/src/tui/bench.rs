@@ -220,8 +220,8 @@ fn key_to_screen_latency() {
     // The view's CPU while it only follows the profiles.
     let (cpu0, wall0) = (cpu_of_threads("allocprof-"), Instant::now());
     thread::sleep(Duration::from_secs(15));
-    let idle_cpu = (cpu_of_threads("allocprof-") - cpu0).as_secs_f64()
-        / wall0.elapsed().as_secs_f64();
+    let idle_cpu =
+        (cpu_of_threads("allocprof-") - cpu0).as_secs_f64() / wall0.elapsed().as_secs_f64();
 
     let cycle = [
         ('j', "j/k"),
@@ -254,8 +254,8 @@ fn key_to_screen_latency() {
             thread::sleep(Duration::from_millis(50));
         }
     }
-    let keyed_cpu = (cpu_of_threads("allocprof-") - cpu0).as_secs_f64()
-        / wall0.elapsed().as_secs_f64();
+    let keyed_cpu =
+        (cpu_of_threads("allocprof-") - cpu0).as_secs_f64() / wall0.elapsed().as_secs_f64();
     tx.blocking_send(AppEvent::Quit).unwrap();
     ui_thread.join().unwrap();
     drop(tx);
@@ -267,9 +267,7 @@ fn key_to_screen_latency() {
         PROCESSES * STACKS_PER_PROCESS,
         latencies.len()
     );
-    println!(
-        "| keys | presses | drawn p50 | p99 | max | built p50 | p99 | max |"
-    );
+    println!("| keys | presses | drawn p50 | p99 | max | built p50 | p99 | max |");
     println!("|---|---|---|---|---|---|---|---|");
     let mut kinds: Vec<&str> = cycle.iter().map(|(_, k)| *k).collect();
     kinds.dedup();
@@ -295,11 +293,7 @@ fn key_to_screen_latency() {
             .iter()
             .filter(|(k, _)| kind == "all" || *k == kind)
             .count();
-        println!(
-            "| {kind} | {presses} | {} | {} |",
-            of(|d| d.0),
-            of(|d| d.1)
-        );
+        println!("| {kind} | {presses} | {} | {} |", of(|d| d.0), of(|d| d.1));
     }
     println!(
         "view CPU (UI and view threads): {:.0}% of a core following the profiles, {:.0}% \

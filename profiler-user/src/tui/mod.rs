@@ -1,7 +1,9 @@
-//! The live TUI (`allocprof` in a terminal): producers (the session, the
-//! terminal's keys, signals) send [`AppEvent`]s over one channel; the UI
-//! loop applies each to the pure [`App`] state and redraws. Everything runs
-//! on the caller's task (the session need not be `Send`).
+//! The live TUI (`allocprof` in a terminal): producers (the session, on a
+//! thread of its own; the terminal's keys; signals; the view worker) send
+//! [`AppEvent`]s over one channel; the UI loop applies each to the pure
+//! [`App`] state and redraws. Nothing heavy runs on the UI's task: the
+//! session's reads and scans are on its thread, the rows and the
+//! flamegraph's tree on the worker's (`view_model`).
 //!
 //! - `state`: the state and its transitions (keys, profiles), unit-tested.
 //! - `rows`: table rows with stable identities; `history`: rates, growth,

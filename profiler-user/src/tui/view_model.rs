@@ -112,7 +112,10 @@ pub fn spawn(events: mpsc::Sender<AppEvent>) -> std::io::Result<Builder> {
             while let Ok(first) = rx.recv() {
                 let request = newest(first, &rx);
                 let built = build(&request);
-                if events.blocking_send(AppEvent::Built(Box::new(built))).is_err() {
+                if events
+                    .blocking_send(AppEvent::Built(Box::new(built)))
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -8,7 +8,7 @@ use super::{App, View};
 use crate::tui::{
     flame::{Scope as FlameScope, Tree},
     history::{GROWTH_WINDOW, RATE_WINDOW},
-    view_model::{Built, Builder, Request, RowsOf, build},
+    view_model::{Builder, Built, Request, RowsOf, build},
 };
 use allocprof::profile::Profile;
 
