@@ -201,7 +201,7 @@ fn key_to_screen_latency() {
 
     // A profile a second from now on.
     let producer_tx = tx.clone();
-    let producer_world = world.clone();
+    let producer_world = world;
     let producer = thread::Builder::new()
         .name("bench-producer".into())
         .spawn(move || {
