@@ -5,10 +5,13 @@
 //! Each view's scroll and selection is a [`TableState`] (`table`); the run
 //! loop hands it the table's height before each draw ([`App::fit_table`]),
 //! so drawing reads the state and never writes it. `columns`: the views'
-//! columns and sort orders; `search`: what a query keeps; `export`: the `e`
+//! columns and sort orders; `builds`: the rows and the flamegraph's tree
+//! asked of the view worker and taken in; `arrange`: the rows filtered,
+//! sorted, the selection found again; `search`: what a query keeps; `export`: the `e`
 //! key; `flame`: the flamegraph view (opened over the tables by `f`). `App`'s fields group what was read (`Profiles`) apart from what the
 //! user chose to see (`Settings`) and the rows and selections they yield.
 
+mod arrange;
 mod builds;
 mod callers;
 mod columns;
@@ -46,8 +49,6 @@ use allocprof::{
     inert::inert,
     profile::{ProcessKey, Profile},
 };
-use columns::compare;
-use search::row_matches;
 
 /// How long a notice stays in the status line: an information, and a
 /// warning or error.
@@ -524,73 +525,6 @@ impl App {
     }
 
     // ---- rows and selection ----
-
-    /// Filters and sorts the rows, and finds the selected row again.
-    fn arrange(&mut self) {
-        let query = self.settings.query();
-        let grouping = self.settings.grouping;
-        let shown: Vec<Row> = self
-            .all_rows
-            .iter()
-            .filter(|r| !(r.gone && r.process_key().is_some_and(|k| self.hides(k))))
-            .filter(|r| query.as_deref().is_none_or(|q| row_matches(r, grouping, q)))
-            .cloned()
-            .collect();
-        let sort = self.sort();
-        // Names compared case-insensitively, each lowercased once: a sort
-        // of 10k's of rows makes 100k's of comparisons.
-        let names: Vec<String> = match sort.column {
-            Column::Name => shown.iter().map(|r| r.label.to_lowercase()).collect(),
-            _ => Vec::new(),
-        };
-        let mut order: Vec<usize> = (0..shown.len()).collect();
-        // Gone processes' figures are at exit: apart, after the running
-        // ones', whatever the column (an exited leak is not growing).
-        order.sort_by(|&i, &j| {
-            let (a, b) = (&shown[i], &shown[j]);
-            let o = match sort.column {
-                Column::Name => names[i].cmp(&names[j]),
-                column => compare(column, a, b),
-            };
-            let o = if sort.descending { o.reverse() } else { o };
-            a.gone
-                .cmp(&b.gone)
-                .then(o)
-                .then_with(|| b.totals.live_bytes.total_cmp(&a.totals.live_bytes))
-                .then_with(|| a.id.cmp(&b.id))
-        });
-        let mut shown: Vec<Option<Row>> = shown.into_iter().map(Some).collect();
-        let shown: Vec<Row> = order.into_iter().filter_map(|i| shown[i].take()).collect();
-        self.rows = shown;
-        let v = self.settings.view as usize;
-        let len = self.rows.len();
-        match &self.selected[v] {
-            // Nothing chosen yet: the cursor stays on the first row, whatever
-            // row that is now (pinning the first row of the first refresh
-            // would carry the cursor down the table as others outgrow it).
-            None => {
-                self.tables[v].select(0, len);
-            }
-            Some(id) => match self.rows.iter().position(|r| r.id == *id) {
-                Some(i) => {
-                    self.tables[v].select(i, len);
-                }
-                // Gone (or filtered out): the row now where it was.
-                None => {
-                    let last = self.tables[v].last_selected();
-                    self.select(|t, len| t.select(last, len));
-                }
-            },
-        }
-    }
-
-    /// Moves the shown table's selection, and remembers the row it lands on.
-    fn select(&mut self, how: impl FnOnce(&mut TableState, usize) -> Option<usize>) {
-        let v = self.settings.view as usize;
-        if let Some(i) = how(&mut self.tables[v], self.rows.len()) {
-            self.selected[v] = Some(self.rows[i].id.clone());
-        }
-    }
 
     fn scroll_detail(&mut self, by: isize) {
         self.detail_scroll = self
