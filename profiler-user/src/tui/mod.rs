@@ -29,7 +29,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use crossterm::{
     cursor::Show,
     event::{DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind},
@@ -97,7 +97,7 @@ pub async fn run(session: Session, options: Options, exporter: Exporter) -> Resu
     let session = on_own_thread(session, options.interval, tx.clone())?;
     let mut terminal = TerminalGuard::enter()?;
     let result = tokio::select! {
-        r = session => r.unwrap_or(Ok(())),
+        r = session => r.unwrap_or_else(|_| Err(anyhow!("the session's thread panicked"))),
         r = input(tx) => r,
         r = ui(&mut terminal.terminal, rx, &mut app, &exporter, |_, _| {}) => r,
     };

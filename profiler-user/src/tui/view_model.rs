@@ -138,3 +138,94 @@ fn newest(mut request: Request, waiting: &std_mpsc::Receiver<Request>) -> Reques
     }
     request
 }
+
+#[cfg(test)]
+mod tests {
+    use crossterm::event::KeyCode;
+
+    use super::*;
+    use crate::tui::state::{
+        App,
+        tests::{options, press, sample},
+    };
+
+    /// An app whose requests wait in `rx` until the test builds them.
+    fn app_with_queue() -> (App, std_mpsc::Receiver<Request>) {
+        let (tx, rx) = std_mpsc::channel();
+        let mut app = App::new(options());
+        app.build_with(Builder::Worker(tx));
+        (app, rx)
+    }
+
+    fn deliver(app: &mut App, request: &Request) {
+        app.update(AppEvent::Built(Box::new(build(request))));
+    }
+
+    #[test]
+    fn rows_show_once_built_and_only_for_the_choices_they_were_built_for() {
+        let (mut app, rx) = app_with_queue();
+        app.update(AppEvent::Profile(sample(1)));
+        assert!(app.rows().is_empty(), "nothing built yet");
+        assert!(app.settled(), "a refresh owes nothing");
+        let by_stack = rx.try_recv().unwrap();
+        deliver(&mut app, &by_stack);
+        assert_eq!(app.rows().len(), 4);
+
+        // Grouped by function: owed until built; the stack rows stay
+        // meanwhile, and a late stack build is not shown.
+        press(&mut app, KeyCode::Char('g'));
+        assert!(!app.settled());
+        let by_function = rx.try_recv().unwrap();
+        deliver(&mut app, &by_stack);
+        assert_eq!(app.rows().len(), 4);
+        assert!(!app.settled());
+        deliver(&mut app, &by_function);
+        assert!(app.settled());
+        let labels: Vec<&str> = app.rows().iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels.len(), 4, "{labels:?}");
+        assert!(
+            labels.iter().any(|l| l.starts_with("cache_fill")),
+            "{labels:?}"
+        );
+    }
+
+    #[test]
+    fn the_flamegraph_opens_on_its_root_and_shows_its_tree_once_built() {
+        let (mut app, rx) = app_with_queue();
+        app.update(AppEvent::Profile(sample(1)));
+        deliver(&mut app, &rx.try_recv().unwrap());
+        press(&mut app, KeyCode::Char('f'));
+        let flame = app.flame().expect("open at once");
+        assert_eq!(flame.tree().node_count(), 1, "its root alone");
+        assert!(!app.settled());
+        let request = rx.try_recv().unwrap();
+        assert!(request.flame.is_some() && request.rows.is_none());
+        deliver(&mut app, &request);
+        assert!(app.settled());
+        assert!(app.flame().unwrap().tree().node_count() > 1);
+    }
+
+    #[test]
+    fn only_the_newest_waiting_request_is_built_and_it_keeps_a_flamegraph() {
+        let (tx, rx) = std_mpsc::channel();
+        let profile = Arc::new(sample(1));
+        let request = |generation, flame| Request {
+            generation,
+            current: profile.clone(),
+            rate_ref: None,
+            growth_ref: None,
+            baseline: None,
+            rows: Some(RowsOf {
+                view: View::Stacks,
+                scope: None,
+                grouping: Grouping::Stack,
+            }),
+            flame,
+        };
+        tx.send(request(2, Some(FlameScope::All))).unwrap();
+        tx.send(request(3, None)).unwrap();
+        let newest = newest(request(1, None), &rx);
+        assert_eq!(newest.generation, 3);
+        assert_eq!(newest.flame, Some(FlameScope::All));
+    }
+}
