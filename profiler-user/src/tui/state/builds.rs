@@ -10,7 +10,7 @@ use crate::tui::{
     history::{GROWTH_WINDOW, RATE_WINDOW},
     view_model::{Builder, Built, Request, RowsOf, build},
 };
-use allocprof::profile::Profile;
+use allocprof::profile::{ProcessProfile, Profile};
 
 /// The state's side of the builds.
 #[derive(Default)]
@@ -126,8 +126,22 @@ impl App {
     }
 
     /// The tree a flamegraph opens with until its own is built: the scope's
-    /// root alone.
-    pub(super) fn placeholder_tree(scope: FlameScope) -> Tree {
-        Tree::build(&Profile::default(), scope, None)
+    /// root alone (named after its process).
+    pub(super) fn placeholder_tree(&self, scope: FlameScope) -> Tree {
+        let mut bare = Profile::default();
+        if let (FlameScope::Process(key), Some(shown)) = (scope, self.profiles.shown.as_deref()) {
+            bare.processes
+                .extend(
+                    shown
+                        .processes
+                        .iter()
+                        .filter(|p| p.key == key)
+                        .map(|p| ProcessProfile {
+                            stacks: Vec::new(),
+                            ..p.clone()
+                        }),
+                );
+        }
+        Tree::build(&bare, scope, None)
     }
 }

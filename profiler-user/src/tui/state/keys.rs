@@ -165,7 +165,7 @@ impl App {
             self.notice = Some(Notice::Warning("no profile yet to draw".into()));
             return;
         };
-        self.flame = Some(FlameView::new(App::placeholder_tree(scope), shown.elapsed));
+        self.flame = Some(FlameView::new(self.placeholder_tree(scope), shown.elapsed));
         self.request_flame(scope, true);
     }
 
