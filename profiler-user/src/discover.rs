@@ -370,6 +370,17 @@ pub fn parse_resident(status: &str) -> Option<Resident> {
     })
 }
 
+/// The size of a process's executable mappings, `VmExe:` plus `VmLib:` of
+/// `/proc/PID/status` (kB): a dlopen or dlclose changes it. None if either
+/// is missing or malformed.
+pub fn parse_code_size(status: &str) -> Option<u64> {
+    let kib = |name: &str| -> Option<u64> {
+        let value = status.lines().find_map(|l| l.strip_prefix(name))?;
+        value.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()
+    };
+    kib("VmExe:")?.checked_add(kib("VmLib:")?)
+}
+
 /// Reads at most `limit` bytes of a file.
 fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     let mut data = Vec::new();
@@ -440,6 +451,11 @@ impl Process {
     /// What it has resident now.
     pub fn resident(&self) -> Option<Resident> {
         parse_resident(&read_string(&self.dir.join("status"), MAX_SMALL_BYTES).ok()?)
+    }
+
+    /// The size of its executable mappings ([`parse_code_size`]).
+    pub fn code_size(&self) -> Option<u64> {
+        parse_code_size(&read_string(&self.dir.join("status"), MAX_SMALL_BYTES).ok()?)
     }
 
     /// Its name (`comm`).
@@ -642,6 +658,14 @@ pub(crate) fn sampling_rate(pid: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_size_is_the_executable_and_its_libraries() {
+        let status = "Name:\tx\nVmExe:\t  120 kB\nVmLib:\t   2048 kB\n";
+        assert_eq!(parse_code_size(status), Some(2168));
+        assert_eq!(parse_code_size("VmExe:\t1 kB\n"), None);
+        assert_eq!(parse_code_size("VmExe:\tx kB\nVmLib:\t1 kB\n"), None);
+    }
 
     #[test]
     fn resident_memory_comes_from_the_rss_lines_of_status() {

@@ -57,6 +57,10 @@ const RESCAN_AFTER_EXEC: [Duration; 4] = [
 ];
 /// System-wide, every process is rescanned this often (for dlopen).
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(5);
+/// A tracked process is rescanned at a refresh only when its code size
+/// changed (a dlopen or dlclose), some of its stacks fell outside its known
+/// maps, or this long has passed.
+const RESCAN_EVERY: Duration = FULL_SCAN_EVERY;
 /// Exited and replaced images kept, so a long system-wide run over
 /// short-lived processes holds bounded memory; the oldest go first.
 const MAX_FROZEN_IMAGES: usize = 10_000;
@@ -121,6 +125,9 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     /// attachment follows.
     attached_pid_files: HashMap<(u32, FileId), u32>,
     spaces: HashMap<u32, AddressSpace>,
+    /// Each scanned process's code size (see `ProcessPort::code_size`) and
+    /// when it was scanned: its next rescan waits for a change.
+    scanned: HashMap<u32, (Option<u64>, Instant)>,
     /// Host pids (the kernel's) ↔ ours; all pids outside `kernel` are ours.
     pids: PidMap,
     /// The files whose probes are attached (to recognise host pids).
@@ -208,6 +215,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             attached_files: HashSet::new(),
             attached_pid_files: HashMap::new(),
             spaces: HashMap::new(),
+            scanned: HashMap::new(),
             pids,
             probe_ids: HashSet::new(),
             ambiguous: HashSet::new(),

@@ -69,6 +69,8 @@ struct FakeProcess {
     /// An address whose mapping the scan does not see yet (a library the
     /// process has not dlopen'ed yet).
     not_mapped: Option<u64>,
+    /// What `code_size` says (none: unknown, rescanned at every refresh).
+    code_size: Option<u64>,
     probe_files: Vec<FileId>,
 }
 
@@ -101,6 +103,7 @@ impl World {
                 name: name.into(),
                 maps_readable: true,
                 not_mapped: None,
+                code_size: None,
                 probe_files: vec![probe_file_id(1)],
             },
         );
@@ -292,6 +295,10 @@ impl KernelPort for FakeKernel {
 impl ProcessPort for FakeProcesses {
     fn alive(&self, pid: u32) -> bool {
         self.world.0.borrow().processes.contains_key(&pid)
+    }
+
+    fn code_size(&self, pid: u32) -> Option<u64> {
+        self.world.0.borrow().processes.get(&pid)?.code_size
     }
 
     fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
@@ -592,6 +599,44 @@ fn a_stack_into_a_library_mapped_after_its_scan_is_symbolized_again() {
         only_image(&again, 100, ProcessState::Live),
         "beta_site"
     ));
+}
+
+#[test]
+fn a_process_is_rescanned_when_its_code_changes_or_its_stacks_leave_its_maps() {
+    let world = World::default();
+    world.spawn(100, "app");
+    world.process(100).code_size = Some(1000);
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    s.complete_profile().unwrap();
+    let scans = world.scans_of(100);
+    s.refresh().unwrap();
+    s.refresh().unwrap();
+    assert_eq!(world.scans_of(100), scans, "nothing changed: no rescan");
+
+    // A dlopen: its code grows.
+    world.process(100).code_size = Some(1200);
+    s.refresh().unwrap();
+    assert_eq!(world.scans_of(100), scans + 1);
+    s.refresh().unwrap();
+    assert_eq!(world.scans_of(100), scans + 1);
+
+    // A stack outside the maps known (the library's size unchanged: one
+    // dlclose'd, another dlopen'ed): rescanned until its names are in.
+    world.process(100).not_mapped = Some(address_in(beta_site));
+    s.scanned.clear();
+    s.refresh().unwrap();
+    world.sample(100, 8, &[address_in(beta_site)], 1 << 20);
+    s.complete_profile().unwrap();
+    world.process(100).not_mapped = None;
+    let p = s.complete_profile().unwrap();
+    assert!(has_function(
+        only_image(&p, 100, ProcessState::Live),
+        "beta_site"
+    ));
+    let scans = world.scans_of(100);
+    s.refresh().unwrap();
+    assert_eq!(world.scans_of(100), scans, "resolved: no rescan");
 }
 
 #[test]
