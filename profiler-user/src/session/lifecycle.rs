@@ -282,7 +282,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Whether a tracked process's maps may have changed since its last
     /// scan: never scanned with probes, its code size changed or is unknown,
     /// stacks of it fell outside its maps, or [`RESCAN_EVERY`] passed.
-    fn rescan_due(&mut self, pid: u32, unresolved: &HashSet<Incarnation>) -> bool {
+    fn rescan_due(&self, pid: u32, unresolved: &HashSet<Incarnation>) -> bool {
         let Some((size, at)) = self.scanned.get(&pid).copied() else {
             return true;
         };
