@@ -190,6 +190,21 @@ mod tests {
     }
 
     #[test]
+    fn another_view_s_rows_are_not_shown_while_its_own_are_built() {
+        let (mut app, rx) = app_with_queue();
+        app.update(AppEvent::Profile(sample(1)));
+        deliver(&mut app, &rx.try_recv().unwrap());
+        assert_eq!(app.rows().len(), 4);
+        press(&mut app, KeyCode::Tab);
+        assert!(
+            app.rows().is_empty(),
+            "no stack rows under the processes' tab"
+        );
+        deliver(&mut app, &rx.try_recv().unwrap());
+        assert_eq!(app.rows().len(), 2);
+    }
+
+    #[test]
     fn the_flamegraph_opens_on_its_root_and_shows_its_tree_once_built() {
         let (mut app, rx) = app_with_queue();
         app.update(AppEvent::Profile(sample(1)));

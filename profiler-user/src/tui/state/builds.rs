@@ -24,6 +24,8 @@ pub(super) struct Builds {
     flame_owed: u64,
     /// The numbers of the rows and tree shown.
     rows_shown: u64,
+    /// The view the rows shown are of.
+    rows_view: Option<View>,
     flame_shown: u64,
 }
 
@@ -47,6 +49,16 @@ impl App {
     pub(super) fn recompute(&mut self) {
         if let Some(generation) = self.request(true, None) {
             self.builds.rows_owed = generation;
+        }
+        // Rows of the other view (processes for stacks) are no stand-in.
+        if self
+            .builds
+            .rows_view
+            .is_some_and(|v| v != self.settings.view)
+        {
+            self.all_rows.clear();
+            self.builds.rows_view = None;
+            self.arrange();
         }
     }
 
@@ -114,6 +126,7 @@ impl App {
         {
             self.all_rows = rows;
             self.builds.rows_shown = built.generation;
+            self.builds.rows_view = Some(of.view);
             self.arrange();
         }
         if let (Some(tree), Some(flame)) = (built.flame, self.flame.as_mut())
