@@ -370,6 +370,17 @@ pub fn parse_resident(status: &str) -> Option<Resident> {
     })
 }
 
+/// The size of a process's executable mappings, `VmExe:` plus `VmLib:` of
+/// `/proc/PID/status` (kB): a dlopen or dlclose changes it. None if either
+/// is missing or malformed.
+pub fn parse_code_size(status: &str) -> Option<u64> {
+    let kib = |name: &str| -> Option<u64> {
+        let value = status.lines().find_map(|l| l.strip_prefix(name))?;
+        value.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()
+    };
+    kib("VmExe:")?.checked_add(kib("VmLib:")?)
+}
+
 /// Reads at most `limit` bytes of a file.
 fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     let mut data = Vec::new();
@@ -455,6 +466,11 @@ impl Process {
     /// What it has resident now.
     pub fn resident(&self) -> Option<Resident> {
         parse_resident(&read_string(&self.dir.join("status"), MAX_SMALL_BYTES).ok()?)
+    }
+
+    /// The size of its executable mappings ([`parse_code_size`]).
+    pub fn code_size(&self) -> Option<u64> {
+        parse_code_size(&read_string(&self.dir.join("status"), MAX_SMALL_BYTES).ok()?)
     }
 
     /// Its name (`comm`).
@@ -665,6 +681,14 @@ mod tests {
         assert_eq!(stat_start_ticks(stat), Some(98765));
         assert_eq!(stat_start_ticks("4242 (x) S 1 2"), None);
         assert_eq!(stat_start_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn code_size_is_the_executable_and_its_libraries() {
+        let status = "Name:\tx\nVmExe:\t  120 kB\nVmLib:\t   2048 kB\n";
+        assert_eq!(parse_code_size(status), Some(2168));
+        assert_eq!(parse_code_size("VmExe:\t1 kB\n"), None);
+        assert_eq!(parse_code_size("VmExe:\tx kB\nVmLib:\t1 kB\n"), None);
     }
 
     #[test]

@@ -95,6 +95,14 @@ impl AddressSpace {
         })
     }
 
+    /// The space without the mapping that holds `addr` (tests: a library
+    /// not mapped yet).
+    #[cfg(test)]
+    pub(crate) fn without(mut self, addr: u64) -> AddressSpace {
+        self.mappings.retain(|m| !(m.start <= addr && addr < m.end));
+        self
+    }
+
     pub fn is_empty(&self) -> bool {
         self.mappings.is_empty()
     }

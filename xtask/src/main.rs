@@ -39,9 +39,10 @@ enum Command {
     },
     /// Build everything, start the demo workload and profile it.
     Demo,
-    /// Benchmarks: `alloc` (allocator overhead) or `pipeline` (profiler costs).
+    /// Benchmarks: `alloc` (allocator overhead), `pipeline` (profiler costs)
+    /// or `tui` (the live view's key-to-screen latency and CPU).
     Bench {
-        #[arg(value_parser = ["alloc", "pipeline"])]
+        #[arg(value_parser = ["alloc", "pipeline", "tui"])]
         which: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -90,6 +91,23 @@ fn run(cli: Cli) -> Result<()> {
         Command::Build => shell::cargo(&root, &["build", "--release"]),
         Command::Test { cargo_args } => test(&root, &cargo_args),
         Command::Demo => demo::run(&root),
+        // Synthetic profiles through the view's own code: no packages, no
+        // kernel (`profiler-user/src/tui/bench.rs`).
+        Command::Bench { which, .. } if which == "tui" => shell::cargo(
+            &root,
+            &[
+                "test",
+                "--release",
+                "-p",
+                "allocprof",
+                "--bin",
+                "allocprof",
+                "tui::bench",
+                "--",
+                "--ignored",
+                "--nocapture",
+            ],
+        ),
         Command::Bench { which, args } => {
             match packages::ensure_bench_packages().map(|()| which.as_str())? {
                 "alloc" => bench_alloc::run(&root, &args),

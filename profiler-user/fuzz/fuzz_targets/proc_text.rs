@@ -7,8 +7,8 @@
 
 use allocprof::{
     discover::{
-        effective_caps, parse_comm, parse_maps, parse_maps_read, parse_resident, rate_in_environ,
-        stat_is_live,
+        effective_caps, parse_code_size, parse_comm, parse_maps, parse_maps_read, parse_resident,
+        rate_in_environ, stat_is_live,
     },
     normalize::AddressSpace,
 };
@@ -35,6 +35,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = stat_is_live(&text);
     let _ = effective_caps(&text);
     let _ = parse_resident(&text);
+    let _ = parse_code_size(&text);
     let _ = rate_in_environ(data);
     // Lossy decoding at most triples the bytes (U+FFFD for each).
     assert!(parse_comm(data).len() <= 3 * data.len());

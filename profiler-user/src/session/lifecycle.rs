@@ -3,14 +3,15 @@
 //! freed) and what only it needed is pruned.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     time::Instant,
 };
 
 use profiler_common::{AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_OOM, ProcCounters};
 
 use super::{
-    FULL_SCAN_EVERY, Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, Session, Target,
+    FULL_SCAN_EVERY, Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, RESCAN_EVERY,
+    Session, Target,
 };
 use crate::{
     kernel::KernelSnapshot,
@@ -234,6 +235,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             for (id, _) in &f.stacks {
                 let key = (f.incarnation, *id);
                 self.symbols.remove(&key);
+                self.unresolved.remove(&key);
                 if self.pending.contains(&key) {
                     self.unwanted.insert(key);
                 }
@@ -256,6 +258,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub(super) fn prune(&mut self, pid: u32, exited: bool) {
         self.forget_tables(pid);
         self.spaces.remove(&pid);
+        self.scanned.remove(&pid);
         self.names.remove(&pid);
         if !exited {
             self.execed_since_attach.insert(pid);
@@ -282,6 +285,23 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
     }
 
+    /// Whether a tracked process's maps may have changed since its last
+    /// scan: never scanned with probes, its code size changed or is unknown,
+    /// stacks of it fell outside its maps, or [`RESCAN_EVERY`] passed.
+    fn rescan_due(&self, pid: u32, unresolved: &HashSet<Incarnation>) -> bool {
+        let Some((size, at)) = self.scanned.get(&pid).copied() else {
+            return true;
+        };
+        !self.spaces.contains_key(&pid)
+            || size.is_none()
+            || at.elapsed() >= RESCAN_EVERY
+            || self
+                .incarnations
+                .get(&pid)
+                .is_some_and(|i| unresolved.contains(i))
+            || self.processes.code_size(pid) != size
+    }
+
     /// Keeps the address spaces of tracked processes current and picks up
     /// libraries they dlopen'ed. Processes found dead are retired and taken
     /// out of `snapshot`, so the profile built from it shows them once,
@@ -294,10 +314,25 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         pids.sort_unstable();
         pids.dedup();
         let mut dead = Vec::new();
+        // Processes with stacks outside their known maps: a library they
+        // dlopen'ed is to be seen at once.
+        let unresolved: HashSet<Incarnation> = self
+            .unresolved
+            .keys()
+            .map(|(incarnation, _)| *incarnation)
+            .collect();
         for pid in pids {
             if self.processes.alive(pid) {
-                if let Err(e) = self.scan(pid) {
-                    self.warnings.push(format!("process {pid}: {e}"));
+                if !self.rescan_due(pid, &unresolved) {
+                    continue;
+                }
+                // Read before the scan: a dlopen in between is seen next time.
+                let code_size = self.processes.code_size(pid);
+                match self.scan(pid) {
+                    Ok(_) => {
+                        self.scanned.insert(pid, (code_size, Instant::now()));
+                    }
+                    Err(e) => self.warnings.push(format!("process {pid}: {e}")),
                 }
             } else if snapshot.processes.contains_key(&pid) {
                 // Its exit event was lost (full ring buffer) or it died

@@ -57,6 +57,10 @@ const RESCAN_AFTER_EXEC: [Duration; 4] = [
 ];
 /// System-wide, every process is rescanned this often (for dlopen).
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(5);
+/// A tracked process is rescanned at a refresh only when its code size
+/// changed (a dlopen or dlclose), some of its stacks fell outside its known
+/// maps, or this long has passed.
+const RESCAN_EVERY: Duration = FULL_SCAN_EVERY;
 /// Exited and replaced images kept, so a long system-wide run over
 /// short-lived processes holds bounded memory; the oldest go first.
 const MAX_FROZEN_IMAGES: usize = 10_000;
@@ -121,6 +125,9 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     /// attachment follows.
     attached_pid_files: HashMap<(u32, FileId), u32>,
     spaces: HashMap<u32, AddressSpace>,
+    /// Each scanned process's code size (see `ProcessPort::code_size`) and
+    /// when it was scanned: its next rescan waits for a change.
+    scanned: HashMap<u32, (Option<u64>, Instant)>,
     /// Host pids (the kernel's) ↔ ours; all pids outside `kernel` are ours.
     pids: PidMap,
     /// The files whose probes are attached (to recognise host pids).
@@ -141,6 +148,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     next_incarnation: Incarnation,
     symbols: HashMap<(Incarnation, u64), Arc<[Frame]>>,
     pending: HashSet<(Incarnation, u64)>,
+    /// Addresses of live images' stacks that no mapping of their process
+    /// held when they were requested (a library dlopen'ed since the last
+    /// scan): the stack is symbolized again once a scan maps one of them.
+    unresolved: HashMap<(Incarnation, u64), Vec<u64>>,
     /// Pending stacks of images dropped meanwhile: their names are not kept.
     unwanted: HashSet<(Incarnation, u64)>,
     symbolizer: SymbolizerThread<(Incarnation, u64)>,
@@ -212,6 +223,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             attached_files: HashSet::new(),
             attached_pid_files: HashMap::new(),
             spaces: HashMap::new(),
+            scanned: HashMap::new(),
             pids,
             probe_ids: HashSet::new(),
             ambiguous: HashSet::new(),
@@ -224,6 +236,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             next_incarnation: 0,
             symbols: HashMap::new(),
             pending: HashSet::new(),
+            unresolved: HashMap::new(),
             unwanted: HashSet::new(),
             symbolizer: SymbolizerThread::spawn(),
             frozen: VecDeque::new(),

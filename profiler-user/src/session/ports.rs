@@ -74,6 +74,11 @@ pub trait ProcessPort {
     /// `Err` when it is gone.
     fn scan(&mut self, pid: u32) -> std::io::Result<Scan>;
     fn name(&self, pid: u32) -> Option<String>;
+    /// The size of its executable mappings, which a dlopen changes (none
+    /// where unknown: then it is rescanned at every refresh).
+    fn code_size(&self, _pid: u32) -> Option<u64> {
+        None
+    }
     /// What it has resident now (none where unknown).
     fn resident(&self, _pid: u32) -> Option<discover::Resident> {
         None
@@ -195,6 +200,10 @@ impl ProcessPort for Procfs {
 
     fn resident(&self, pid: u32) -> Option<discover::Resident> {
         discover::Process::find(pid)?.resident()
+    }
+
+    fn code_size(&self, pid: u32) -> Option<u64> {
+        discover::Process::find(pid)?.code_size()
     }
 
     fn backend_heap(&self, pid: u32) -> Option<BackendHeap> {

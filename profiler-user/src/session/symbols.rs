@@ -1,7 +1,9 @@
 //! Stacks to the symbolizer and back. A stack is requested once per process
 //! incarnation, normalized against the address space of the process that
 //! took it; while a live process's maps are not known yet its stacks wait
-//! (a stack normalized without them would stay unknown for good).
+//! (a stack normalized without them would stay unknown for good). A stack
+//! with addresses outside every known mapping (a library dlopen'ed after the
+//! last scan) is symbolized again once a scan maps one of them.
 
 use std::sync::Arc;
 
@@ -51,21 +53,47 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 continue;
             }
             let id = (self.incarnation(key.pid), key.stack_id);
-            if self.symbols.contains_key(&id) || self.pending.contains(&id) {
+            let space = self.spaces.get(&key.pid);
+            if self.pending.contains(&id)
+                || (self.symbols.contains_key(&id) && !self.newly_mapped(id, space))
+            {
                 continue;
             }
             let Some(addrs) = self.kernel.stack(key.stack_id) else {
                 continue;
             };
-            let space = self.spaces.get(&key.pid);
-            let frames = addrs
+            let frames: Vec<_> = addrs
                 .into_iter()
                 .map(|a| (a, space.and_then(|s| s.normalize(a))))
                 .collect();
+            let unresolved: Vec<u64> = frames
+                .iter()
+                .filter(|(_, at)| at.is_none())
+                .map(|(a, _)| *a)
+                .collect();
+            // Only a live image's maps can still grow.
+            if unresolved.is_empty() || space.is_none() {
+                self.unresolved.remove(&id);
+            } else {
+                self.unresolved.insert(id, unresolved);
+            }
             self.pending.insert(id);
             batch.push(Request { key: id, frames });
         }
         self.symbolizer.submit(batch);
+    }
+
+    /// Whether a symbolized stack had addresses outside its process's maps
+    /// that `space` now maps: its names are worth asking for again.
+    fn newly_mapped(
+        &self,
+        id: (Incarnation, u64),
+        space: Option<&crate::normalize::AddressSpace>,
+    ) -> bool {
+        match (self.unresolved.get(&id), space) {
+            (Some(addrs), Some(space)) => addrs.iter().any(|&a| space.normalize(a).is_some()),
+            _ => false,
+        }
     }
 
     /// Takes in what the symbolizer has finished.
@@ -77,7 +105,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     fn take_symbols(&mut self, responses: Vec<Response<(Incarnation, u64)>>) {
         for response in responses {
             self.pending.remove(&response.key);
-            if !self.unwanted.remove(&response.key) {
+            if self.unwanted.remove(&response.key) {
+                self.unresolved.remove(&response.key);
+            } else {
+                // A stack asked for again keeps its old names until now.
                 self.symbols.insert(response.key, response.frames.into());
             }
         }

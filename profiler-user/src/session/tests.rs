@@ -66,6 +66,11 @@ struct FakeProcess {
     name: String,
     /// Whether `/proc/PID/maps` can be read yet.
     maps_readable: bool,
+    /// An address whose mapping the scan does not see yet (a library the
+    /// process has not dlopen'ed yet).
+    not_mapped: Option<u64>,
+    /// What `code_size` says (none: unknown, rescanned at every refresh).
+    code_size: Option<u64>,
     probe_files: Vec<FileId>,
 }
 
@@ -97,6 +102,8 @@ impl World {
             FakeProcess {
                 name: name.into(),
                 maps_readable: true,
+                not_mapped: None,
+                code_size: None,
                 probe_files: vec![probe_file_id(1)],
             },
         );
@@ -290,6 +297,10 @@ impl ProcessPort for FakeProcesses {
         self.world.0.borrow().processes.contains_key(&pid)
     }
 
+    fn code_size(&self, pid: u32) -> Option<u64> {
+        self.world.0.borrow().processes.get(&pid)?.code_size
+    }
+
     fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
         self.world.0.borrow_mut().scans.push(pid);
         let process = self.world.0.borrow().processes.get(&pid).cloned();
@@ -297,7 +308,10 @@ impl ProcessPort for FakeProcesses {
         if !process.maps_readable {
             return Err(std::io::ErrorKind::PermissionDenied.into());
         }
-        let own = self.scanner.scan(std::process::id())?;
+        let mut own = self.scanner.scan(std::process::id())?;
+        if let Some(addr) = process.not_mapped {
+            own.space = own.space.without(addr);
+        }
         let probes = process
             .probe_files
             .iter()
@@ -550,6 +564,79 @@ fn a_stack_seen_before_its_process_s_maps_is_symbolized_once_they_are_known() {
     let p = s.complete_profile().unwrap();
     let live = only_image(&p, 100, ProcessState::Live);
     assert!(has_function(live, "alpha_site"), "{:?}", functions(live));
+}
+
+#[test]
+fn a_stack_into_a_library_mapped_after_its_scan_is_symbolized_again() {
+    let world = World::default();
+    world.spawn(100, "app");
+    // beta_site's code is in a library the process dlopen'ed after the
+    // last scan: the scan does not map it yet (nor, here, the rest of this
+    // binary's code, which shares its mapping).
+    world.process(100).not_mapped = Some(address_in(beta_site));
+    let mut s = session(&world, Target::All);
+    world.sample(
+        100,
+        7,
+        &[address_in(beta_site), address_in(alpha_site)],
+        1 << 20,
+    );
+    let early = s.complete_profile().unwrap();
+    let live = only_image(&early, 100, ProcessState::Live);
+    assert!(!has_function(live, "beta_site"), "{:?}", functions(live));
+    assert!(has_function(live, "[unknown"), "{:?}", functions(live));
+
+    // The next scan sees the library: its frames get their names.
+    world.process(100).not_mapped = None;
+    let p = s.complete_profile().unwrap();
+    let live = only_image(&p, 100, ProcessState::Live);
+    assert!(has_function(live, "beta_site"), "{:?}", functions(live));
+    assert!(s.unresolved.is_empty(), "nothing left to resolve");
+    // Asked for once: names that are complete are not asked for again.
+    let again = s.complete_profile().unwrap();
+    assert!(s.pending.is_empty());
+    assert!(has_function(
+        only_image(&again, 100, ProcessState::Live),
+        "beta_site"
+    ));
+}
+
+#[test]
+fn a_process_is_rescanned_when_its_code_changes_or_its_stacks_leave_its_maps() {
+    let world = World::default();
+    world.spawn(100, "app");
+    world.process(100).code_size = Some(1000);
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    s.complete_profile().unwrap();
+    let scans = world.scans_of(100);
+    s.refresh().unwrap();
+    s.refresh().unwrap();
+    assert_eq!(world.scans_of(100), scans, "nothing changed: no rescan");
+
+    // A dlopen: its code grows.
+    world.process(100).code_size = Some(1200);
+    s.refresh().unwrap();
+    assert_eq!(world.scans_of(100), scans + 1);
+    s.refresh().unwrap();
+    assert_eq!(world.scans_of(100), scans + 1);
+
+    // A stack outside the maps known (the library's size unchanged: one
+    // dlclose'd, another dlopen'ed): rescanned until its names are in.
+    world.process(100).not_mapped = Some(address_in(beta_site));
+    s.scanned.clear();
+    s.refresh().unwrap();
+    world.sample(100, 8, &[address_in(beta_site)], 1 << 20);
+    s.complete_profile().unwrap();
+    world.process(100).not_mapped = None;
+    let p = s.complete_profile().unwrap();
+    assert!(has_function(
+        only_image(&p, 100, ProcessState::Live),
+        "beta_site"
+    ));
+    let scans = world.scans_of(100);
+    s.refresh().unwrap();
+    assert_eq!(world.scans_of(100), scans, "resolved: no rescan");
 }
 
 #[test]

@@ -1,7 +1,9 @@
-//! The live TUI (`allocprof` in a terminal): producers (the session, the
-//! terminal's keys, signals) send [`AppEvent`]s over one channel; the UI
-//! loop applies each to the pure [`App`] state and redraws. Everything runs
-//! on the caller's task (the session need not be `Send`).
+//! The live TUI (`allocprof` in a terminal): producers (the session, on a
+//! thread of its own; the terminal's keys; signals; the view worker) send
+//! [`AppEvent`]s over one channel; the UI loop applies each to the pure
+//! [`App`] state and redraws. Nothing heavy runs on the UI's task: the
+//! session's reads and scans are on its thread, the rows and the
+//! flamegraph's tree on the worker's (`view_model`).
 //!
 //! - `state`: the state and its transitions (keys, profiles), unit-tested.
 //! - `rows`: table rows with stable identities; `history`: rates, growth,
@@ -10,6 +12,8 @@
 //!   table's height, the one thing of the screen the state needs (to scroll);
 //!   `exporter`: the `e` key's injected writer.
 
+#[cfg(test)]
+mod bench;
 pub mod callers;
 pub mod exporter;
 pub mod flame;
@@ -17,6 +21,7 @@ pub mod history;
 pub mod render;
 pub mod rows;
 pub mod state;
+pub mod view_model;
 
 use std::{
     io::{Stdout, stdout},
@@ -24,7 +29,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use crossterm::{
     cursor::Show,
     event::{DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind},
@@ -32,10 +37,13 @@ use crossterm::{
     terminal::{EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode},
 };
 use futures::StreamExt;
-use ratatui::{Terminal, backend::CrosstermBackend};
+use ratatui::{
+    Terminal,
+    backend::{Backend, CrosstermBackend},
+};
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, oneshot},
 };
 
 pub use self::{
@@ -85,14 +93,40 @@ pub async fn run(session: Session, options: Options, exporter: Exporter) -> Resu
         session.attachments()
     )));
     let (tx, rx) = mpsc::channel(64);
+    app.build_with(view_model::spawn(tx.clone()).context("starting the view's thread")?);
+    let session = on_own_thread(session, options.interval, tx.clone())?;
     let mut terminal = TerminalGuard::enter()?;
     let result = tokio::select! {
-        r = drive(session, options.interval, tx.clone()) => r,
+        r = session => r.unwrap_or_else(|_| Err(anyhow!("the session's thread panicked"))),
         r = input(tx) => r,
-        r = ui(&mut terminal.terminal, rx, &mut app, &exporter) => r,
+        r = ui(&mut terminal.terminal, rx, &mut app, &exporter, |_, _| {}) => r,
     };
     drop(terminal);
     result.map(|()| app.log)
+}
+
+/// Runs the session on a thread of its own (its kernel reads, `/proc` scans
+/// and profile building take seconds under heavy load, and must not hold
+/// the keys up); the result says how it ended. The thread ends at its next
+/// send once the UI is gone.
+fn on_own_thread(
+    session: Session,
+    every: Duration,
+    tx: mpsc::Sender<AppEvent>,
+) -> Result<oneshot::Receiver<Result<()>>> {
+    let (done, ended) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("allocprof-session".into())
+        .spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the session's runtime")
+                .and_then(|runtime| runtime.block_on(drive(session, every, tx)));
+            let _ = done.send(result);
+        })
+        .context("starting the session's thread")?;
+    Ok(ended)
 }
 
 /// The session's side: a profile every interval, warnings as they come.
@@ -155,16 +189,25 @@ async fn input(tx: mpsc::Sender<AppEvent>) -> Result<()> {
 
 /// Applies events and redraws once per batch of them: ratatui diffs each
 /// frame against the last, and nothing clears the screen, so no flicker.
-async fn ui(
-    terminal: &mut Terminal<CrosstermBackend<Stdout>>,
+/// `drawn` hears of each frame drawn, with the number of keys applied so
+/// far (the benchmark's clock).
+async fn ui<B: Backend>(
+    terminal: &mut Terminal<B>,
     mut rx: mpsc::Receiver<AppEvent>,
     app: &mut App,
     exporter: &Exporter,
-) -> Result<()> {
+    mut drawn: impl FnMut(&App, u64),
+) -> Result<()>
+where
+    B::Error: Send + Sync + 'static,
+{
+    let mut keys = 0;
     render::fit_and_draw(terminal, app)?;
+    drawn(app, keys);
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(event) = next {
+            keys += u64::from(matches!(event, AppEvent::Key(_)));
             match app.update(event) {
                 Effect::None => {}
                 Effect::Quit => return Ok(()),
@@ -176,6 +219,7 @@ async fn ui(
             next = rx.try_recv().ok();
         }
         render::fit_and_draw(terminal, app)?;
+        drawn(app, keys);
     }
     Ok(())
 }

@@ -3,15 +3,18 @@
 //! history and baselines follow the row rather than its position.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
+    hash::{Hash, Hasher},
     sync::Arc,
 };
+
+use foldhash::fast::RandomState;
 
 use allocprof::{
     inert::inert,
     profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile},
     stats::Totals,
-    symbolize::{Frame, is_allocator_frame, is_library_frame, most_informative},
+    symbolize::{Frame, Name, is_allocator_frame, is_library_frame, most_informative},
 };
 
 /// How the stack view groups stacks.
@@ -36,7 +39,7 @@ impl Grouping {
 /// to: every stack row is one process's, even in the all-processes view, so
 /// that each row can say whose it is (it is `Option` only for identities
 /// made before a profile names the process).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RowId {
     Process(ProcessKey),
     Stack {
@@ -45,9 +48,37 @@ pub enum RowId {
     },
     Function {
         scope: Option<ProcessKey>,
-        name: String,
+        /// The frame's own name (shared: no copy per stack).
+        name: Name,
     },
 }
+
+/// Hashes part of what equality compares (a stack's function names, not
+/// their lines and modules): equal ids hash alike, and tens of thousands of
+/// stacks are hashed at every refresh.
+impl Hash for RowId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match self {
+            RowId::Process(key) => key.hash(state),
+            RowId::Stack { scope, frames } => {
+                scope.hash(state);
+                state.write_usize(frames.len());
+                for f in frames.iter() {
+                    state.write(f.function.as_bytes());
+                }
+            }
+            RowId::Function { scope, name } => {
+                scope.hash(state);
+                name.hash(state);
+            }
+        }
+    }
+}
+
+/// Maps keyed by row: foldhash, much faster than SipHash on long keys (no
+/// key here is chosen to collide: names are hashed with a random seed).
+pub type HashMap<K, V> = std::collections::HashMap<K, V, RandomState>;
 
 /// One row of a table, with everything its columns show.
 #[derive(Clone, Debug)]
@@ -111,6 +142,13 @@ pub fn function_of(frames: &[Frame]) -> String {
         .unwrap_or_else(|| "[empty stack]".into())
 }
 
+/// [`function_of`] without a copy: the naming frame's own name.
+pub fn function_name(frames: &[Frame]) -> Name {
+    most_informative(frames)
+        .map(|f| f.function.clone())
+        .unwrap_or_else(|| "[empty stack]".into())
+}
+
 /// A stack from the frame that names it (`function_of`) outward: what is
 /// under that frame is the allocator's and the library's.
 pub fn from_naming_frame(frames: &Arc<[Frame]>) -> Arc<[Frame]> {
@@ -162,7 +200,7 @@ fn disambiguate(rows: &mut [Row]) {
 /// resort (no suffix given).
 fn split_duplicates(rows: &mut [Row], mut suffix: impl FnMut(&Row) -> Option<String>) {
     // Rows of different processes are told apart by their process.
-    let mut by_label: HashMap<(String, Option<ProcessKey>), Vec<usize>> = HashMap::new();
+    let mut by_label: HashMap<(String, Option<ProcessKey>), Vec<usize>> = HashMap::default();
     for (i, r) in rows.iter().enumerate() {
         let process = match &r.id {
             RowId::Process(key) => Some(*key),
@@ -223,7 +261,7 @@ fn stack_id(scope: Option<ProcessKey>, grouping: Grouping, s: &StackProfile) -> 
         },
         Grouping::Function => RowId::Function {
             scope,
-            name: function_of(&s.frames),
+            name: function_name(&s.frames),
         },
     }
 }
@@ -246,7 +284,15 @@ pub fn stack_groups(
     scope: Option<ProcessKey>,
     grouping: Grouping,
 ) -> HashMap<RowId, Group> {
-    let mut groups: HashMap<RowId, Group> = HashMap::new();
+    let stacks = profile
+        .processes
+        .iter()
+        .filter(|p| in_scope(p, scope))
+        .map(|p| p.stacks.len())
+        .sum();
+    // Sized once: growing rehashes every key.
+    let mut groups: HashMap<RowId, Group> =
+        HashMap::with_capacity_and_hasher(stacks, RandomState::default());
     for p in profile.processes.iter().filter(|p| in_scope(p, scope)) {
         for s in &p.stacks {
             let weight = (s.totals.live_bytes, s.totals.alloc_bytes);
@@ -282,7 +328,7 @@ pub fn totals_of(profile: &Profile, id: &RowId) -> Option<Totals> {
     };
     let matches = |s: &StackProfile| match id {
         RowId::Stack { frames, .. } => s.frames == *frames,
-        RowId::Function { name, .. } => function_of(&s.frames) == *name,
+        RowId::Function { name, .. } => function_name(&s.frames) == *name,
         RowId::Process(_) => false,
     };
     let mut found = None;
@@ -370,7 +416,7 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
             .map_or(0.0, |g| g.totals.live_bytes)
     };
     let names: HashMap<ProcessKey, String> = match scope {
-        Some(_) => HashMap::new(),
+        Some(_) => HashMap::default(),
         None => inputs
             .current
             .processes

@@ -5,7 +5,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use super::{App, Effect, FlameOutcome, FlameView, Notice, Search, TableState, View};
 use crate::tui::{
-    flame::{Scope as FlameScope, Tree},
+    flame::Scope as FlameScope,
     rows::{Grouping, RowId},
 };
 
@@ -165,10 +165,8 @@ impl App {
             self.notice = Some(Notice::Warning("no profile yet to draw".into()));
             return;
         };
-        self.flame = Some(FlameView::new(
-            Tree::build(shown, scope, self.profiles.baseline.as_deref()),
-            shown.elapsed,
-        ));
+        self.flame = Some(FlameView::new(self.placeholder_tree(scope), shown.elapsed));
+        self.request_flame(scope, true);
     }
 
     /// The open flamegraph from the shown profile: not while frozen, and
@@ -182,10 +180,9 @@ impl App {
         if !flame.due(shown.elapsed, now) {
             return;
         }
-        flame.update(
-            Tree::build(shown, flame.scope(), self.profiles.baseline.as_deref()),
-            shown.elapsed,
-        );
+        let scope = flame.scope();
+        // A tree owed since a thaw or a new baseline; a refresh owes none.
+        self.request_flame(scope, now);
     }
 
     /// A key while the search query is edited; false if it is not for the

@@ -5,10 +5,14 @@
 //! Each view's scroll and selection is a [`TableState`] (`table`); the run
 //! loop hands it the table's height before each draw ([`App::fit_table`]),
 //! so drawing reads the state and never writes it. `columns`: the views'
-//! columns and sort orders; `search`: what a query keeps; `export`: the `e`
+//! columns and sort orders; `builds`: the rows and the flamegraph's tree
+//! asked of the view worker and taken in; `arrange`: the rows filtered,
+//! sorted, the selection found again; `search`: what a query keeps; `export`: the `e`
 //! key; `flame`: the flamegraph view (opened over the tables by `f`). `App`'s fields group what was read (`Profiles`) apart from what the
 //! user chose to see (`Settings`) and the rows and selections they yield.
 
+mod arrange;
+mod builds;
 mod callers;
 mod columns;
 mod exited;
@@ -37,15 +41,14 @@ use crossterm::event::{KeyEvent, MouseEvent};
 
 use super::{
     exporter::ViewSelection,
-    history::{GROWTH_WINDOW, History, RATE_WINDOW},
-    rows::{self, Grouping, Inputs, Row, RowId},
+    history::History,
+    rows::{Grouping, Row, RowId},
+    view_model::Built,
 };
 use allocprof::{
     inert::inert,
     profile::{ProcessKey, Profile},
 };
-use columns::compare;
-use search::row_matches;
 
 /// How long a notice stays in the status line: an information, and a
 /// warning or error.
@@ -69,6 +72,8 @@ pub enum AppEvent {
     /// printed again on exit).
     Warning(String),
     Info(String),
+    /// Rows or a flamegraph built off the UI's thread.
+    Built(Box<Built>),
     /// SIGINT, SIGTERM, SIGHUP: leave as `q` would.
     Quit,
 }
@@ -187,6 +192,7 @@ pub struct App {
     screen: Screen,
     /// Printed on exit: the terminal's history outlives the status line.
     pub log: Vec<String>,
+    builds: builds::Builds,
 }
 
 impl App {
@@ -220,6 +226,7 @@ impl App {
             notice_since: None,
             screen: Screen::default(),
             log: Vec::new(),
+            builds: builds::Builds::default(),
         }
     }
 
@@ -374,7 +381,7 @@ impl App {
                 self.profiles.latest = Some(profile);
                 if !self.profiles.paused {
                     self.profiles.shown = self.profiles.latest.clone();
-                    self.recompute();
+                    self.refresh_rows();
                     self.rebuild_flame(false);
                     self.rebuild_callers();
                 }
@@ -391,6 +398,10 @@ impl App {
             AppEvent::Info(text) => {
                 self.log.push(text.clone());
                 self.notice = Some(Notice::Info(text));
+                Effect::None
+            }
+            AppEvent::Built(built) => {
+                self.take_built(*built);
                 Effect::None
             }
             AppEvent::Quit => Effect::Quit,
@@ -517,88 +528,6 @@ impl App {
     }
 
     // ---- rows and selection ----
-
-    /// Rebuilds the rows from the shown profile (view, scope, grouping,
-    /// profile or baseline changed).
-    fn recompute(&mut self) {
-        let Some(current) = self.profiles.shown.clone() else {
-            return;
-        };
-        let now = current.elapsed;
-        let inputs = Inputs {
-            current: &current,
-            rate_ref: self
-                .profiles
-                .history
-                .reference(now, RATE_WINDOW)
-                .map(|p| &**p),
-            growth_ref: self
-                .profiles
-                .history
-                .reference(now, GROWTH_WINDOW)
-                .map(|p| &**p),
-            baseline: self.profiles.baseline.as_deref(),
-        };
-        self.all_rows = match self.settings.view {
-            View::Processes => rows::process_rows(inputs),
-            View::Stacks => rows::stack_rows(inputs, self.settings.scope, self.settings.grouping),
-        };
-        self.arrange();
-    }
-
-    /// Filters and sorts the rows, and finds the selected row again.
-    fn arrange(&mut self) {
-        let query = self.settings.query();
-        let grouping = self.settings.grouping;
-        let mut shown: Vec<Row> = self
-            .all_rows
-            .iter()
-            .filter(|r| !(r.gone && r.process_key().is_some_and(|k| self.hides(k))))
-            .filter(|r| query.as_deref().is_none_or(|q| row_matches(r, grouping, q)))
-            .cloned()
-            .collect();
-        let sort = self.sort();
-        // Gone processes' figures are at exit: apart, after the running
-        // ones', whatever the column (an exited leak is not growing).
-        shown.sort_by(|a, b| {
-            let o = compare(sort.column, a, b);
-            let o = if sort.descending { o.reverse() } else { o };
-            a.gone
-                .cmp(&b.gone)
-                .then(o)
-                .then_with(|| b.totals.live_bytes.total_cmp(&a.totals.live_bytes))
-                .then_with(|| a.id.cmp(&b.id))
-        });
-        self.rows = shown;
-        let v = self.settings.view as usize;
-        let len = self.rows.len();
-        match &self.selected[v] {
-            // Nothing chosen yet: the cursor stays on the first row, whatever
-            // row that is now (pinning the first row of the first refresh
-            // would carry the cursor down the table as others outgrow it).
-            None => {
-                self.tables[v].select(0, len);
-            }
-            Some(id) => match self.rows.iter().position(|r| r.id == *id) {
-                Some(i) => {
-                    self.tables[v].select(i, len);
-                }
-                // Gone (or filtered out): the row now where it was.
-                None => {
-                    let last = self.tables[v].last_selected();
-                    self.select(|t, len| t.select(last, len));
-                }
-            },
-        }
-    }
-
-    /// Moves the shown table's selection, and remembers the row it lands on.
-    fn select(&mut self, how: impl FnOnce(&mut TableState, usize) -> Option<usize>) {
-        let v = self.settings.view as usize;
-        if let Some(i) = how(&mut self.tables[v], self.rows.len()) {
-            self.selected[v] = Some(self.rows[i].id.clone());
-        }
-    }
 
     fn scroll_detail(&mut self, by: isize) {
         self.detail_scroll = self
