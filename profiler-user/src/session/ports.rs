@@ -9,7 +9,7 @@ use profiler_common::{
     unwind::{ProcUnwind, UnwindRow},
 };
 
-use std::collections::HashMap;
+use std::{cell::RefCell, collections::HashMap};
 
 use crate::{
     backend_stats::{self, BackendHeap},
@@ -177,7 +177,15 @@ pub struct Procfs {
     /// Files seen by a scan that carry a backend-statistics block, with the
     /// block's file offset.
     stats_blocks: HashMap<FileId, u64>,
+    /// Where each process's block is (none: it has none), found once from
+    /// its maps: forgotten when the process is scanned again or the block
+    /// no longer reads as one (an exec, a reused pid).
+    block_addresses: RefCell<HashMap<u32, Option<u64>>>,
 }
+
+/// Forget every cached block address past this many processes (bounds the
+/// cache; they are found again from the maps).
+const MAX_CACHED_BLOCKS: usize = 1 << 16;
 
 impl ProcessPort for Procfs {
     fn alive(&self, pid: u32) -> bool {
@@ -186,6 +194,7 @@ impl ProcessPort for Procfs {
 
     fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
         let scan = self.scanner.scan(pid)?;
+        self.block_addresses.get_mut().remove(&pid);
         for probe in &scan.probes {
             if let Some(offset) = probe.backend_stats {
                 self.stats_blocks.insert(probe.id(), offset);
@@ -210,13 +219,31 @@ impl ProcessPort for Procfs {
         if self.stats_blocks.is_empty() {
             return None;
         }
-        let maps = discover::Process::find(pid)?.maps().ok()?;
-        let address = self
-            .stats_blocks
-            .iter()
-            .find_map(|(&file, &offset)| backend_stats::block_address(&maps, file, offset))?;
         // The library stamps its refreshes with CLOCK_MONOTONIC too.
-        backend_stats::read(pid, address, crate::age::monotonic_now_ns()).ok()
+        let now = crate::age::monotonic_now_ns();
+        let cached = self.block_addresses.borrow().get(&pid).copied();
+        match cached {
+            Some(None) => return None,
+            Some(Some(address)) => {
+                if let Ok(heap) = backend_stats::read(pid, address, now) {
+                    return Some(heap);
+                }
+            }
+            None => {}
+        }
+        let address = discover::Process::find(pid)
+            .and_then(|p| p.maps().ok())
+            .and_then(|maps| {
+                self.stats_blocks
+                    .iter()
+                    .find_map(|(&file, &offset)| backend_stats::block_address(&maps, file, offset))
+            });
+        let mut cache = self.block_addresses.borrow_mut();
+        if cache.len() >= MAX_CACHED_BLOCKS {
+            cache.clear();
+        }
+        cache.insert(pid, address);
+        backend_stats::read(pid, address?, now).ok()
     }
 
     fn start_ticks(&self, pid: u32) -> Option<u64> {
