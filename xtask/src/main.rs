@@ -1,6 +1,7 @@
 //! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object|fuzz|soak>`.
 
 mod bench_alloc;
+mod bench_peers;
 mod bench_pipeline;
 mod demo;
 mod ebpf_object;
@@ -39,9 +40,10 @@ enum Command {
     },
     /// Build everything, start the demo workload and profile it.
     Demo,
-    /// Benchmarks: `alloc` (allocator overhead) or `pipeline` (profiler costs).
+    /// Benchmarks: `alloc` (allocator overhead), `pipeline` (profiler costs)
+    /// or `peers` (wall time against other allocators and heap profilers).
     Bench {
-        #[arg(value_parser = ["alloc", "pipeline"])]
+        #[arg(value_parser = ["alloc", "pipeline", "peers"])]
         which: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -93,6 +95,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench { which, args } => {
             match packages::ensure_bench_packages().map(|()| which.as_str())? {
                 "alloc" => bench_alloc::run(&root, &args),
+                "peers" => bench_peers::run(&root, &args),
                 _ => bench_pipeline::run(&root, &args),
             }
         }
