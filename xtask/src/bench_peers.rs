@@ -93,15 +93,15 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     }
     println!();
     println!("|---|{}", "---|".repeat(chosen.len()));
-    print!("| baseline, median wall time |");
+    print!("| baseline: wall time, median |");
     for (w, (fast, _)) in chosen.iter().zip(&columns) {
-        print!(" {}: {:.2} s |", w.baseline, median(&fast[0]));
+        print!(" {} {:.2} s |", w.baseline, median(&fast.wall[0]));
     }
     println!();
     for (i, s) in setups.iter().enumerate().skip(1) {
         print!("| {} |", s.name);
         for (fast, _) in &columns {
-            print!(" {} |", cell(&ratios(&fast[i], &fast[0])));
+            print!(" {} |", cell(&ratios(&fast.wall[i], &fast.wall[0])));
         }
         println!();
     }
@@ -109,13 +109,30 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         print!("| {} |", s.name);
         for (w, (_, slow)) in chosen.iter().zip(&columns) {
             print!(
-                " {} (at {} size: baseline {:.2} s) |",
-                cell(&ratios(&slow[i], &slow[0])),
+                " {} (at {} size, baseline {:.2} s) |",
+                cell(&ratios(&slow.wall[i], &slow.wall[0])),
                 w.scale,
-                median(&slow[0])
+                median(&slow.wall[0])
             );
         }
         println!();
+    }
+    println!();
+    println!("allocprof's own CPU while the workload ran, median (user + system, 10 ms ticks):");
+    println!();
+    for (i, s) in setups.iter().enumerate() {
+        if columns
+            .iter()
+            .all(|(fast, _)| fast.allocprof_cpu[i].is_empty())
+        {
+            continue;
+        }
+        let cells: Vec<String> = chosen
+            .iter()
+            .zip(&columns)
+            .map(|(w, (fast, _))| format!("{} {:.2} s", w.name, median(&fast.allocprof_cpu[i])))
+            .collect();
+        println!("- {}: {}", s.name, cells.join(", "));
     }
     println!();
     let row = setups
@@ -123,8 +140,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         .position(|s| s.name == TARGET_ROW)
         .expect("the target row");
     for (w, (fast, _)) in chosen.iter().zip(&columns) {
-        let r = ratios(&fast[row], &fast[0]);
-        let m = median(&r);
+        let m = median(&ratios(&fast.wall[row], &fast.wall[0]));
         println!(
             "- {}: {TARGET_ROW} {m:.3} against {}: target ≤ {TARGET} {}",
             w.name,
@@ -205,18 +221,27 @@ fn slow_setups() -> Vec<Setup> {
     v
 }
 
-/// Wall times, per setup, over `rounds` rounds of every setup in turn.
+/// Per setup, over `rounds` rounds of every setup in turn: the wall times
+/// and allocprof's CPU seconds in each (when it ran).
+struct Times {
+    wall: Vec<Vec<f64>>,
+    allocprof_cpu: Vec<Vec<f64>>,
+}
+
 fn rounds_of(
     runner: &Runner,
     inv: &workloads::Invocation,
     setups: &[Setup],
     rounds: usize,
     name: &str,
-) -> Result<Vec<Vec<f64>>> {
-    let mut times = vec![Vec::new(); setups.len()];
+) -> Result<Times> {
+    let mut times = Times {
+        wall: vec![Vec::new(); setups.len()],
+        allocprof_cpu: vec![Vec::new(); setups.len()],
+    };
     for round in 0..rounds {
-        for (s, t) in setups.iter().zip(&mut times) {
-            let secs = runner
+        for (i, s) in setups.iter().enumerate() {
+            let (secs, cpu) = runner
                 .once(inv, s)
                 .with_context(|| format!("{name} under {}", s.name))?;
             eprintln!(
@@ -224,7 +249,8 @@ fn rounds_of(
                 round + 1,
                 s.name
             );
-            t.push(secs);
+            times.wall[i].push(secs);
+            times.allocprof_cpu[i].extend(cpu);
         }
     }
     Ok(times)

@@ -72,8 +72,9 @@ END { clear(@live); clear(@size); }
 "#;
 
 impl Runner {
-    /// Seconds from writing the workload's input to its exit.
-    pub fn once(&self, inv: &Invocation, s: &Setup) -> Result<f64> {
+    /// Seconds from writing the workload's input to its exit, and the CPU
+    /// seconds allocprof used meanwhile (when it ran).
+    pub fn once(&self, inv: &Invocation, s: &Setup) -> Result<(f64, Option<f64>)> {
         let system_wide = match s.tool {
             Tool::AllocprofAll => Some(self.allocprof(&[])?),
             _ => None,
@@ -117,6 +118,11 @@ impl Runner {
             Tool::Bpftrace => Some(self.bpftrace(pid)?),
             _ => None,
         };
+        let profiler = match s.tool {
+            Tool::AllocprofPid => tool.as_ref(),
+            _ => system_wide.as_ref(),
+        };
+        let cpu0 = profiler.and_then(|p| cpu_secs(p.id()).ok());
         let t0 = Instant::now();
         let mut stdin = child.stdin.take().expect("piped");
         stdin
@@ -125,6 +131,11 @@ impl Runner {
         drop(stdin);
         let status = child.wait()?;
         let secs = t0.elapsed().as_secs_f64();
+        // allocprof's CPU while the workload ran (its start-up excluded).
+        let cpu = match (&profiler, cpu0) {
+            (Some(p), Some(c0)) => cpu_secs(p.id()).ok().map(|c1| c1 - c0),
+            _ => None,
+        };
         if let Some(tool) = tool {
             stop(tool, s.tool == Tool::Bpftrace, "the tool")?;
         }
@@ -149,7 +160,7 @@ impl Runner {
                 }
             }
         }
-        Ok(secs)
+        Ok((secs, cpu))
     }
 
     /// allocprof, headless, once it says it attached.
@@ -224,14 +235,30 @@ fn attached(mut cmd: Command, on_stderr: bool, what: &str) -> Result<Child> {
 /// (allocprof `--pid` stops when its target exits).
 fn stop(mut child: Child, interrupt: bool, what: &str) -> Result<()> {
     if interrupt {
-        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        // SAFETY: kill has no memory-safety preconditions; the pid is our
+        // child's, not yet reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
     }
     let status = child.wait()?;
     if !status.success() {
         bail!("{what} failed: {status}");
     }
     Ok(())
+}
+
+/// CPU seconds (user + system) process `pid` has used so far.
+fn cpu_secs(pid: u32) -> Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat
+        .rsplit_once(") ")
+        .context("malformed /proc/PID/stat")?
+        .1;
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of stat; 12 and 13 after the comm.
+    let ticks = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks as f64 / hz)
 }
 
 /// The process, `root` or one of its descendants, running `program` and
