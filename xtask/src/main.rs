@@ -1,6 +1,7 @@
 //! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object|fuzz|soak>`.
 
 mod bench_alloc;
+mod bench_peers;
 mod bench_pipeline;
 mod demo;
 mod ebpf_object;
@@ -40,9 +41,10 @@ enum Command {
     /// Build everything, start the demo workload and profile it.
     Demo,
     /// Benchmarks: `alloc` (allocator overhead), `pipeline` (profiler costs)
-    /// or `tui` (the live view's key-to-screen latency and CPU).
+    /// `tui` (the live view's key-to-screen latency and CPU) or `peers` (wall
+    /// time against other allocators and heap profilers).
     Bench {
-        #[arg(value_parser = ["alloc", "pipeline", "tui"])]
+        #[arg(value_parser = ["alloc", "pipeline", "tui", "peers"])]
         which: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -111,6 +113,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench { which, args } => {
             match packages::ensure_bench_packages().map(|()| which.as_str())? {
                 "alloc" => bench_alloc::run(&root, &args),
+                "peers" => bench_peers::run(&root, &args),
                 _ => bench_pipeline::run(&root, &args),
             }
         }

@@ -33,6 +33,12 @@ const BENCH_PACKAGES: &[(&str, &str)] = &[
     ),
     ("libjemalloc2", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
     ("hyperfine", "/usr/bin/hyperfine"),
+    // `cargo xtask bench peers`: tcmalloc with sampling, and heaptrack.
+    (
+        "libgoogle-perftools4",
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+    ),
+    ("heaptrack", "/usr/bin/heaptrack"),
 ];
 
 pub fn ensure_test_packages() -> Result<()> {
