@@ -9,7 +9,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, IterableMap, MapData, PerCpuArray, RingBuf},
     programs::{
         RawTracePoint, TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
@@ -24,6 +24,7 @@ use profiler_common::{
 use thiserror::Error;
 
 use crate::discover::{FileId, OpenFile, ProbeKind, ProbeSite};
+use crate::map_batch;
 
 /// The kernel object, built by build.rs (from source, or the committed one).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/allocprof-ebpf"));
@@ -397,15 +398,30 @@ impl Kernel {
     /// Copies the aggregates, per-process state and drop counters.
     pub fn snapshot(&self) -> Result<KernelSnapshot, KernelError> {
         let mut snap = KernelSnapshot::default();
-        for entry in self.aggs.iter() {
-            snap.aggregates.push(entry.map_err(map_err(names::AGGS))?);
+        // In batches where the kernel has them (5.6+): a few syscalls per
+        // map instead of two per entry.
+        match map_batch::read_all(self.aggs.map()) {
+            Ok(all) => snap.aggregates = all,
+            Err(_) => {
+                for entry in self.aggs.iter() {
+                    snap.aggregates.push(entry.map_err(map_err(names::AGGS))?);
+                }
+            }
         }
-        for entry in self.procs.iter() {
-            let (pid, state) = entry.map_err(map_err(names::PROCS))?;
-            snap.processes.insert(pid, state);
+        match map_batch::read_all::<u32, ProcCounters>(self.procs.map()) {
+            Ok(all) => snap.processes.extend(all),
+            Err(_) => {
+                for entry in self.procs.iter() {
+                    let (pid, state) = entry.map_err(map_err(names::PROCS))?;
+                    snap.processes.insert(pid, state);
+                }
+            }
         }
-        // Entries freed while the walk runs are skipped, not an error.
-        snap.live.extend(self.live.iter().filter_map(Result::ok));
+        match map_batch::read_all(self.live.map()) {
+            Ok(all) => snap.live = all,
+            // Entries freed while the walk runs are skipped, not an error.
+            Err(_) => snap.live.extend(self.live.iter().filter_map(Result::ok)),
+        }
         for (i, slot) in snap.drops.iter_mut().enumerate() {
             let per_cpu = self
                 .drops

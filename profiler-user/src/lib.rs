@@ -8,6 +8,7 @@ pub mod discover;
 pub mod export;
 pub mod inert;
 pub mod kernel;
+pub(crate) mod map_batch;
 pub mod normalize;
 pub mod oom;
 pub mod output;
