@@ -116,8 +116,10 @@ pub enum Scope {
 #[derive(Debug, Default)]
 pub struct KernelSnapshot {
     pub aggregates: Vec<(AggKey, StackAgg)>,
-    /// Every live sample (for their ages; see `crate::age`).
+    /// Every live sample (for their ages; see `crate::age`), when asked
+    /// for (`live_read`).
     pub live: Vec<(LiveKey, LiveSample)>,
+    pub live_read: bool,
     pub processes: BTreeMap<u32, ProcCounters>,
     /// Drops summed over CPUs, by `DropReason`.
     pub drops: [u64; DROP_REASONS],
@@ -396,8 +398,13 @@ impl Kernel {
     }
 
     /// Copies the aggregates, per-process state and drop counters.
-    pub fn snapshot(&self) -> Result<KernelSnapshot, KernelError> {
-        let mut snap = KernelSnapshot::default();
+    /// The aggregates, per-process counters and drops, and with `with_live`
+    /// every live sample too (the largest map: read only when needed).
+    pub fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
+        let mut snap = KernelSnapshot {
+            live_read: with_live,
+            ..KernelSnapshot::default()
+        };
         // In batches where the kernel has them (5.6+): a few syscalls per
         // map instead of two per entry.
         match map_batch::read_all(self.aggs.map()) {
@@ -417,10 +424,12 @@ impl Kernel {
                 }
             }
         }
-        match map_batch::read_all(self.live.map()) {
-            Ok(all) => snap.live = all,
-            // Entries freed while the walk runs are skipped, not an error.
-            Err(_) => snap.live.extend(self.live.iter().filter_map(Result::ok)),
+        if with_live {
+            match map_batch::read_all(self.live.map()) {
+                Ok(all) => snap.live = all,
+                // Entries freed while the walk runs are skipped, not an error.
+                Err(_) => snap.live.extend(self.live.iter().filter_map(Result::ok)),
+            }
         }
         for (i, slot) in snap.drops.iter_mut().enumerate() {
             let per_cpu = self

@@ -84,7 +84,7 @@ impl Emitter {
     }
 
     fn snapshot(&self) -> KernelSnapshot {
-        self.kernel.snapshot().unwrap()
+        self.kernel.snapshot(true).unwrap()
     }
 
     /// This process's aggregates summed over its stacks.

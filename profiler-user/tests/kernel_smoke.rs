@@ -52,7 +52,7 @@ fn kernel_programs_account_probes_of_a_real_process() {
         .unwrap();
     assert_eq!(line.trim(), "fired");
 
-    let snap = kernel.snapshot().unwrap();
+    let snap = kernel.snapshot(true).unwrap();
     let ours: Vec<_> = snap
         .aggregates
         .iter()

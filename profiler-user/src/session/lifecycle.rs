@@ -137,7 +137,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .host(*pid)
                 .is_some_and(|host| self.kernel.process(host).is_some())
         });
-        if tracked && let Ok(snapshot) = self.snapshot() {
+        // Frozen images keep no ages: their live samples are not read.
+        if tracked && let Ok(snapshot) = self.snapshot(false) {
             self.freeze(&snapshot, &gone);
         }
         for (pid, below) in gone {

@@ -138,6 +138,9 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     names: HashMap<u32, (String, u64)>,
     /// When live processes started (clock ticks since boot), read once.
     starts: HashMap<u32, u64>,
+    /// When the live samples were last read, and the ages they gave.
+    live_read_at: Option<Instant>,
+    ages: HashMap<profiler_common::AggKey, crate::age::StackAges>,
     /// Processes whose image was replaced by an exec since we attached:
     /// their current image is seen whole.
     execed_since_attach: HashSet<u32>,
@@ -230,6 +233,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             names: HashMap::new(),
             starts: HashMap::new(),
             execed_since_attach: HashSet::new(),
+            live_read_at: None,
+            ages: HashMap::new(),
             attach_ticks: boot_ticks_now(),
             attached_at: SystemTime::now(),
             incarnations: HashMap::new(),
@@ -272,7 +277,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Reads the kernel's maps and builds the current profile.
     pub fn refresh(&mut self) -> Result<Profile, KernelError> {
         self.poll_events();
-        let mut snapshot = self.snapshot()?;
+        // The live samples (the largest map) only feed the ages, which move
+        // slowly: read every LIVE_READ_INTERVAL, or every time a minimum age
+        // makes them the live figures.
+        let with_live = !self.min_age.is_zero()
+            || self
+                .live_read_at
+                .is_none_or(|at| at.elapsed() >= LIVE_READ_INTERVAL);
+        if with_live {
+            self.live_read_at = Some(Instant::now());
+        }
+        let mut snapshot = self.snapshot(with_live)?;
         self.track(&mut snapshot);
         self.request_symbols(&snapshot);
         self.collect_symbols();
@@ -370,6 +385,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.kernel.process(host).is_some()
     }
 }
+
+/// How often the live samples are read for their ages (without
+/// `--min-age`).
+const LIVE_READ_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Clock ticks since boot now (`CLOCK_BOOTTIME` in the unit of
 /// `/proc/PID/stat`'s `starttime`).

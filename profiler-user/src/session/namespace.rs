@@ -15,8 +15,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The kernel's maps, with host pids turned into ours; processes we
     /// cannot see (outside our pid namespace) or not recognised yet are left
     /// out.
-    pub(super) fn snapshot(&mut self) -> Result<KernelSnapshot, KernelError> {
-        let mut snapshot = self.kernel.snapshot()?;
+    pub(super) fn snapshot(&mut self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
+        let mut snapshot = self.kernel.snapshot(with_live)?;
         if self.pids.is_identity() {
             return Ok(snapshot);
         }

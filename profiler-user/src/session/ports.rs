@@ -43,8 +43,9 @@ pub trait KernelPort {
     }
     /// One process's counters (a lookup, no snapshot).
     fn process(&self, pid: u32) -> Option<ProcCounters>;
-    /// A copy of the aggregates, per-process counters and drops.
-    fn snapshot(&self) -> Result<KernelSnapshot, KernelError>;
+    /// A copy of the aggregates, per-process counters and drops, and with
+    /// `with_live` the live samples.
+    fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError>;
     /// A stack's frames, innermost first.
     fn stack(&self, id: u64) -> Option<Vec<u64>>;
     /// Deletes the kernel state of retired images (see [`Kernel::forget_images`]).
@@ -131,8 +132,8 @@ impl KernelPort for Kernel {
         Kernel::process(self, pid)
     }
 
-    fn snapshot(&self) -> Result<KernelSnapshot, KernelError> {
-        Kernel::snapshot(self)
+    fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
+        Kernel::snapshot(self, with_live)
     }
 
     fn stack(&self, id: u64) -> Option<Vec<u64>> {

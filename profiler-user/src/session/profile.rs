@@ -76,7 +76,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     pub(super) fn build(&mut self, snapshot: &KernelSnapshot) -> Profile {
-        let ages = age::by_stack(&snapshot.live, age::monotonic_now_ns(), self.min_age);
+        if snapshot.live_read {
+            self.ages = age::by_stack(&snapshot.live, age::monotonic_now_ns(), self.min_age);
+        }
+        let ages = &self.ages;
         let mut live: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
         for (key, agg) in &snapshot.aggregates {
             let pk = ProcessKey {

@@ -231,11 +231,16 @@ impl KernelPort for FakeKernel {
         self.0.kernel().procs.get(&pid).copied()
     }
 
-    fn snapshot(&self) -> Result<KernelSnapshot, KernelError> {
+    fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
         let k = self.0.kernel();
         Ok(KernelSnapshot {
             aggregates: k.aggregates.iter().map(|(k, v)| (*k, *v)).collect(),
-            live: k.live.clone(),
+            live: if with_live {
+                k.live.clone()
+            } else {
+                Vec::new()
+            },
+            live_read: with_live,
             processes: k.procs.clone(),
             drops: k.drops,
         })
@@ -906,4 +911,29 @@ fn a_process_gone_before_it_is_read_keeps_the_name_the_kernel_saw() {
     let profile = s.complete_profile().unwrap();
     let gone = only_image(&profile, 300, ProcessState::Exited);
     assert_eq!(gone.name, "shortjob");
+}
+
+#[test]
+fn live_samples_are_read_for_their_ages_every_few_seconds_or_always_with_a_min_age() {
+    let world = World::default();
+    let mut s = session(&world, Target::All);
+    world.spawn(100, "leaky");
+    let leak = address_in(alpha_site);
+    world.sample_aged(100, 1, &[leak], 1 << 20, Duration::from_secs(100));
+    let oldest = |p: &Profile| images(p, 100)[0].totals.ages.oldest;
+    let first = s.complete_profile().unwrap();
+    assert!(oldest(&first) >= Duration::from_secs(100));
+    // An older sample shows at the next read of the live samples, not at a
+    // refresh a moment later (the ages are kept from the last read).
+    world.sample_aged(100, 1, &[leak], 1 << 20, Duration::from_secs(900));
+    let soon = s.complete_profile().unwrap();
+    assert!(
+        oldest(&soon) < Duration::from_secs(900),
+        "{:?}",
+        oldest(&soon)
+    );
+    // With a minimum age the live figures come from them: read every time.
+    s.set_min_age(Duration::from_secs(5));
+    let now = s.complete_profile().unwrap();
+    assert!(oldest(&now) >= Duration::from_secs(900));
 }
