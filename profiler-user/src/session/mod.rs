@@ -276,11 +276,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Reads the kernel's maps and builds the current profile.
     pub fn refresh(&mut self) -> Result<Profile, KernelError> {
+        self.refresh_with(false)
+    }
+
+    /// [`Session::refresh`]; `fresh_ages` reads the live samples whatever
+    /// the interval (a final profile's ages are those of its moment).
+    fn refresh_with(&mut self, fresh_ages: bool) -> Result<Profile, KernelError> {
         self.poll_events();
         // The live samples (the largest map) only feed the ages, which move
         // slowly: read every LIVE_READ_INTERVAL, or every time a minimum age
         // makes them the live figures.
-        let with_live = !self.min_age.is_zero()
+        let with_live = fresh_ages
+            || !self.min_age.is_zero()
             || self
                 .live_read_at
                 .is_none_or(|at| at.elapsed() >= LIVE_READ_INTERVAL);
@@ -330,7 +337,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub fn complete_profile(&mut self) -> Result<Profile, KernelError> {
         self.refresh()?;
         self.finish_symbols();
-        self.refresh()
+        self.refresh_with(true)
     }
 
     /// Exited and exec'ed images stay shown while they take at most
