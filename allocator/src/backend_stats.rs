@@ -148,8 +148,9 @@ fn monotonic_ns() -> u64 {
         .wrapping_add(t.tv_nsec as u64)
 }
 
-/// A copy of the block's words (tests).
-pub fn snapshot() -> [u64; WORDS] {
+/// A copy of the block's words.
+#[cfg(test)]
+fn snapshot() -> [u64; WORDS] {
     core::array::from_fn(|i| BLOCK.0[i].load(Ordering::Acquire))
 }
 

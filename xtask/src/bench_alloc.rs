@@ -263,7 +263,9 @@ fn run_once(s: &Setup, mode: &str, iters: &str) -> Result<(f64, u64)> {
     Ok((v, n))
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (the mean of the middle two for an even count).
+pub(crate) fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n % 2 == 1 {
@@ -316,14 +318,14 @@ fn interleaved(
     }
     let rows = (0..setups.len())
         .map(|j| Row {
-            ns: median(&mut ns[j]),
-            ratio: median(&mut ratios[j]),
+            ns: median(&ns[j]),
+            ratio: median(&ratios[j]),
             min: ratios[j].iter().copied().fold(f64::INFINITY, f64::min),
             max: ratios[j].iter().copied().fold(0.0, f64::max),
-            samples: median(&mut samples[j]) as u64,
+            samples: median(&samples[j]) as u64,
         })
         .collect();
-    Ok((median(&mut ref_ns), rows))
+    Ok((median(&ref_ns), rows))
 }
 
 /// The source directory of the mimalloc vendored in the locked

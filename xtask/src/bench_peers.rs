@@ -22,6 +22,8 @@ use std::{path::Path, process::Command};
 use anyhow::{Context, Result, bail};
 
 use runner::{Runner, Setup, Tool};
+
+use crate::bench_alloc::median;
 use workloads::Workload;
 
 const MIMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2";
@@ -259,17 +261,6 @@ fn rounds_of(
 /// A setup's time over the baseline's, round by round.
 fn ratios(times: &[f64], base: &[f64]) -> Vec<f64> {
     times.iter().zip(base).map(|(t, b)| t / b).collect()
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// `median (min–max)`, with as many digits as the size of the ratio needs.

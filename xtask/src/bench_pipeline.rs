@@ -403,7 +403,8 @@ fn sample_usage(pid: u32, secs: u64) -> Result<(f64, u64)> {
     Ok(((c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64(), rss))
 }
 
-fn cpu_ticks(pid: u32) -> Result<u64> {
+/// User plus system CPU time of process `pid`, in clock ticks.
+pub(crate) fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let rest = stat
         .rsplit_once(") ")

@@ -48,11 +48,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The image ran before we attached: its live figures count only what
     /// it allocated since (its first image, started before the session).
     pub(super) fn predates_attach(&self, key: ProcessKey) -> bool {
-        key.generation == 0
-            && self
-                .starts
-                .get(&key.pid)
-                .is_some_and(|&start| start < self.attach_ticks)
+        key.generation == 0 && self.started_before_attach(key.pid)
+    }
+
+    /// Process `pid` started before the session attached (as far as known).
+    fn started_before_attach(&self, pid: u32) -> bool {
+        self.starts
+            .get(&pid)
+            .is_some_and(|&start| start < self.attach_ticks)
     }
 
     /// The followed processes whose current image ran before we attached,
@@ -60,11 +63,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     fn ran_before_attach(&self) -> Vec<String> {
         let mut pids: Vec<u32> = self
             .starts
-            .iter()
-            .filter(|&(pid, &start)| {
-                start < self.attach_ticks && !self.execed_since_attach.contains(pid)
+            .keys()
+            .copied()
+            .filter(|&pid| {
+                self.started_before_attach(pid) && !self.execed_since_attach.contains(&pid)
             })
-            .map(|(&pid, _)| pid)
             .collect();
         pids.sort_unstable();
         pids.into_iter()

@@ -248,14 +248,7 @@ fn stop(mut child: Child, interrupt: bool, what: &str) -> Result<()> {
 
 /// CPU seconds (user + system) process `pid` has used so far.
 fn cpu_secs(pid: u32) -> Result<f64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = stat
-        .rsplit_once(") ")
-        .context("malformed /proc/PID/stat")?
-        .1;
-    let fields: Vec<&str> = rest.split(' ').collect();
-    // utime and stime are fields 14 and 15 of stat; 12 and 13 after the comm.
-    let ticks = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    let ticks = crate::bench_pipeline::cpu_ticks(pid)?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Ok(ticks as f64 / hz)

@@ -107,28 +107,15 @@ fn section(frame: &mut Frame, title: &str, edges: &[Edge], selected: Option<usiz
 #[cfg(test)]
 mod tests {
     use crossterm::event::KeyCode;
-    use ratatui::{Terminal, backend::TestBackend};
 
     use super::*;
     use crate::tui::{
-        render::fit_and_draw,
+        render::tests::screen_lines,
         state::{
             AppEvent,
             tests::{options, press, sample},
         },
     };
-
-    fn screen(app: &mut App, width: u16, height: u16) -> Vec<String> {
-        let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
-        fit_and_draw(&mut terminal, app).unwrap();
-        let buffer = terminal.backend().buffer();
-        (0..height)
-            .map(|y| {
-                let line: String = (0..width).map(|x| buffer[(x, y)].symbol()).collect();
-                line.trim_end().to_string()
-            })
-            .collect()
-    }
 
     #[test]
     fn callers_and_callees_at_both_sizes() {
@@ -142,7 +129,7 @@ mod tests {
         press(&mut app, KeyCode::Char('c'));
         press(&mut app, KeyCode::Enter);
         for (w, h) in [(80, 24), (160, 48)] {
-            let lines = screen(&mut app, w, h);
+            let lines = screen_lines(&mut app, w, h);
             let text = lines.join("\n");
             // The header stays; the view takes the table's and detail's place.
             assert!(lines[0].contains("live heap"), "{text}");

@@ -3,9 +3,8 @@
 //! columns spread the figures rather than pad the names.
 
 use crossterm::event::KeyCode;
-use ratatui::{Terminal, backend::TestBackend};
 
-use super::fit_and_draw;
+use super::tests::screen_lines;
 use crate::tui::{
     rows::tests::{process, profile},
     state::{
@@ -14,18 +13,6 @@ use crate::tui::{
     },
 };
 use allocprof::profile::{ProcessState, Profile};
-
-fn screen(app: &mut App, width: u16, height: u16) -> Vec<String> {
-    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
-    fit_and_draw(&mut terminal, app).unwrap();
-    let buffer = terminal.backend().buffer();
-    (0..height)
-        .map(|y| {
-            let line: String = (0..width).map(|x| buffer[(x, y)].symbol()).collect();
-            line.trim_end().to_string()
-        })
-        .collect()
-}
 
 /// An hour in, a leak that took 347.2 MiB in the last minute, an exited
 /// process and a long target.
@@ -65,14 +52,14 @@ fn busy_app() -> App {
 #[test]
 fn at_80x24_the_elapsed_time_and_the_growth_are_whole() {
     let mut app = busy_app();
-    let lines = screen(&mut app, 80, 24);
+    let lines = screen_lines(&mut app, 80, 24);
     let text = lines.join("\n");
     assert!(lines[0].contains("1h 02m 03s"), "{text}");
     assert!(lines[0].contains("live heap 347.3 MiB"), "{text}");
     assert!(text.contains("+347.2 MiB/1m"), "{text}");
     // With a baseline badge too.
     press(&mut app, KeyCode::Char('b'));
-    let lines = screen(&mut app, 80, 24);
+    let lines = screen_lines(&mut app, 80, 24);
     let text = lines.join("\n");
     assert!(
         lines[0].contains("1h 02m 03s") && lines[0].contains("BASELINE"),
@@ -85,7 +72,7 @@ fn at_80x24_the_elapsed_time_and_the_growth_are_whole() {
 fn at_60x15_the_process_table_keeps_pid_and_state() {
     let mut app = busy_app();
     press(&mut app, KeyCode::Tab);
-    let lines = screen(&mut app, 60, 15);
+    let lines = screen_lines(&mut app, 60, 15);
     let text = lines.join("\n");
     let titles = lines.iter().find(|l| l.contains("PROCESS")).unwrap();
     assert!(titles.contains("PID") && titles.contains("STATE"), "{text}");
@@ -101,7 +88,7 @@ fn at_200_columns_the_figures_spread_instead_of_blank_names() {
     for view in ["processes", "stacks"] {
         // Tab: to the processes, then back to the stacks.
         press(&mut app, KeyCode::Tab);
-        let lines = screen(&mut app, 200, 50);
+        let lines = screen_lines(&mut app, 200, 50);
         let text = lines.join("\n");
         let row = lines.iter().find(|l| l.contains("worker")).unwrap();
         let after = &row[row.find("worker").unwrap() + "worker".len()..];

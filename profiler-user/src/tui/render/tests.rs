@@ -36,6 +36,15 @@ fn screen(app: &mut App, width: u16, height: u16) -> (String, Buffer) {
     (text(&buffer), buffer)
 }
 
+/// The screen as lines, trailing blanks trimmed (for the other test modules).
+pub(super) fn screen_lines(app: &mut App, width: u16, height: u16) -> Vec<String> {
+    screen(app, width, height)
+        .0
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 fn app_at(secs: u64) -> App {
     let mut app = App::new(options());
     for s in 0..=secs {
