@@ -4,6 +4,7 @@
 #![no_std]
 
 pub mod backend_stats;
+pub mod ledger;
 pub mod rate;
 pub mod unwind;
 pub mod usdt;
