@@ -21,6 +21,8 @@ pub mod map_names {
     pub const PROC_EVENTS: &str = "PROC_EVENTS";
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
     pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
+    pub const SEEDED_PIDS: &str = "SEEDED_PIDS";
+    pub const UNSEEN_FREES: &str = "UNSEEN_FREES";
 }
 
 pub use usdt::{MAX_USDT_ARGS, UsdtArg, UsdtArgKind, UsdtSpec};
@@ -542,6 +544,17 @@ pub struct ProcEvent {
     pub kind: u32,
 }
 
+/// A free the kernel saw no allocation for, in a process whose ledger user
+/// space seeded (`SEEDED_PIDS`): perhaps a block allocated before attach,
+/// which user space then retires. Sent through its own ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnseenFree {
+    pub pid: u32,
+    pub _pad: u32,
+    pub ptr: u64,
+}
+
 pub const PROC_EVENT_EXIT: u32 = 1;
 pub const PROC_EVENT_EXEC: u32 = 2;
 /// The kernel's OOM killer picked the process (`oom:mark_victim`).
@@ -675,6 +688,8 @@ mod pod {
     unsafe impl aya::Pod for ProcCounters {}
     // SAFETY: as above.
     unsafe impl aya::Pod for ProcEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for UnseenFree {}
     // SAFETY: as above.
     unsafe impl aya::Pod for UsdtSpec {}
     // SAFETY: as above.

@@ -72,6 +72,18 @@ pub static UNWIND_PROCS: HashMap<u32, ProcUnwind> =
 #[map]
 pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 
+/// Processes (host pids) whose live-sample ledger user space has read: a
+/// free of theirs with no `LIVE` entry may be of a block allocated before
+/// attach, and goes to `UNSEEN_FREES` (written by user space only).
+#[map]
+pub static SEEDED_PIDS: HashMap<u32, u32> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+
+/// Those frees, for user space to retire the blocks it seeded. Separate
+/// from `PROC_EVENTS`: a burst of frees must not crowd out exits and execs
+/// (a lost free is caught by user space's periodic ledger check).
+#[map]
+pub static UNSEEN_FREES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
 /// Set by user space at load time.
 #[unsafe(no_mangle)]
 pub static MAX_LIVE_PER_PROCESS: u64 = 65_536;

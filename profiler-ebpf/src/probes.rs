@@ -17,14 +17,15 @@ use aya_ebpf::{
 };
 use profiler_common::{
     AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK,
-    OVERFLOW_STACK, ProcCounters, SampleDelta, StackTrace, UsdtSpec, new_stack_budget,
+    OVERFLOW_STACK, ProcCounters, SampleDelta, StackTrace, UnseenFree, UsdtSpec, new_stack_budget,
     release_claim, stack_hash_step, stack_id, stack_seed, thin_step, try_claim, weight_check,
 };
 
 use crate::{
     maps::{
-        AGGS, DROPS, LIVE, PROCS, STACK_SCRATCH, STACK_SCRATCH_CLAIMS, STACKS, THIN_SCRATCH,
-        USDT_SPECS, max_event_rate, max_live_per_process, new_stacks_burst, new_stacks_per_second,
+        AGGS, DROPS, LIVE, PROCS, SEEDED_PIDS, STACK_SCRATCH, STACK_SCRATCH_CLAIMS, STACKS,
+        THIN_SCRATCH, UNSEEN_FREES, USDT_SPECS, max_event_rate, max_live_per_process,
+        new_stacks_burst, new_stacks_per_second,
     },
     usdt::read_arg,
 };
@@ -227,6 +228,13 @@ fn try_free(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     let proc = PROCS.get_ptr_mut(pid).map(|p| unsafe { &*p });
     // SAFETY: copied out at once; the remove decides who retires it.
     let Some(sample) = unsafe { LIVE.get(key) }.copied() else {
+        // SAFETY: only tested for presence.
+        if unsafe { SEEDED_PIDS.get(&pid) }.is_some() {
+            // Perhaps a block from before attach: user space decides. Lost
+            // when the ring is full (user space's ledger check catches it).
+            let _ = UNSEEN_FREES.output::<UnseenFree>(&UnseenFree { pid, _pad: 0, ptr }, 0);
+            return Ok(());
+        }
         // Under back-pressure most frees are of events not kept: expected.
         return match proc {
             // SAFETY: an aligned read of a field others update atomically.

@@ -72,12 +72,17 @@ pub enum ReadError {
 /// Where the block lies in a process: `offset` is its place in `file`,
 /// mapped by a writable (data) mapping of that file. None if unmapped.
 pub fn block_address(maps: &[MapsEntry], file: FileId, offset: u64) -> Option<u64> {
+    data_address(maps, file, offset, layout::BYTES as u64)
+}
+
+/// Where `len` bytes at `offset` of `file` lie in a process, all inside one
+/// writable mapping of the file (the library's `.data`). None if unmapped.
+pub fn data_address(maps: &[MapsEntry], file: FileId, offset: u64, len: u64) -> Option<u64> {
     maps.iter()
         .filter(|e| e.writable && e.id() == file && e.offset <= offset)
         .find_map(|e| {
             let at = e.start.checked_add(offset - e.offset)?;
-            // The whole block inside this one mapping.
-            (at.checked_add(layout::BYTES as u64)? <= e.end).then_some(at)
+            (at.checked_add(len)? <= e.end).then_some(at)
         })
 }
 

@@ -160,6 +160,8 @@ pub struct ProbeFile {
     pub problems: Vec<String>,
     /// File offset of its backend-statistics block (`liballocprof*.so`).
     pub backend_stats: Option<u64>,
+    /// File offset of its live-sample ledger's header (`liballocprof*.so`).
+    pub ledger: Option<u64>,
 }
 
 impl ProbeFile {
@@ -177,7 +179,7 @@ pub(crate) fn probe_file_at(path: &Path) -> std::io::Result<Option<ProbeFile>> {
         return Err(std::io::Error::other("not a regular file"));
     }
     let notes = usdt::notes_in_open_file(&file).map_err(std::io::Error::other)?;
-    let backend_stats = notes.backend_stats;
+    let (backend_stats, ledger) = (notes.backend_stats, notes.ledger);
     let (sites, problems) = sites_of(notes.probes).map_err(std::io::Error::other)?;
     if sites.is_empty() {
         return Ok(None);
@@ -192,6 +194,7 @@ pub(crate) fn probe_file_at(path: &Path) -> std::io::Result<Option<ProbeFile>> {
         sites,
         problems,
         backend_stats,
+        ledger,
     }))
 }
 
@@ -649,7 +652,7 @@ impl Scanner {
             .or_insert_with(|| {
                 // Unreadable or not ELF: simply not a probe carrier.
                 let notes = usdt::notes_in_open_file(&file.file).ok()?;
-                let backend_stats = notes.backend_stats;
+                let (backend_stats, ledger) = (notes.backend_stats, notes.ledger);
                 let (sites, problems) = sites_of(notes.probes).ok()?;
                 if sites.is_empty() && problems.is_empty() {
                     return None;
@@ -659,6 +662,7 @@ impl Scanner {
                     sites,
                     problems,
                     backend_stats,
+                    ledger,
                 }))
             })
             .clone()

@@ -18,7 +18,7 @@ use aya::{
 use profiler_common::map_names as names;
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
-    LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace, UsdtSpec,
+    LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace, UnseenFree, UsdtSpec,
     unwind::{ProcUnwind, UnwindRow},
 };
 use thiserror::Error;
@@ -137,6 +137,8 @@ pub struct Kernel {
     procs: HashMap<MapData, u32, ProcCounters>,
     drops: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
+    seeded_pids: HashMap<MapData, u32, u32>,
+    unseen_frees: RingBuf<MapData>,
     unwind_rows: Array<MapData, UnwindRow>,
     unwind_procs: HashMap<MapData, u32, ProcUnwind>,
     max_unwind_rows: u32,
@@ -242,6 +244,10 @@ impl Kernel {
             PerCpuArray::try_from(take(&mut ebpf, names::DROPS)?).map_err(map_err(names::DROPS))?;
         let events = RingBuf::try_from(take(&mut ebpf, names::PROC_EVENTS)?)
             .map_err(map_err(names::PROC_EVENTS))?;
+        let seeded_pids = HashMap::try_from(take(&mut ebpf, names::SEEDED_PIDS)?)
+            .map_err(map_err(names::SEEDED_PIDS))?;
+        let unseen_frees = RingBuf::try_from(take(&mut ebpf, names::UNSEEN_FREES)?)
+            .map_err(map_err(names::UNSEEN_FREES))?;
         let unwind_rows = Array::try_from(take(&mut ebpf, names::UNWIND_ROWS)?)
             .map_err(map_err(names::UNWIND_ROWS))?;
         let unwind_procs = HashMap::try_from(take(&mut ebpf, names::UNWIND_PROCS)?)
@@ -266,6 +272,8 @@ impl Kernel {
             procs,
             drops,
             events,
+            seeded_pids,
+            unseen_frees,
             unwind_rows,
             unwind_procs,
             max_unwind_rows: limits.max_unwind_rows,
@@ -554,6 +562,38 @@ impl Kernel {
             }
         }
         events
+    }
+
+    /// From now on, frees of process `pid` (host) with no live sample are
+    /// reported ([`Kernel::unseen_frees`]): its ledger was read.
+    pub(crate) fn watch_unseen_frees(&mut self, pid: u32) -> Result<(), KernelError> {
+        self.seeded_pids
+            .insert(pid, 1, 0)
+            .map_err(map_err(names::SEEDED_PIDS))
+    }
+
+    pub(crate) fn unwatch_unseen_frees(&mut self, pid: u32) {
+        let _ = self.seeded_pids.remove(&pid);
+    }
+
+    /// The frees without a live sample of watched processes since the last
+    /// call, as (host pid, pointer).
+    pub(crate) fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+        let mut frees = Vec::new();
+        while let Some(item) = self.unseen_frees.next() {
+            if item.len() >= size_of::<UnseenFree>() {
+                // SAFETY: UnseenFree is plain data; the length was checked.
+                let f: UnseenFree =
+                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<UnseenFree>()) };
+                frees.push((f.pid, f.ptr));
+            }
+        }
+        frees
+    }
+
+    /// Whether the kernel holds a live sample of `pid` (host) at `ptr`.
+    pub(crate) fn has_live_sample(&self, pid: u32, ptr: u64) -> bool {
+        self.live.get(&LiveKey { pid, _pad: 0, ptr }, 0).is_ok()
     }
 }
 

@@ -8,6 +8,7 @@ pub mod discover;
 pub mod export;
 pub mod inert;
 pub mod kernel;
+pub mod ledger;
 pub(crate) mod map_batch;
 pub mod normalize;
 pub mod oom;

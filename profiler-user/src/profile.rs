@@ -91,6 +91,9 @@ pub struct ProcessProfile {
     /// It ran before allocprof attached: its live figures are the bytes it
     /// allocated since, still live (what it held before is not seen).
     pub since_attach: bool,
+    /// Its live-sample ledger, if it was looked for: whether it was read,
+    /// and what it gave (none for profiles read back from files).
+    pub ledger: Option<crate::ledger::LedgerStatus>,
     /// What a running process has resident (`/proc/PID/status`), to set
     /// the heap against; none for gone processes.
     pub resident: Option<crate::discover::Resident>,
@@ -129,6 +132,7 @@ impl ProcessProfile {
             thinned_events: 0,
             thin_factor: 1,
             since_attach: false,
+            ledger: None,
             resident: None,
             backend_heap: None,
             stacks,

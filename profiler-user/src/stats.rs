@@ -29,6 +29,9 @@ pub struct Totals {
     /// The live bytes by age (zero where unknown: gone processes, profiles
     /// read back from files).
     pub ages: crate::age::Ages,
+    /// Of the live bytes, those of blocks allocated before allocprof
+    /// attached (read from the process's live-sample ledger).
+    pub before_attach_bytes: f64,
 }
 
 impl Totals {
@@ -46,6 +49,7 @@ impl Totals {
             live_thin_var: variance_in_bytes2(agg.live_thin_var),
             alloc_thin_var: variance_in_bytes2(agg.alloc_thin_var),
             ages: crate::age::Ages::default(),
+            before_attach_bytes: 0.0,
         }
     }
 
@@ -113,6 +117,7 @@ impl AddAssign for Totals {
         self.live_thin_var += o.live_thin_var;
         self.alloc_thin_var += o.alloc_thin_var;
         self.ages.merge(&o.ages);
+        self.before_attach_bytes += o.before_attach_bytes;
     }
 }
 

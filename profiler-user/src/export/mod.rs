@@ -219,6 +219,7 @@ pub(crate) mod tests {
             thinned_events: 0,
             thin_factor: 1,
             since_attach: false,
+            ledger: None,
             resident: None,
             backend_heap: Some(crate::backend_stats::BackendHeap {
                 backend: "glibc",

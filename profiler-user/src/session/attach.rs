@@ -70,6 +70,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         for site in &file.sites {
             self.kernel.attach_file(&file.file, site, scope)?;
         }
+        // From now on the kernel sees every allocation through this file.
+        let whom = if self.target == Target::All { 0 } else { pid };
+        self.file_attached_ns
+            .entry((whom, file.id()))
+            .or_insert_with(crate::age::monotonic_now_ns);
         Ok(replaced)
     }
 

@@ -28,6 +28,7 @@ pub(super) struct Frozen {
     pub state: ProcessState,
     /// It ran before the session attached (see `Session::predates_attach`).
     pub since_attach: bool,
+    pub ledger: Option<crate::ledger::LedgerStatus>,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
     /// Its `STACKS` entries were deleted (all its stacks symbolized).
@@ -56,6 +57,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// images that went in one poll are retired together.
     pub fn poll_events(&mut self) {
         self.load_tables();
+        self.retire_unseen_frees();
         for line in self.kernel.diagnostics() {
             self.warnings.push(format!("kernel: {line}"));
         }
@@ -133,12 +135,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return;
         }
         let tracked = gone.keys().any(|pid| {
-            self.pids
-                .host(*pid)
-                .is_some_and(|host| self.kernel.process(host).is_some())
+            self.ledgers.has_seeds(*pid)
+                || self
+                    .pids
+                    .host(*pid)
+                    .is_some_and(|host| self.kernel.process(host).is_some())
         });
         // Frozen images keep no ages: their live samples are not read.
-        if tracked && let Ok(snapshot) = self.snapshot(false) {
+        if tracked && let Ok(mut snapshot) = self.snapshot(false) {
+            self.add_seeds(&mut snapshot);
             self.freeze(&snapshot, &gone);
         }
         for (pid, below) in gone {
@@ -163,7 +168,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                         generation: key.generation,
                     })
                     .or_default()
-                    .push((key.stack_id, Totals::from_agg(agg)));
+                    .push((
+                        key.stack_id,
+                        self.ledgers.mark(key.stack_id, Totals::from_agg(agg)),
+                    ));
                 live_samples += agg.live_samples;
                 if let Some(host) = self.pids.host(key.pid) {
                     keys.push(AggKey { pid: host, ..*key });
@@ -189,6 +197,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let mut frozen = Frozen {
                 key,
                 since_attach: self.predates_attach(key),
+                ledger: self.ledgers.status(key.pid, key.generation),
                 incarnation: self.incarnation(key.pid),
                 name,
                 rate,
@@ -258,6 +267,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// also its pid mapping, rescans and per-process attachments.
     pub(super) fn prune(&mut self, pid: u32, exited: bool) {
         self.forget_tables(pid);
+        self.forget_ledger(pid);
         self.spaces.remove(&pid);
         self.scanned.remove(&pid);
         self.names.remove(&pid);

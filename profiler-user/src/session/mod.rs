@@ -16,6 +16,7 @@
 //! - `unwinding.rs`: which processes the kernel walks with unwind tables.
 
 mod attach;
+mod ledger;
 mod lifecycle;
 mod namespace;
 mod ports;
@@ -181,6 +182,11 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     unwind: UnwindTables,
     /// What each process's kernel unwind entry holds (to skip rewrites).
     unwound: HashMap<u32, ProcUnwind>,
+    /// The followed images' live-sample ledgers and their seeds.
+    ledgers: ledger::Ledgers,
+    /// When the probes of a file were attached (CLOCK_MONOTONIC ns), for a
+    /// process (`--pid`) or for all (pid 0).
+    file_attached_ns: HashMap<(u32, FileId), u64>,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
     pub warnings: Vec<String>,
 }
@@ -252,6 +258,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             rescans: HashMap::new(),
             last_full_scan: Instant::now(),
             started: Instant::now(),
+            ledgers: ledger::Ledgers::default(),
+            file_attached_ns: HashMap::new(),
             warnings: Vec::new(),
         };
         match target {
@@ -296,6 +304,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         let mut snapshot = self.snapshot(with_live)?;
         self.track(&mut snapshot);
+        self.read_ledgers(&snapshot);
+        if with_live {
+            self.check_all_seeds();
+        }
+        self.add_seeds(&mut snapshot);
         self.request_symbols(&snapshot);
         self.collect_symbols();
         let profile = self.build(&snapshot);

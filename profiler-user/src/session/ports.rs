@@ -15,6 +15,7 @@ use crate::{
     backend_stats::{self, BackendHeap},
     discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
     kernel::{Kernel, KernelError, KernelSnapshot, Scope},
+    ledger::{self, LedgerRead},
 };
 
 /// The kernel programs and maps, as the session uses them. Pids here are
@@ -65,6 +66,19 @@ pub trait KernelPort {
     fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError>;
     /// Process `pid` is walked by frame pointers again.
     fn clear_process_unwind(&mut self, pid: u32);
+    /// Report the frees of `pid` that find no live sample (its ledger was
+    /// read): see [`KernelPort::unseen_frees`].
+    fn watch_unseen_frees(&mut self, _pid: u32) -> Result<(), KernelError> {
+        Ok(())
+    }
+    fn unwatch_unseen_frees(&mut self, _pid: u32) {}
+    /// Frees of watched processes that found no live sample since the last
+    /// call, as (pid, pointer).
+    fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+        Vec::new()
+    }
+    /// Whether the kernel holds a live sample of `pid` at `ptr`.
+    fn has_live_sample(&self, pid: u32, ptr: u64) -> bool;
 }
 
 /// The processes a session follows, as `/proc` shows them. Pids here are
@@ -96,6 +110,20 @@ pub trait ProcessPort {
     /// The sampling rate it runs with.
     fn sampling_rate(&self, pid: u32) -> u64;
     fn all_pids(&self) -> Vec<u32>;
+    /// Where its live-sample ledger's header is: the library file that
+    /// names it, and its address (none without one).
+    fn ledger_address(&self, _pid: u32) -> Option<(FileId, u64)> {
+        None
+    }
+    /// Reads its ledger (see [`crate::ledger::read`]).
+    fn read_ledger(&self, pid: u32, address: u64) -> Result<LedgerRead, ledger::ReadError> {
+        ledger::read(pid, address)
+    }
+    /// The sequence words of its ledger records at `addresses` (see
+    /// [`crate::ledger::sequences`]).
+    fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>> {
+        ledger::sequences(pid, addresses)
+    }
 }
 
 impl KernelPort for Kernel {
@@ -168,6 +196,22 @@ impl KernelPort for Kernel {
     fn clear_process_unwind(&mut self, pid: u32) {
         Kernel::clear_process_unwind(self, pid);
     }
+
+    fn watch_unseen_frees(&mut self, pid: u32) -> Result<(), KernelError> {
+        Kernel::watch_unseen_frees(self, pid)
+    }
+
+    fn unwatch_unseen_frees(&mut self, pid: u32) {
+        Kernel::unwatch_unseen_frees(self, pid);
+    }
+
+    fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+        Kernel::unseen_frees(self)
+    }
+
+    fn has_live_sample(&self, pid: u32, ptr: u64) -> bool {
+        Kernel::has_live_sample(self, pid, ptr)
+    }
 }
 
 /// The real processes, through `/proc` (discovery's [`Scanner`] caches
@@ -182,6 +226,9 @@ pub struct Procfs {
     /// its maps: forgotten when the process is scanned again or the block
     /// no longer reads as one (an exec, a reused pid).
     block_addresses: RefCell<HashMap<u32, Option<u64>>>,
+    /// Files seen by a scan that carry a live-sample ledger, with its
+    /// header's file offset.
+    ledger_headers: HashMap<FileId, u64>,
 }
 
 /// Forget every cached block address past this many processes (bounds the
@@ -199,6 +246,9 @@ impl ProcessPort for Procfs {
         for probe in &scan.probes {
             if let Some(offset) = probe.backend_stats {
                 self.stats_blocks.insert(probe.id(), offset);
+            }
+            if let Some(offset) = probe.ledger {
+                self.ledger_headers.insert(probe.id(), offset);
             }
         }
         Ok(scan)
@@ -257,5 +307,15 @@ impl ProcessPort for Procfs {
 
     fn all_pids(&self) -> Vec<u32> {
         discover::all_pids()
+    }
+
+    fn ledger_address(&self, pid: u32) -> Option<(FileId, u64)> {
+        if self.ledger_headers.is_empty() {
+            return None;
+        }
+        let maps = discover::Process::find(pid)?.maps().ok()?;
+        self.ledger_headers
+            .iter()
+            .find_map(|(&file, &offset)| Some((file, ledger::header_address(&maps, file, offset)?)))
     }
 }

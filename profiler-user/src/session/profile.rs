@@ -1,7 +1,10 @@
 //! The [`Profile`] of a snapshot: the live images the kernel holds, and the
 //! images retired earlier, frozen as they were.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use profiler_common::ProcCounters;
 
@@ -11,6 +14,7 @@ use crate::{
     kernel::KernelSnapshot,
     profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes},
     stats::Totals,
+    symbolize::Frame,
 };
 
 /// What identifies a process image in the profile, besides its key.
@@ -20,6 +24,7 @@ struct Image {
     state: ProcessState,
     incarnation: Incarnation,
     since_attach: bool,
+    ledger: Option<crate::ledger::LedgerStatus>,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -48,7 +53,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The image ran before we attached: its live figures count only what
     /// it allocated since (its first image, started before the session).
     pub(super) fn predates_attach(&self, key: ProcessKey) -> bool {
-        key.generation == 0 && self.started_before_attach(key.pid)
+        key.generation == 0 && self.started_before_attach(key.pid) && !self.whole_heap_seen(key)
+    }
+
+    /// Its ledger was read: what it allocated before attach is seen too.
+    fn whole_heap_seen(&self, key: ProcessKey) -> bool {
+        self.ledgers
+            .status(key.pid, key.generation)
+            .is_some_and(|s| s.read)
     }
 
     /// Process `pid` started before the session attached (as far as known).
@@ -66,7 +78,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             .keys()
             .copied()
             .filter(|&pid| {
-                self.started_before_attach(pid) && !self.execed_since_attach.contains(&pid)
+                self.started_before_attach(pid)
+                    && !self.execed_since_attach.contains(&pid)
+                    && !self.whole_heap_seen(ProcessKey { pid, generation: 0 })
             })
             .collect();
         pids.sort_unstable();
@@ -100,10 +114,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 agg.live_thin_var = old.live_thin_var;
                 agg.live_samples = old.live_samples;
             }
-            let totals = Totals {
-                ages: stack_ages.ages,
-                ..Totals::from_agg(&agg)
-            };
+            let totals = self.ledgers.mark(
+                key.stack_id,
+                Totals {
+                    ages: stack_ages.ages,
+                    ..Totals::from_agg(&agg)
+                },
+            );
             live.entry(pk).or_default().push((key.stack_id, totals));
         }
         let mut processes = Vec::new();
@@ -120,6 +137,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 state: ProcessState::Live,
                 incarnation: self.incarnation(key.pid),
                 since_attach: self.predates_attach(key),
+                ledger: self.ledgers.status(key.pid, key.generation),
             };
             processes.push(self.process_profile(key, image, &proc, &stacks));
         }
@@ -130,6 +148,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 state: f.state,
                 incarnation: f.incarnation,
                 since_attach: f.since_attach,
+                ledger: f.ledger,
             };
             processes.push(self.process_profile(f.key, image, &f.proc, &f.stacks));
         }
@@ -154,12 +173,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     ) -> ProcessProfile {
         // The variance model is the process's: decided from all its weights.
         let weight_form = proc.weight_form();
-        let stacks = stacks
-            .iter()
-            .map(|(id, totals)| StackProfile {
-                frames: self.frames(image.incarnation, *id),
-                totals: totals.with_weight_form(weight_form),
-            })
+        // A stack seen both in the ledger (before attach) and by the kernel
+        // is one stack: the same frames once the allocator's are removed.
+        let mut merged: HashMap<Arc<[Frame]>, Totals> = HashMap::new();
+        for (id, totals) in stacks {
+            *merged
+                .entry(self.frames(image.incarnation, *id))
+                .or_default() += totals.with_weight_form(weight_form);
+        }
+        let stacks = merged
+            .into_iter()
+            .map(|(frames, totals)| StackProfile { frames, totals })
             .collect();
         ProcessProfile {
             alloc_events: proc.alloc_events,
@@ -180,6 +204,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 None
             },
             since_attach: image.since_attach,
+            ledger: image.ledger,
             backend_heap: if image.state == ProcessState::Live {
                 self.processes.backend_heap(key.pid)
             } else {

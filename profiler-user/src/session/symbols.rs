@@ -59,7 +59,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             {
                 continue;
             }
-            let Some(addrs) = self.kernel.stack(key.stack_id) else {
+            let addrs = match self.ledgers.stack(key.stack_id) {
+                Some(frames) => Some(frames.to_vec()),
+                None => self.kernel.stack(key.stack_id),
+            };
+            let Some(addrs) = addrs else {
                 continue;
             };
             let frames: Vec<_> = addrs

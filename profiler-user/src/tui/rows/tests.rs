@@ -59,6 +59,7 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         thinned_events: 0,
         thin_factor: 1,
         since_attach: false,
+        ledger: None,
         resident: None,
         backend_heap: None,
         stacks,

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use object::LittleEndian as LE;
 use object::elf;
-use profiler_common::{UsdtSpec, backend_stats};
+use profiler_common::{UsdtSpec, backend_stats, ledger};
 use thiserror::Error;
 
 use self::headers::{Loads, file_header, name_is, program_headers, section_headers, section_names};
@@ -136,13 +136,24 @@ impl UsdtProbe {
 pub(crate) const MAX_READ: u64 = 16 << 20;
 
 /// What a file's notes say: its USDT probes and, for `liballocprof*.so`,
-/// where its backend-statistics block is (`profiler_common::backend_stats`).
+/// where its backend-statistics block (`profiler_common::backend_stats`) and
+/// live-sample ledger (`profiler_common::ledger`) are.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ElfNotes {
     pub probes: Vec<UsdtProbe>,
     /// File offset of the backend-statistics block; `None` without the
     /// note, or when its address lies in no file-backed PT_LOAD segment.
     pub backend_stats: Option<u64>,
+    /// File offset of the live-sample ledger's header
+    /// (`profiler_common::ledger`), likewise.
+    pub ledger: Option<u64>,
+}
+
+/// Link-time addresses the library's `.note.allocprof` notes give.
+#[derive(Default)]
+struct LibraryBlocks {
+    stats: Option<u64>,
+    ledger: Option<u64>,
 }
 
 /// Opens the file and returns its USDT probes; see [`probes_in_open_file`].
@@ -243,21 +254,20 @@ fn notes(data: &mut Reader<'_>) -> Result<ElfNotes, NoteError> {
         }
     }
     let mut notes = Vec::new();
-    let mut stats_block = None;
+    let mut blocks = LibraryBlocks::default();
     for area in &areas {
         let bytes = data.read(area.offset, area.size, "note area")?;
-        walk_notes(
-            &bytes,
-            area.offset,
-            area.align,
-            &mut notes,
-            &mut stats_block,
-        )?;
+        walk_notes(&bytes, area.offset, area.align, &mut notes, &mut blocks)?;
     }
 
     let loads = Loads::new(&segments);
     let file_len = data.len;
-    let backend_stats = stats_block.and_then(|vaddr| loads.data_offset(vaddr, file_len));
+    let backend_stats = blocks
+        .stats
+        .and_then(|vaddr| loads.data_offset(vaddr, file_len));
+    let ledger = blocks
+        .ledger
+        .and_then(|vaddr| loads.data_offset(vaddr, file_len));
     let probes = notes
         .into_iter()
         .map(|note| {
@@ -290,6 +300,7 @@ fn notes(data: &mut Reader<'_>) -> Result<ElfNotes, NoteError> {
     Ok(ElfNotes {
         probes,
         backend_stats,
+        ledger,
     })
 }
 
@@ -310,14 +321,14 @@ struct RawNote {
 }
 
 /// Appends the `stapsdt` notes of one note area (at file offset
-/// `area_offset`) to `out`, and keeps the first backend-statistics note's
-/// address in `stats_block`, skipping other notes.
+/// `area_offset`) to `out`, and keeps the first backend-statistics and
+/// ledger notes' addresses in `blocks`, skipping other notes.
 fn walk_notes(
     area: &[u8],
     area_offset: u64,
     align: u64,
     out: &mut Vec<RawNote>,
-    stats_block: &mut Option<u64>,
+    blocks: &mut LibraryBlocks,
 ) -> Result<(), NoteError> {
     // Notes are 4-byte aligned unless the area says 8 (as gABI readers do).
     let align: u64 = if align == 8 { 8 } else { 4 };
@@ -360,14 +371,19 @@ fn walk_notes(
         if kind == NOTE_TYPE && owner == NOTE_OWNER {
             let desc = &area[desc_start as usize..desc_end as usize];
             out.push(parse_desc(desc, area_offset + desc_start)?);
-        } else if kind == backend_stats::NOTE_TYPE
-            && owner == backend_stats::NOTE_OWNER
-            && stats_block.is_none()
-        {
+        } else if owner == backend_stats::NOTE_OWNER {
             // One address; a descriptor of any other length is not ours.
             let desc = &area[desc_start as usize..desc_end as usize];
-            if let Ok(addr) = <[u8; 8]>::try_from(desc) {
-                *stats_block = Some(u64::from_le_bytes(addr));
+            let slot = match kind {
+                backend_stats::NOTE_TYPE => Some(&mut blocks.stats),
+                ledger::NOTE_TYPE => Some(&mut blocks.ledger),
+                _ => None,
+            };
+            if let Some(slot) = slot
+                && slot.is_none()
+                && let Ok(addr) = <[u8; 8]>::try_from(desc)
+            {
+                *slot = Some(u64::from_le_bytes(addr));
             }
         }
         // The last note's padding may be missing; that is harmless.

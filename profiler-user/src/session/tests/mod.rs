@@ -59,6 +59,9 @@ struct KernelState {
     unwind_rows: HashMap<u32, UnwindRow>,
     unwind_procs: HashMap<u32, ProcUnwind>,
     unwind_cleared: Vec<u32>,
+    /// Processes whose unseen frees are reported, and those reported.
+    watched: std::collections::HashSet<u32>,
+    unseen: Vec<(u32, u64)>,
 }
 
 #[derive(Clone)]
@@ -72,6 +75,15 @@ struct FakeProcess {
     /// What `code_size` says (none: unknown, rescanned at every refresh).
     code_size: Option<u64>,
     probe_files: Vec<FileId>,
+    /// Its live-sample ledger (none: its library has none).
+    ledger: Option<FakeLedger>,
+}
+
+/// A ledger's live records and each record's sequence now.
+#[derive(Clone, Default)]
+struct FakeLedger {
+    live: Vec<crate::ledger::LedgerEntry>,
+    seqs: HashMap<u64, u64>,
 }
 
 #[derive(Default)]
@@ -105,6 +117,7 @@ impl World {
                 not_mapped: None,
                 code_size: None,
                 probe_files: vec![probe_file_id(1)],
+                ledger: None,
             },
         );
     }
@@ -295,6 +308,27 @@ impl KernelPort for FakeKernel {
         w.kernel.unwind_procs.remove(&pid);
         w.kernel.unwind_cleared.push(pid);
     }
+
+    fn watch_unseen_frees(&mut self, pid: u32) -> Result<(), KernelError> {
+        self.0.0.borrow_mut().kernel.watched.insert(pid);
+        Ok(())
+    }
+
+    fn unwatch_unseen_frees(&mut self, pid: u32) {
+        self.0.0.borrow_mut().kernel.watched.remove(&pid);
+    }
+
+    fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+        std::mem::take(&mut self.0.0.borrow_mut().kernel.unseen)
+    }
+
+    fn has_live_sample(&self, pid: u32, ptr: u64) -> bool {
+        let w = self.0.0.borrow();
+        w.kernel
+            .live
+            .iter()
+            .any(|(k, _)| k.pid == pid && k.ptr == ptr)
+    }
 }
 
 impl ProcessPort for FakeProcesses {
@@ -345,6 +379,36 @@ impl ProcessPort for FakeProcesses {
     fn all_pids(&self) -> Vec<u32> {
         self.world.0.borrow().processes.keys().copied().collect()
     }
+
+    fn ledger_address(&self, pid: u32) -> Option<(FileId, u64)> {
+        let w = self.world.0.borrow();
+        let p = w.processes.get(&pid)?;
+        p.ledger.as_ref()?;
+        Some((*p.probe_files.first()?, 0x1000))
+    }
+
+    fn read_ledger(
+        &self,
+        pid: u32,
+        _address: u64,
+    ) -> Result<crate::ledger::LedgerRead, crate::ledger::ReadError> {
+        let w = self.world.0.borrow();
+        let ledger = w.processes.get(&pid).and_then(|p| p.ledger.clone());
+        let ledger = ledger.ok_or(std::io::Error::from(std::io::ErrorKind::NotFound))?;
+        Ok(crate::ledger::LedgerRead {
+            live: ledger.live,
+            ..Default::default()
+        })
+    }
+
+    fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>> {
+        let w = self.world.0.borrow();
+        let ledger = w.processes.get(&pid).and_then(|p| p.ledger.as_ref());
+        addresses
+            .iter()
+            .map(|a| ledger.and_then(|l| l.seqs.get(a).copied()))
+            .collect()
+    }
 }
 
 fn fake_probe_file(id: FileId) -> Arc<ProbeFile> {
@@ -362,6 +426,7 @@ fn fake_probe_file(id: FileId) -> Arc<ProbeFile> {
         sites: vec![site(ProbeKind::Alloc), site(ProbeKind::Free)],
         problems: Vec::new(),
         backend_stats: None,
+        ledger: None,
     })
 }
 
@@ -941,3 +1006,5 @@ fn live_samples_are_read_for_their_ages_every_few_seconds_and_whenever_it_matter
     let now = s.refresh().unwrap();
     assert!(oldest(&now) >= Duration::from_secs(1000));
 }
+
+mod ledger;

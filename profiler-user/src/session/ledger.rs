@@ -1,0 +1,334 @@
+//! The heap from before attach: when the session first follows a process
+//! image (attach, discovery, a fork child's first event, a new generation),
+//! it reads the image's live-sample ledger (`crate::ledger`) and *seeds*
+//! the blocks the kernel never saw allocated, with their stacks. A seed
+//! lives until its block is freed:
+//!
+//! * the kernel reports the frees of a seeded process that find no live
+//!   sample (`UNSEEN_FREES`), and the seed at that pointer goes;
+//! * a record whose sequence moved since it was read was freed (perhaps
+//!   reused): checked right after seeding and with every read of the live
+//!   samples, which also catches frees the full ring buffer lost.
+//!
+//! Nothing is counted twice: a record is seeded only if it was allocated
+//! before the kernel could see it (before its file's probes were attached
+//! or its process started, whichever is later) *and* the kernel holds no
+//! live sample at its pointer. The kernel's maps are never written: the
+//! seeds join each snapshot as aggregates of their own stacks, with their
+//! ages.
+
+use std::{
+    collections::{HashMap, HashSet, hash_map::Entry},
+    sync::Arc,
+};
+
+use profiler_common::{
+    AggKey, LiveKey, LiveSample, StackAgg, stack_hash_step, stack_id, stack_seed,
+};
+
+use super::{KernelPort, ProcessPort, Session};
+use crate::{
+    kernel::KernelSnapshot,
+    ledger::{LedgerRead, LedgerStatus},
+    stats::Totals,
+};
+
+/// Mixed into a seeded stack's hash: its id never equals a kernel stack's
+/// (their frames differ at the top anyway; the symbolized frames, without
+/// the allocator's, are what merge them in the profile).
+const LEDGER_STACK_TAG: u64 = 0x6c65_6467_6572_0001;
+
+/// What the session knows of each followed image's ledger.
+#[derive(Default)]
+pub(super) struct Ledgers {
+    images: HashMap<u32, LedgerImage>,
+    /// Raw frames of the seeded stacks, innermost first.
+    frames: HashMap<u64, Arc<[u64]>>,
+}
+
+/// A process image's ledger, as read when the session first followed it.
+pub(super) struct LedgerImage {
+    generation: u32,
+    pub(super) status: LedgerStatus,
+    /// Its blocks from before attach still live, by pointer.
+    seeds: HashMap<u64, Seed>,
+    /// The ids of its seeded stacks (their frames are in `Ledgers::frames`).
+    stacks: HashSet<u64>,
+}
+
+struct Seed {
+    /// The record's address and the sequence it was read with.
+    address: u64,
+    seq: u64,
+    sample: LiveSample,
+}
+
+impl Ledgers {
+    /// The image's ledger status, if the session read (or looked for) it.
+    pub(super) fn status(&self, pid: u32, generation: u32) -> Option<LedgerStatus> {
+        self.images
+            .get(&pid)
+            .filter(|i| i.generation == generation)
+            .map(|i| i.status)
+    }
+
+    pub(super) fn has_seeds(&self, pid: u32) -> bool {
+        self.images.get(&pid).is_some_and(|i| !i.seeds.is_empty())
+    }
+
+    /// A seeded stack's frames.
+    pub(super) fn stack(&self, id: u64) -> Option<&Arc<[u64]>> {
+        self.frames.get(&id)
+    }
+
+    /// A stack's totals, its live bytes marked as from before attach if it
+    /// is a seeded stack.
+    pub(super) fn mark(&self, stack_id: u64, mut totals: Totals) -> Totals {
+        if self.frames.contains_key(&stack_id) {
+            totals.before_attach_bytes = totals.live_bytes;
+        }
+        totals
+    }
+
+    fn retire(&mut self, pid: u32, ptr: u64) {
+        if let Some(image) = self.images.get_mut(&pid)
+            && image.seeds.remove(&ptr).is_some()
+        {
+            image.status.retired += 1;
+        }
+    }
+}
+
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// Reads the ledger of every followed process image not read yet.
+    pub(super) fn read_ledgers(&mut self, snapshot: &KernelSnapshot) {
+        let mut due: Vec<(u32, u32)> = self
+            .spaces
+            .keys()
+            .map(|&pid| {
+                let generation = snapshot.processes.get(&pid).map_or(0, |p| p.generation);
+                (pid, generation)
+            })
+            .filter(|&(pid, generation)| self.ledgers.status(pid, generation).is_none())
+            .collect();
+        due.sort_unstable();
+        for (pid, generation) in due {
+            self.read_ledger(pid, generation);
+        }
+    }
+
+    fn read_ledger(&mut self, pid: u32, generation: u32) {
+        let mut image = LedgerImage {
+            generation,
+            status: LedgerStatus::default(),
+            seeds: HashMap::new(),
+            stacks: HashSet::new(),
+        };
+        if let Some(host) = self.pids.host(pid)
+            && let Some((file, address)) = self.processes.ledger_address(pid)
+        {
+            // Before the read: a free from now on is reported.
+            match self.kernel.watch_unseen_frees(host) {
+                Ok(()) => match self.processes.read_ledger(pid, address) {
+                    Ok(read) => {
+                        let seen_from = self.seen_from_ns(pid, file);
+                        image.status.read = true;
+                        self.seed(host, pid, &mut image, read, seen_from);
+                    }
+                    // Nothing sampled yet: no table, nothing from before.
+                    Err(crate::ledger::ReadError::Header(
+                        profiler_common::ledger::HeaderError::NoTable,
+                    )) => image.status.read = true,
+                    Err(e) => self
+                        .warnings
+                        .push(format!("process {pid}: its live-sample ledger: {e}")),
+                },
+                Err(e) => self.warnings.push(format!("process {pid}: {e}")),
+            }
+            if !image.status.read {
+                self.kernel.unwatch_unseen_frees(host);
+            }
+        }
+        self.ledgers.images.insert(pid, image);
+        // Frees reported while it was read, then records rewritten since.
+        self.retire_unseen_frees();
+        self.check_seeds(pid);
+    }
+
+    /// Seeds the live records of `read` the kernel cannot have seen.
+    fn seed(
+        &mut self,
+        host: u32,
+        pid: u32,
+        image: &mut LedgerImage,
+        read: LedgerRead,
+        seen_from: u64,
+    ) {
+        let status = &mut image.status;
+        status.torn = read.torn;
+        status.garbage = read.garbage;
+        status.unread = read.unread;
+        let seed = stack_seed(pid, image.generation) ^ LEDGER_STACK_TAG;
+        for entry in read.live {
+            let r = entry.record;
+            if r.time_ns >= seen_from || self.kernel.has_live_sample(host, r.ptr) {
+                status.seen += 1;
+                continue;
+            }
+            let id = stack_id(r.frames().iter().fold(seed, |h, &f| stack_hash_step(h, f)));
+            if image.stacks.insert(id) {
+                self.ledgers.frames.insert(id, r.frames().into());
+            }
+            let sample = LiveSample {
+                stack_id: id,
+                size: r.size,
+                weight: r.weight,
+                generation: image.generation,
+                thin_factor: 1,
+                allocated_ns: r.time_ns,
+            };
+            let seed = Seed {
+                address: entry.address,
+                seq: r.seq,
+                sample,
+            };
+            if let Entry::Vacant(v) = image.seeds.entry(r.ptr) {
+                v.insert(seed);
+                status.seeded += 1;
+            }
+        }
+    }
+
+    /// When the kernel started seeing `pid`'s allocations through `file`
+    /// (CLOCK_MONOTONIC ns): the later of the file's attach and the
+    /// process's start (a fork child's inherited blocks came before).
+    fn seen_from_ns(&self, pid: u32, file: crate::discover::FileId) -> u64 {
+        // Per process with `--pid`; for all (pid 0) system-wide.
+        let attached = self
+            .file_attached_ns
+            .get(&(pid, file))
+            .or_else(|| self.file_attached_ns.get(&(0, file)))
+            .copied()
+            .unwrap_or(0);
+        let started = self
+            .starts
+            .get(&pid)
+            .copied()
+            .or_else(|| self.processes.start_ticks(pid))
+            .map_or(0, |ticks| monotonic_ns_of_boot_ticks(ticks + 1));
+        attached.max(started)
+    }
+
+    /// Retires the seeds the kernel's unseen frees name.
+    pub(super) fn retire_unseen_frees(&mut self) {
+        for (host, ptr) in self.kernel.unseen_frees() {
+            if let Some(pid) = self.pids.local(host) {
+                self.ledgers.retire(pid, ptr);
+            }
+        }
+    }
+
+    /// Retires the seeds of `pid` whose record was rewritten since it was
+    /// read (their block was freed; its free may have been lost).
+    pub(super) fn check_seeds(&mut self, pid: u32) {
+        let Some(image) = self.ledgers.images.get(&pid) else {
+            return;
+        };
+        if image.seeds.is_empty() {
+            return;
+        }
+        let (ptrs, addresses): (Vec<u64>, Vec<u64>) =
+            image.seeds.iter().map(|(&p, s)| (p, s.address)).unzip();
+        let seqs = self.processes.ledger_sequences(pid, &addresses);
+        let image = self.ledgers.images.get_mut(&pid).expect("checked above");
+        for (ptr, seq) in ptrs.into_iter().zip(seqs) {
+            // Unreadable (the process is going): its exit retires all.
+            if seq.is_some_and(|s| image.seeds.get(&ptr).is_some_and(|seed| seed.seq != s)) {
+                image.seeds.remove(&ptr);
+                image.status.retired += 1;
+            }
+        }
+    }
+
+    /// [`Session::check_seeds`] for every image with seeds.
+    pub(super) fn check_all_seeds(&mut self) {
+        let pids: Vec<u32> = self
+            .ledgers
+            .images
+            .iter()
+            .filter(|(_, i)| !i.seeds.is_empty())
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in pids {
+            self.check_seeds(pid);
+        }
+    }
+
+    /// Adds the seeds to a snapshot: one aggregate per seeded stack, and
+    /// with the live samples, the seeds as live samples (for their ages).
+    pub(super) fn add_seeds(&self, snapshot: &mut KernelSnapshot) {
+        for (&pid, image) in &self.ledgers.images {
+            let mut aggs: HashMap<u64, StackAgg> = HashMap::new();
+            for (&ptr, seed) in &image.seeds {
+                let s = &seed.sample;
+                let d = s.delta();
+                let agg = aggs.entry(s.stack_id).or_default();
+                agg.live_bytes += d.bytes;
+                agg.live_objects += d.objects;
+                agg.live_var += d.var;
+                agg.live_samples += 1;
+                if snapshot.live_read {
+                    snapshot.live.push((LiveKey { pid, _pad: 0, ptr }, *s));
+                }
+            }
+            snapshot
+                .aggregates
+                .extend(aggs.into_iter().map(|(stack_id, agg)| {
+                    let key = AggKey {
+                        pid,
+                        generation: image.generation,
+                        stack_id,
+                    };
+                    (key, agg)
+                }));
+        }
+    }
+
+    /// Forgets `pid`'s ledger (its image is gone; a new image is read
+    /// anew), and stops the kernel reporting its unseen frees.
+    pub(super) fn forget_ledger(&mut self, pid: u32) {
+        let Some(image) = self.ledgers.images.remove(&pid) else {
+            return;
+        };
+        if image.status.read
+            && let Some(host) = self.pids.host(pid)
+        {
+            self.kernel.unwatch_unseen_frees(host);
+        }
+        // Seeded stack ids hash the image in: no other image shares them.
+        for id in &image.stacks {
+            self.ledgers.frames.remove(id);
+        }
+    }
+}
+
+/// A `/proc/PID/stat` start time (clock ticks since boot, `CLOCK_BOOTTIME`)
+/// on the `CLOCK_MONOTONIC` clock of the ledger's times.
+fn monotonic_ns_of_boot_ticks(ticks: u64) -> u64 {
+    let now = |clock| {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `t` is a valid, writable timespec.
+        unsafe { libc::clock_gettime(clock, &mut t) };
+        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&hz| hz > 0)
+        .unwrap_or(100);
+    let suspended = now(libc::CLOCK_BOOTTIME).saturating_sub(now(libc::CLOCK_MONOTONIC));
+    (ticks.saturating_mul(1_000_000_000) / hz).saturating_sub(suspended)
+}

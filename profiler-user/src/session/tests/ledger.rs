@@ -1,0 +1,156 @@
+//! Seeding from the live-sample ledger: what the kernel never saw is added
+//! once, with its stack, and leaves when its block is freed.
+
+use profiler_common::ledger::{FLAG_LIVE, FRAMES, LiveRecord};
+
+use super::*;
+use crate::ledger::LedgerEntry;
+
+/// A live record of `size` bytes at `ptr`, allocated at `time_ns`, on `frames`.
+fn record(ptr: u64, size: u64, time_ns: u64, frames: &[u64]) -> LedgerEntry {
+    let mut f = [0; FRAMES];
+    f[..frames.len()].copy_from_slice(frames);
+    LedgerEntry {
+        // The record's address: derived from the pointer, unique per block.
+        address: 0x10_0000 + ptr,
+        record: LiveRecord {
+            seq: 2,
+            ptr,
+            size,
+            weight: size.max(RATE),
+            time_ns,
+            flags: FLAG_LIVE,
+            nframes: frames.len(),
+            frames: f,
+        },
+    }
+}
+
+fn give_ledger(world: &World, pid: u32, records: Vec<LedgerEntry>) {
+    let seqs = records.iter().map(|e| (e.address, e.record.seq)).collect();
+    world.process(pid).ledger = Some(FakeLedger {
+        live: records,
+        seqs,
+    });
+}
+
+fn live_of(profile: &Profile, pid: u32) -> (f64, f64) {
+    let p = profile
+        .processes
+        .iter()
+        .find(|p| p.key.pid == pid)
+        .expect("the process is in the profile");
+    (p.totals.live_bytes, p.totals.before_attach_bytes)
+}
+
+#[test]
+fn blocks_from_before_attach_are_seeded_once_with_their_stacks() {
+    let world = World::default();
+    world.spawn(10, "service");
+    let alpha = [address_in(alpha_site)];
+    let beta = [address_in(beta_site)];
+    give_ledger(
+        &world,
+        10,
+        vec![
+            record(0x1000, 100, 1, &alpha),
+            record(0x2000, 100, 1, &alpha),
+            record(0x3000, 100, 1, &beta),
+            // Allocated after attach: the kernel saw it.
+            record(0x4000, 100, u64::MAX / 2, &beta),
+        ],
+    );
+    let mut session = session(&world, Target::Pids(vec![10]));
+    // The kernel holds a live sample at 0x2000 (its probe fired after attach).
+    world.0.borrow_mut().kernel.live.push((
+        LiveKey {
+            pid: 10,
+            _pad: 0,
+            ptr: 0x2000,
+        },
+        LiveSample::default(),
+    ));
+    session.finish_symbols();
+    let profile = session.complete_profile().unwrap();
+    let (live, before) = live_of(&profile, 10);
+    assert_eq!(live, 2.0 * RATE as f64);
+    assert_eq!(before, live);
+    let p = &profile.processes[0];
+    assert!(!p.since_attach, "its whole heap is seen");
+    assert!(profile.ran_before_attach.is_empty());
+    let status = p.ledger.unwrap();
+    assert_eq!((status.seeded, status.seen), (2, 2));
+    assert!(world.kernel().watched.contains(&10));
+    // Symbolized like a kernel stack: one stack per site.
+    let names: Vec<String> = p
+        .stacks
+        .iter()
+        .map(|s| s.frames[0].function.to_string())
+        .collect();
+    assert!(names.iter().any(|n| n.contains("alpha_site")), "{names:?}");
+    assert!(names.iter().any(|n| n.contains("beta_site")), "{names:?}");
+}
+
+#[test]
+fn a_seed_leaves_when_its_free_is_reported_or_its_record_moves() {
+    let world = World::default();
+    world.spawn(10, "service");
+    let alpha = [address_in(alpha_site)];
+    give_ledger(
+        &world,
+        10,
+        (1..=3)
+            .map(|i| record(i * 0x1000, 100, 1, &alpha))
+            .collect(),
+    );
+    let mut session = session(&world, Target::Pids(vec![10]));
+    assert_eq!(
+        live_of(&session.refresh().unwrap(), 10).0,
+        3.0 * RATE as f64
+    );
+    // The kernel reports the free of one; another's record was rewritten
+    // (freed, its free lost).
+    world.0.borrow_mut().kernel.unseen.push((10, 0x1000));
+    world
+        .process(10)
+        .ledger
+        .as_mut()
+        .unwrap()
+        .seqs
+        .insert(0x10_0000 + 0x2000, 4);
+    let profile = session.complete_profile().unwrap();
+    assert_eq!(live_of(&profile, 10).0, RATE as f64);
+    assert_eq!(profile.processes[0].ledger.unwrap().retired, 2);
+}
+
+#[test]
+fn a_process_without_a_ledger_keeps_the_since_attach_label() {
+    let world = World::default();
+    world.spawn(10, "foreign");
+    let mut session = session(&world, Target::Pids(vec![10]));
+    world.sample(10, 7, &[address_in(alpha_site)], 100);
+    let profile = session.complete_profile().unwrap();
+    let p = &profile.processes[0];
+    assert_eq!(p.ledger.map(|s| s.read), Some(false));
+    assert!(world.kernel().watched.is_empty());
+}
+
+#[test]
+fn an_exiting_process_freezes_with_its_seeds_and_stops_being_watched() {
+    let world = World::default();
+    world.spawn(10, "service");
+    give_ledger(
+        &world,
+        10,
+        vec![record(0x1000, 100, 1, &[address_in(alpha_site)])],
+    );
+    let mut session = session(&world, Target::Pids(vec![10]));
+    session.refresh().unwrap();
+    world.exit(10);
+    let profile = session.complete_profile().unwrap();
+    let p = &profile.processes[0];
+    assert_eq!(p.state, ProcessState::Exited);
+    assert_eq!(p.totals.live_bytes, RATE as f64);
+    assert_eq!(p.totals.before_attach_bytes, RATE as f64);
+    assert!(world.kernel().watched.is_empty());
+}
