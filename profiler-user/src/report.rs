@@ -92,6 +92,25 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             if predating.len() == 1 { "it" } else { "they" }
         );
     }
+    let seeded: Vec<String> = profile
+        .processes
+        .iter()
+        .filter(|p| p.totals.before_attach_bytes > 0.0)
+        .map(|p| {
+            format!(
+                "{} {}",
+                inert(&p.label()),
+                human_bytes(p.totals.before_attach_bytes)
+            )
+        })
+        .collect();
+    if !seeded.is_empty() {
+        let _ = writeln!(
+            out,
+            "allocprof: live figures include what was allocated before allocprof attached at {attached}, read from the allocator's ledger: {}",
+            seeded.join(", ")
+        );
+    }
     if !profile.min_age.is_zero() {
         let _ = writeln!(
             out,
@@ -266,9 +285,17 @@ fn stacks(out: &mut String, stacks: &[StackProfile], total: Totals, opts: Report
         } else {
             "-".into()
         };
+        let before = if s.totals.before_attach_bytes > 0.0 {
+            format!(
+                "  ({} allocated before attach)",
+                human_bytes(s.totals.before_attach_bytes)
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "  {:>24} {:>6.1} {:>10} {:>12} {:>9} {:>6} {:>6}",
+            "  {:>24} {:>6.1} {:>10} {:>12} {:>9} {:>6} {:>6}{before}",
             with_ci(s.totals.live_bytes, s.totals.live_ci95()),
             share,
             human_count(s.totals.live_objects),
@@ -453,6 +480,27 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("live (since attach)"), "{text}");
+    }
+
+    #[test]
+    fn the_heap_from_before_attach_is_named_where_a_ledger_gave_it() {
+        let mut profile = hand_made();
+        profile.attached_at = Some(std::time::SystemTime::now());
+        let clock = profile.attached_clock().unwrap();
+        let p = &mut profile.processes[0];
+        p.stacks[0].totals.before_attach_bytes = 3.0 * 1048576.0;
+        p.totals.before_attach_bytes = 3.0 * 1048576.0;
+        let label = inert(&p.label()).into_owned();
+        let text = render(&profile, ReportOptions::default());
+        let header = text.lines().next().unwrap();
+        assert!(header.contains("estimated live heap"), "{header}");
+        assert!(
+            text.contains(&format!(
+                "include what was allocated before allocprof attached at {clock}, read from the allocator's ledger: {label} 3.0 MiB"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("(3.0 MiB allocated before attach)"), "{text}");
     }
 
     #[test]

@@ -115,6 +115,10 @@ pub struct Process {
     /// says of its heap; null otherwise (added within version 2).
     #[serde(default)]
     pub allocator: Option<AllocatorFigures>,
+    /// Its live-sample ledger, when allocprof looked for one; null for
+    /// profiles read back (added within version 2).
+    #[serde(default)]
+    pub ledger: Option<Ledger>,
     /// Largest live bytes first.
     pub stacks: Vec<Stack>,
 }
@@ -127,6 +131,24 @@ pub struct Stack {
     pub age: Age,
     /// Innermost first, allocator frames removed.
     pub frames: Vec<StackFrame>,
+}
+
+/// What reading a process's live-sample ledger gave (see
+/// `crate::ledger::LedgerStatus`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ledger {
+    /// A ledger was read: the live figures include the heap from before
+    /// attach. False: none (another emitter, an older library) or unreadable.
+    pub read: bool,
+    /// Blocks from before attach found live, and freed since.
+    pub seeded_blocks: u64,
+    pub freed_since: u64,
+    /// Live records the kernel had seen itself (not counted twice).
+    pub seen_blocks: u64,
+    /// Records skipped: being rewritten, garbage, past the read cap.
+    pub torn_records: u64,
+    pub garbage_records: u64,
+    pub unread_records: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -187,6 +209,10 @@ pub struct Estimates {
     pub alloc_bytes_ci95: Option<f64>,
     pub alloc_objects: f64,
     pub alloc_samples: u64,
+    /// Of `live_bytes`, those of blocks allocated before allocprof attached,
+    /// read from the process's live-sample ledger (added within version 2).
+    #[serde(default)]
+    pub live_before_attach_bytes: f64,
 }
 
 impl From<&Totals> for Estimates {
@@ -200,6 +226,7 @@ impl From<&Totals> for Estimates {
             alloc_bytes_ci95: t.alloc_ci95_known(),
             alloc_objects: t.alloc_objects,
             alloc_samples: t.alloc_samples,
+            live_before_attach_bytes: t.before_attach_bytes,
         }
     }
 }
@@ -301,6 +328,15 @@ pub fn report(profile: &Profile) -> Report {
                 free_bytes: b.free,
                 mmapped_bytes: b.mmapped,
                 age_seconds: b.age.as_secs_f64(),
+            }),
+            ledger: p.ledger.map(|l| Ledger {
+                read: l.read,
+                seeded_blocks: l.seeded,
+                freed_since: l.retired,
+                seen_blocks: l.seen,
+                torn_records: l.torn,
+                garbage_records: l.garbage,
+                unread_records: l.unread,
             }),
             stacks: p
                 .stacks

@@ -36,11 +36,11 @@ pub(super) fn content(app: &App) -> Option<(String, Vec<Line<'static>>, &'static
                 "lines",
             )
         }
-        RowId::Stack { .. } => (
-            format!(" Stack: {} ", row.label),
-            stack_detail(&row.frames, app.zoom()),
-            "frames",
-        ),
+        RowId::Stack { .. } => {
+            let mut lines = before_attach(&row.totals);
+            lines.extend(stack_detail(&row.frames, app.zoom()));
+            (format!(" Stack: {} ", row.label), lines, "frames")
+        }
         RowId::Function { name, .. } => {
             let mut lines = vec![Line::styled(
                 format!("heaviest stack through {}:", inert(name)),
@@ -100,6 +100,22 @@ fn window(
         ));
     }
     shown
+}
+
+/// A stack's live bytes from before attach, if any (read from its
+/// process's ledger).
+fn before_attach(t: &Totals) -> Vec<Line<'static>> {
+    if t.before_attach_bytes <= 0.0 {
+        return Vec::new();
+    }
+    vec![Line::styled(
+        format!(
+            "{} of its {} live allocated before attach",
+            human_bytes(t.before_attach_bytes),
+            human_bytes(t.live_bytes)
+        ),
+        DIM,
+    )]
 }
 
 /// Frames innermost first: the naming frame bold, the standard library and
@@ -234,6 +250,15 @@ fn process_detail(p: &ProcessProfile, attached: Option<&str>) -> Vec<Line<'stati
         lines.push(Line::from(format!(
             "ran before allocprof attached{}: live figures count only what it allocated since",
             attached.map_or_else(String::new, |t| format!(" at {t}"))
+        )));
+    }
+    if let Some(l) = p.ledger.filter(|l| l.read && l.seeded > 0) {
+        lines.push(Line::from(format!(
+            "before attach{}: {} of the live heap (ledger: {} blocks, {} freed)",
+            attached.map_or_else(String::new, |t| format!(" ({t})")),
+            human_bytes(t.before_attach_bytes),
+            human_count(l.seeded as f64),
+            human_count(l.retired as f64),
         )));
     }
     if p.thinned_events > 0 {

@@ -1034,3 +1034,33 @@ fn the_process_detail_sets_the_heap_against_resident_memory() {
         "{wide}"
     );
 }
+
+#[test]
+fn the_heap_from_before_attach_is_named_in_the_details() {
+    let mut app = App::new(options());
+    let mut profile = sample(0);
+    for p in &mut profile.processes {
+        for s in &mut p.stacks {
+            s.totals.before_attach_bytes = s.totals.live_bytes;
+        }
+        p.totals.before_attach_bytes = p.totals.live_bytes;
+        p.ledger = Some(allocprof::ledger::LedgerStatus {
+            read: true,
+            seeded: 4,
+            retired: 1,
+            ..Default::default()
+        });
+    }
+    app.update(AppEvent::Profile(profile));
+    let (stacks, _) = screen(&mut app, 160, 48);
+    assert!(
+        stacks.contains("48.8 KiB of its 48.8 KiB live allocated before attach"),
+        "{stacks}"
+    );
+    press(&mut app, KeyCode::Tab); // the processes, the first selected
+    let (text, _) = screen(&mut app, 160, 48);
+    assert!(
+        text.contains("52.7 KiB of the live heap (ledger: 4 blocks, 1 freed)"),
+        "{text}"
+    );
+}
