@@ -1,0 +1,300 @@
+//! The heap from before attach, with real eBPF and real processes: the
+//! allocator's live-sample ledger gives allocprof what a process allocated
+//! before it attached (late `--pid`, late system-wide, a forked child's
+//! inheritance), each block counted once and retired when freed, and a
+//! ledger the process scribbled on is checked, not followed.
+
+mod common;
+
+use std::{process::Command, time::Duration};
+
+use allocprof::{
+    kernel::Limits,
+    profile::{ProcessProfile, Profile},
+    report::{self, ReportOptions},
+    session::{Session, Target},
+    stats::Totals,
+};
+use common::{Proc, RATE, truth_and_sigma};
+
+// heap_before.c's sites.
+const A: (u64, u64) = (4000, 4096);
+const B: (u64, u64) = (200, 65536);
+const C: (u64, u64) = (3000, 2048);
+const CHURN: (u64, u64) = (2 * 2000, 8192);
+
+fn workload() -> Command {
+    Command::new(common::compile_c("heap_before.c", &["-pthread"]))
+}
+
+/// `site`'s live bytes within 5σ of `n` blocks of `size` bytes.
+fn assert_live(p: &ProcessProfile, site: &str, (n, size): (u64, u64)) -> Totals {
+    let t = common::site(p, site);
+    let (truth, sigma) = truth_and_sigma(n, size, RATE);
+    assert!(
+        (t.live_bytes - truth).abs() <= 5.0 * sigma,
+        "{site}: live {} vs truth {truth} (sigma {sigma}) in {p:#?}",
+        t.live_bytes
+    );
+    t
+}
+
+fn started(cmd: Command) -> Proc {
+    let mut p = Proc::spawn(cmd);
+    common::wait_for_mapping(p.pid(), "liballocprof.so");
+    p.send("alloc");
+    p.expect("ready");
+    p
+}
+
+#[test]
+fn a_late_pid_attach_sees_the_heap_from_before_and_what_is_freed_after() {
+    common::require_bpf();
+    let mut w = started(workload());
+    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+    let a = assert_live(p, "site_a", A);
+    let b = assert_live(p, "site_b", B);
+    // All of it from before attach, and said so.
+    assert_eq!(a.before_attach_bytes, a.live_bytes);
+    assert_eq!(b.before_attach_bytes, b.live_bytes);
+    assert!(!p.since_attach, "its whole heap is seen");
+    assert!(profile.ran_before_attach.is_empty());
+    let ledger = p.ledger.expect("its ledger was looked for");
+    assert!(ledger.read && ledger.seeded > 0, "{ledger:?}");
+    assert_eq!((ledger.garbage, ledger.unread), (0, 0));
+    let text = report::render(&profile, ReportOptions::default());
+    let header = text.lines().next().unwrap();
+    assert!(header.contains("estimated live heap"), "{header}");
+    assert!(text.contains("allocated before attach)"), "{text}");
+
+    // Freed after attach: the kernel reports the frees it saw no
+    // allocation for, and the seeds go.
+    w.send("half");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+    assert_live(p, "site_a", (A.0 / 2, A.1));
+    assert_live(p, "site_b", B);
+    assert!(p.ledger.unwrap().retired > 0);
+    w.send("exit");
+}
+
+#[test]
+fn a_late_system_wide_attach_sees_the_heap_from_before() {
+    common::require_bpf();
+    let mut w = started(workload());
+    let mut session = Session::start(Target::All, Limits::default()).unwrap();
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+    assert_live(p, "site_a", A);
+    assert_live(p, "site_b", B);
+    assert!(!profile.live_since_attach() || !profile.ran_before_attach.is_empty());
+    w.send("exit");
+}
+
+/// Refreshes until `pid` is in the profile (a fork child is seen at its
+/// first event, then scanned and its ledger read).
+fn profile_with(session: &mut Session, pid: u32) -> Profile {
+    for _ in 0..50 {
+        let profile = session.complete_profile().unwrap();
+        if profile.processes.iter().any(|p| {
+            p.key.pid == pid && p.ledger.is_some_and(|l| l.read) && p.totals.live_bytes > 0.0
+        }) {
+            return profile;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("process {pid} never showed with its ledger read");
+}
+
+#[test]
+fn a_forked_child_holds_what_it_inherited_and_what_it_allocated() {
+    common::require_bpf();
+    let mut w = started(workload());
+    let mut session = Session::start(Target::All, Limits::default()).unwrap();
+    session.complete_profile().unwrap();
+    w.send("fork");
+    let line = w.line();
+    let child: u32 = line
+        .strip_prefix("child ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected {line:?}"));
+    let profile = profile_with(&mut session, child);
+    let c = common::process(&profile, child);
+    // Inherited: half of site_a (it freed the other half), all of site_b;
+    // its own: site_c.
+    let a = assert_live(c, "site_a", (A.0 / 2, A.1));
+    assert_live(c, "site_b", B);
+    let own = assert_live(c, "site_c", C);
+    assert_eq!(a.before_attach_bytes, a.live_bytes, "inherited");
+    assert_eq!(own.before_attach_bytes, 0.0, "seen by the kernel");
+    // The parent still holds all of its heap.
+    let p = common::process(&profile, w.pid());
+    assert_live(p, "site_a", A);
+    assert_live(p, "site_b", B);
+    w.send("reap");
+    assert_eq!(w.line(), "reaped 0");
+    w.send("exit");
+}
+
+#[test]
+fn blocks_churned_while_the_ledger_is_read_are_counted_once() {
+    common::require_bpf();
+    let mut w = Proc::spawn(workload());
+    common::wait_for_mapping(w.pid(), "liballocprof.so");
+    w.send("churn");
+    w.expect("ready");
+    // Two threads replace their blocks without pause while allocprof reads
+    // the ledger: each block is the ledger's or the kernel's, never both.
+    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    for _ in 0..3 {
+        let profile = session.complete_profile().unwrap();
+        let p = common::process(&profile, w.pid());
+        let t = assert_live(p, "site_churn", CHURN);
+        assert!(t.before_attach_bytes > 0.0 || t.live_bytes > 0.0);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    w.send("exit");
+}
+
+#[test]
+fn a_process_exiting_while_its_ledger_is_read_is_no_error() {
+    common::require_bpf();
+    for delay_ms in [0, 1, 3, 10] {
+        let w = started(workload());
+        let pid = w.pid();
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            drop(w); // SIGKILL, reaped
+        });
+        // Either it is gone before attach (no such process, no probes) or
+        // it is followed and then retired; never a panic or a hang.
+        if let Ok(mut session) = Session::start(Target::Pids(vec![pid]), Limits::default()) {
+            killer.join().unwrap();
+            let profile = session.complete_profile().unwrap();
+            if let Some(p) = profile.processes.iter().find(|p| p.key.pid == pid) {
+                assert_ne!(p.state, allocprof::profile::ProcessState::Live, "{p:#?}");
+            }
+        } else {
+            killer.join().unwrap();
+        }
+    }
+}
+
+/// The ledger header's address in `pid`, found as allocprof finds it.
+fn header_address(pid: u32) -> u64 {
+    let lib = common::preload_library();
+    let notes = allocprof::usdt::notes_in_elf(&std::fs::read(&lib).unwrap()).unwrap();
+    let offset = notes.ledger.expect("liballocprof.so names its ledger");
+    let maps = allocprof::discover::Process::find(pid)
+        .unwrap()
+        .maps()
+        .unwrap();
+    let meta = std::fs::metadata(&lib).unwrap();
+    let id = allocprof::discover::FileId::of(&meta);
+    allocprof::ledger::header_address(&maps, id, offset).expect("the header is mapped")
+}
+
+fn read_words(pid: u32, address: u64, n: usize) -> Vec<u64> {
+    let mut words = vec![0u64; n];
+    let local = libc::iovec {
+        iov_base: words.as_mut_ptr().cast(),
+        iov_len: n * 8,
+    };
+    let remote = libc::iovec {
+        iov_base: address as *mut libc::c_void,
+        iov_len: n * 8,
+    };
+    // SAFETY: reads into our own buffer of exactly iov_len bytes.
+    let got = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
+    assert_eq!(got, (n * 8) as isize);
+    words
+}
+
+fn write_words(pid: u32, address: u64, words: &[u64]) {
+    let local = libc::iovec {
+        iov_base: words.as_ptr() as *mut libc::c_void,
+        iov_len: words.len() * 8,
+    };
+    let remote = libc::iovec {
+        iov_base: address as *mut libc::c_void,
+        iov_len: words.len() * 8,
+    };
+    // SAFETY: writes our buffer into the other process (we are root).
+    let put = unsafe { libc::process_vm_writev(pid as i32, &local, 1, &remote, 1, 0) };
+    assert_eq!(put, (words.len() * 8) as isize);
+}
+
+#[test]
+fn a_ledger_filled_with_garbage_is_checked_not_followed() {
+    use profiler_common::ledger::{HEADER_WORDS, RECORD_WORDS, header, record};
+    common::require_bpf();
+    // One process scribbles over its records, another over its header.
+    let w = started(workload());
+    let h = read_words(w.pid(), header_address(w.pid()), HEADER_WORDS);
+    let table = h[header::TABLE];
+    assert_ne!(table, 0, "the workload sampled: its table exists");
+    let used = h[header::USED..header::USED + h[header::RANGES] as usize]
+        .iter()
+        .sum::<u64>();
+    assert!(used > 0);
+    let mut scribbled = 0;
+    for k in 0..h[header::RANGES] as usize {
+        let (first, n) = (h[header::FIRST + k], h[header::USED + k]);
+        for i in first..first + n {
+            let at = table + i * (RECORD_WORDS as u64 * 8);
+            let mut r = read_words(w.pid(), at, RECORD_WORDS);
+            // Every third record: a wild pointer, a huge size, bad frames.
+            match i % 3 {
+                0 => r[record::PTR] = 0xdead_beef_0000,
+                1 => {
+                    r[record::SIZE] = u64::MAX;
+                    r[record::WEIGHT] = u64::MAX;
+                }
+                _ => continue,
+            }
+            write_words(w.pid(), at, &r);
+            scribbled += 1;
+        }
+    }
+    let v = started(workload());
+    let vh = header_address(v.pid());
+    // A table "at" address 1 and a capacity far past any bound.
+    let mut bad = read_words(v.pid(), vh, HEADER_WORDS);
+    bad[header::TABLE] = 8;
+    bad[header::CAPACITY] = u64::MAX;
+    write_words(v.pid(), vh, &bad);
+
+    let mut session =
+        Session::start(Target::Pids(vec![w.pid(), v.pid()]), Limits::default()).unwrap();
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+    let ledger = p.ledger.unwrap();
+    assert!(ledger.read);
+    assert!(
+        ledger.garbage > 0 && ledger.garbage <= scribbled,
+        "{ledger:?}, {scribbled} scribbled"
+    );
+    // What is left is plausible: no site holds more than the workload does.
+    let (truth, sigma) = truth_and_sigma(A.0, A.1, RATE);
+    assert!(common::site(p, "site_a").live_bytes <= truth + 5.0 * sigma);
+    assert!(p.totals.live_bytes < 1e9, "{:?}", p.totals);
+    // No usable header: nothing seeded, and the figures say so.
+    assert!(
+        profile
+            .ran_before_attach
+            .contains(&format!("heap_before ({})", v.pid())),
+        "{:?}",
+        profile.ran_before_attach
+    );
+    assert!(profile.live_since_attach());
+    assert!(
+        session.warnings.iter().any(|w| w.contains("ledger")),
+        "{:?}",
+        session.warnings
+    );
+    drop(w);
+    drop(v);
+}
