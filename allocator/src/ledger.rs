@@ -361,7 +361,7 @@ fn walk_frame_pointers(
             return Some((n, true));
         }
         if !fp.is_multiple_of(8) || fp < low || fp.checked_add(16).is_none_or(|end| end > hi) {
-            return None;
+            return bottom_of_stack(&out[..n]).then_some((n, false));
         }
         // SAFETY: [fp, fp + 16) lies in [sp, hi), this thread's live stack
         // mapping (checked above); aligned word loads.
@@ -372,7 +372,7 @@ fn walk_frame_pointers(
             )
         };
         if ret == 0 || ret as u64 >= MAX_ADDRESS {
-            return None;
+            return bottom_of_stack(&out[..n]).then_some((n, false));
         }
         out[n] = ret as u64;
         n += 1;
@@ -381,7 +381,37 @@ fn walk_frame_pointers(
     }
 }
 
-/// [lo, hi) of the mapping that holds `sp`, from /proc/self/maps.
+/// The text of glibc and of this allocator, found by the first read of
+/// /proc/self/maps (never unmapped: libc is never unloaded, nor is the
+/// malloc in use). 0..0 until found.
+static LIBC_TEXT: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+static OWN_TEXT: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+fn in_range(r: &[AtomicUsize; 2], a: usize) -> bool {
+    r[0].load(Ordering::Relaxed) <= a && a < r[1].load(Ordering::Relaxed)
+}
+
+/// Whether a chain that broke after `frames` ended where every stack
+/// begins: in glibc (its process and thread start, built without frame
+/// pointers, leave garbage in the frame pointer on Debian 12's glibc 2.36:
+/// main's saved one is not a stack address), after a frame of the program
+/// itself. That is as far as a frame-pointer walk goes (the kernel's
+/// stops there too). A chain that breaks anywhere else, or in libc right
+/// after the allocator's own frames (a libc function that uses %rbp
+/// called malloc), met code without frame pointers.
+fn bottom_of_stack(frames: &[u64]) -> bool {
+    let Some((&last, rest)) = frames.split_last() else {
+        return false;
+    };
+    in_range(&LIBC_TEXT, last as usize)
+        && rest.iter().any(|&f| {
+            let f = f as usize;
+            !in_range(&LIBC_TEXT, f) && !in_range(&OWN_TEXT, f)
+        })
+}
+
+/// [lo, hi) of the mapping that holds `sp`, from /proc/self/maps (which
+/// also gives [`LIBC_TEXT`] and [`OWN_TEXT`]).
 fn stack_mapping(sp: usize) -> Option<(usize, usize)> {
     // SAFETY: raw openat of a NUL-terminated path (syscall(): not a
     // cancellation point, unlike open()).
@@ -396,73 +426,102 @@ fn stack_mapping(sp: usize) -> Option<(usize, usize)> {
     if fd < 0 {
         return None;
     }
-    let mut parser = MapsParser::new(sp);
+    let mut parser = MapsParser::new(sp, take_stack as *const () as usize);
     let mut buf = [0u8; 1024];
-    let found = loop {
+    loop {
         // SAFETY: reads at most buf.len() bytes into our buffer.
         let n = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
         if n <= 0 {
-            break None;
+            break;
         }
-        if let Some(r) = parser.feed(&buf[..n as usize]) {
-            break Some(r);
-        }
-    };
+        parser.feed(&buf[..n as usize]);
+    }
     // SAFETY: closes the descriptor opened above.
     unsafe { libc::syscall(libc::SYS_close, fd) };
-    found
+    for (range, found) in [(&LIBC_TEXT, parser.libc), (&OWN_TEXT, parser.own)] {
+        if let Some((lo, hi)) = found {
+            range[0].store(lo, Ordering::Relaxed);
+            range[1].store(hi, Ordering::Relaxed);
+        }
+    }
+    parser.stack
 }
 
-/// Streams /proc/self/maps lines (`lo-hi perms ...`) looking for the one
-/// whose range holds `sp`: chunk boundaries may fall anywhere.
+/// Streams /proc/self/maps lines (`lo-hi perms offset dev inode path`):
+/// the mapping that holds `sp`, the executable mapping of libc.so.6 and
+/// the one holding `own` (an address of this allocator's text). Chunk
+/// boundaries may fall anywhere.
 pub(crate) struct MapsParser {
     sp: usize,
+    own_addr: usize,
     field: u8,
     lo: usize,
     hi: usize,
+    exec: bool,
+    /// The line's last 16 bytes (its path's end).
+    tail: u128,
+    pub(crate) stack: Option<(usize, usize)>,
+    pub(crate) libc: Option<(usize, usize)>,
+    pub(crate) own: Option<(usize, usize)>,
 }
 
 impl MapsParser {
-    pub(crate) fn new(sp: usize) -> Self {
+    pub(crate) fn new(sp: usize, own_addr: usize) -> Self {
         MapsParser {
             sp,
+            own_addr,
             field: 0,
             lo: 0,
             hi: 0,
+            exec: false,
+            tail: 0,
+            stack: None,
+            libc: None,
+            own: None,
         }
     }
 
-    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Option<(usize, usize)> {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
+        const LIBC: &[u8] = b"/libc.so.6";
         for &b in bytes {
-            match (self.field, b) {
-                (_, b'\n') => {
-                    self.field = 0;
-                    self.lo = 0;
-                    self.hi = 0;
-                }
-                (0, b'-') => self.field = 1,
-                (1, b' ') => {
-                    self.field = 2;
-                    if self.lo <= self.sp && self.sp < self.hi {
-                        return Some((self.lo, self.hi));
+            if b == b'\n' {
+                let (lo, hi) = (self.lo, self.hi);
+                if self.field >= 2 && lo < hi {
+                    if lo <= self.sp && self.sp < hi {
+                        self.stack = Some((lo, hi));
+                    }
+                    if self.exec && lo <= self.own_addr && self.own_addr < hi {
+                        self.own = Some((lo, hi));
+                    }
+                    let tail = self.tail.to_be_bytes();
+                    if self.exec && self.libc.is_none() && tail.ends_with(LIBC) {
+                        self.libc = Some((lo, hi));
                     }
                 }
-                (0 | 1, _) => {
-                    let Some(d) = (b as char).to_digit(16) else {
-                        self.field = 2; // not a maps line: skip it
-                        continue;
-                    };
-                    let v = if self.field == 0 {
-                        &mut self.lo
-                    } else {
-                        &mut self.hi
-                    };
-                    *v = v.wrapping_shl(4) | d as usize;
-                }
+                *self = MapsParser {
+                    field: 0,
+                    lo: 0,
+                    hi: 0,
+                    exec: false,
+                    tail: 0,
+                    ..*self
+                };
+                continue;
+            }
+            self.tail = (self.tail << 8) | u128::from(b);
+            match (self.field, b) {
+                (0, b'-') => self.field = 1,
+                (1, b' ') => self.field = 2,
+                (2, b' ') => self.field = 3,
+                (2, b'x') => self.exec = true,
+                (0 | 1, _) => match (b as char).to_digit(16) {
+                    Some(d) if self.field == 0 => self.lo = self.lo.wrapping_shl(4) | d as usize,
+                    Some(d) => self.hi = self.hi.wrapping_shl(4) | d as usize,
+                    None => self.field = 9, // not a maps line: skipped
+                },
                 _ => {}
             }
         }
-        None
     }
 }
 

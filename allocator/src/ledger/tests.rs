@@ -162,13 +162,29 @@ fn frame_pointer_walks_stay_inside_the_stack() {
 fn maps_lines_are_found_across_chunk_boundaries() {
     let maps = b"55d0c0000000-55d0c0021000 r--p 00000000 08:01 1 /bin/x\n\
 7ffd1c000000-7ffd1c021000 rw-p 00000000 00:00 0 [stack]\n\
+7f0000000000-7f0000028000 r--p 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libc.so.6\n\
+7f0000028000-7f000017d000 r-xp 00028000 08:01 2 /usr/lib/x86_64-linux-gnu/libc.so.6\n\
+7f000017d000-7f00001d5000 r-xp 00028000 08:01 3 /usr/lib/x86_64-linux-gnu/libc.so.60\n\
 7ffd1c100000-7ffd1c102000 r-xp 00000000 00:00 0 [vdso]\n";
     for chunk in 1..maps.len() {
-        let mut p = MapsParser::new(0x7ffd_1c01_0000);
-        let found = maps.chunks(chunk).find_map(|c| p.feed(c));
-        assert_eq!(found, Some((0x7ffd_1c00_0000, 0x7ffd_1c02_1000)), "{chunk}");
-        let mut p = MapsParser::new(0x1000);
-        assert_eq!(maps.chunks(chunk).find_map(|c| p.feed(c)), None);
+        let mut p = MapsParser::new(0x7ffd_1c01_0000, 0x55d0_c000_0100);
+        maps.chunks(chunk).for_each(|c| p.feed(c));
+        assert_eq!(
+            p.stack,
+            Some((0x7ffd_1c00_0000, 0x7ffd_1c02_1000)),
+            "{chunk}"
+        );
+        assert_eq!(
+            p.libc,
+            Some((0x7f00_0002_8000, 0x7f00_0017_d000)),
+            "{chunk}"
+        );
+        // Not executable: not our text.
+        assert_eq!(p.own, None);
+        let mut p = MapsParser::new(0x1000, 0x7f00_0002_8100);
+        maps.chunks(chunk).for_each(|c| p.feed(c));
+        assert_eq!(p.stack, None);
+        assert_eq!(p.own, p.libc);
     }
 }
 
