@@ -9,6 +9,7 @@
 //! * [`global`]: `SamplingAllocator`, the `#[global_allocator]` wrapper.
 //! * [`capi`] + [`backend`]: the C malloc family for the LD_PRELOAD library.
 //! * [`backend_stats`]: the backend's own figures, in a block allocprof reads.
+//! * [`ledger`]: the live-sample ledger (every live sample's stack), read likewise.
 //! * [`errno`]: call-free errno access (free preserves errno).
 #![cfg_attr(not(test), no_std)]
 
@@ -45,6 +46,7 @@ pub mod backend_stats;
 pub mod capi;
 pub mod errno;
 pub mod global;
+pub mod ledger;
 pub mod rate;
 pub mod sample_region;
 pub mod sampled;

@@ -5,7 +5,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::sample_region::{self, BadFree};
-use crate::{errno, usdt};
+use crate::{errno, ledger, usdt};
 
 static SAMPLED: AtomicU64 = AtomicU64::new(0);
 static UNPLACED: AtomicU64 = AtomicU64::new(0);
@@ -50,7 +50,14 @@ pub fn place(size: usize, align: usize, weight: u64, zero: bool) -> *mut u8 {
     match errno::preserving(|| sample_region::alloc(size, align, weight, zero)) {
         Some(p) => {
             LIVE_PAGES.fetch_add(sample_region::pages_for(size) as u64, Ordering::Relaxed);
+            // Time and stack before the probe fires, the record after it
+            // (see `ledger`: a reader must never see a record whose probe
+            // has not fired).
+            let captured = ledger::capture();
             usdt::alloc(p as usize, size, weight);
+            if let Some(c) = captured {
+                ledger::publish_alloc(sample_region::slot_id(p), p as usize, size, weight, &c);
+            }
             p
         }
         None => {
@@ -91,8 +98,14 @@ pub fn release(p: *mut u8) {
         Err(BadFree::DoubleFree) => fatal(b"double free of sampled block", p),
         Err(BadFree::InvalidPointer) => fatal(b"invalid pointer in the sample region", p),
     };
-    // Before the slot is given back: another thread may reuse it at once,
-    // and its alloc must not be announced before this free.
+    // The record is retired before the probe fires (a reader that sees it
+    // still live then finds the block in the kernel's live set, or not: it
+    // never counts a block the kernel already retired), and both before
+    // the slot is given back: another thread may reuse it at once, and its
+    // alloc must not be announced before this free.
+    if ledger::active() {
+        ledger::publish_free(sample_region::slot_id(p));
+    }
     usdt::free(p as usize);
     errno::preserving(|| sample_region::release(p));
     LIVE_PAGES.fetch_sub(sample_region::pages_for(size) as u64, Ordering::Relaxed);

@@ -26,6 +26,18 @@ pub(crate) struct ThreadState {
     /// Set while the slow path runs, so a signal handler allocating in the
     /// middle of it neither samples nor corrupts the half-updated state.
     busy: u32,
+    /// The ledger's stack walks: where this thread's stack is.
+    stack: StackCache,
+}
+
+/// The mapping that held this thread's stack pointer when /proc/self/maps
+/// was last read (`lo == hi == 0`: never, or not found), and how many times
+/// it was read (the ledger caps that).
+#[repr(C)]
+pub(crate) struct StackCache {
+    pub(crate) parses: u32,
+    pub(crate) lo: usize,
+    pub(crate) hi: usize,
 }
 
 const _: () = assert!(size_of::<ThreadState>() <= TLS_BYTES);
@@ -48,6 +60,28 @@ core::arch::global_asm!(
     ".zero 64",
     ".popsection",
 );
+
+/// Runs `f` on this thread's stack cache with the slow path marked busy,
+/// so that an allocation inside `f` (a signal handler's, the unwinder's)
+/// is not sampled. `None` (and `f` not run) if the slow path is already
+/// busy on this thread. `f` must not panic.
+pub(crate) fn exclusive<R>(f: impl FnOnce(&mut StackCache) -> R) -> Option<R> {
+    let st = state();
+    // SAFETY: `st` is this thread's TLS block (see `countdown`); the busy
+    // flag makes this section non-reentrant on the thread, and no other
+    // thread ever touches it.
+    unsafe {
+        if (*st).busy != 0 {
+            return None;
+        }
+        (*st).busy = 1;
+        compiler_fence(Ordering::SeqCst);
+        let r = f(&mut *addr_of_mut!((*st).stack));
+        compiler_fence(Ordering::SeqCst);
+        (*st).busy = 0;
+        Some(r)
+    }
+}
 
 /// This thread's state. Two instructions, no call.
 #[inline(always)]

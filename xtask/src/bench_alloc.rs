@@ -232,7 +232,8 @@ fn command(s: &Setup, args: &[&str]) -> Command {
     c.args(args)
         .env_remove("LD_PRELOAD")
         .env_remove("ALLOCPROF_RATE")
-        .env_remove("MALLOC_CONF");
+        .env_remove("MALLOC_CONF")
+        .env_remove("ALLOCPROF_LEDGER");
     if let Some(p) = &s.preload {
         c.env("LD_PRELOAD", p);
     }
@@ -573,9 +574,9 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         "\n## Cost of one sample: every allocation sampled (R = 1) vs off, 8-256 B blocks (median of {reps} interleaved rounds, {sample_iters} pairs)\n"
     );
     println!(
-        "| setup | pattern | ns/pair off | ns/pair R=1 | samples per pair | cost per sample |"
+        "| setup | pattern | ns/pair off | ns/pair R=1 | samples per pair | cost per sample | of which the ledger (vs ALLOCPROF_LEDGER=0) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for (backend, lib) in [("glibc", &lib_gl), ("mimalloc", &lib_mi)] {
         for (mode, window) in [
             ("small-w4", "churn, 4 live blocks (slots reused warm)"),
@@ -587,12 +588,21 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         ] {
             let off = setup("allocprof", &exe, Some(lib), &[("ALLOCPROF_RATE", "0")]);
             let all = setup("allocprof", &exe, Some(lib), &[("ALLOCPROF_RATE", "1")]);
-            let (v0, r) = interleaved(&off, &[all], mode, &sample_iters, reps)?;
+            // The same with the live-sample ledger off, in the same rounds:
+            // the difference is the ledger's capture and record per sample.
+            let no_ledger = setup(
+                "allocprof, no ledger",
+                &exe,
+                Some(lib),
+                &[("ALLOCPROF_RATE", "1"), ("ALLOCPROF_LEDGER", "0")],
+            );
+            let (v0, r) = interleaved(&off, &[all, no_ledger], mode, &sample_iters, reps)?;
             let (v1, n) = (r[0].ns, r[0].samples);
             let per_pair = n as f64 / sample_pairs;
             println!(
-                "| allocprof/{backend} | {window} | {v0:.2} | {v1:.2} | {per_pair:.3} | {:.0} ns |",
-                (v1 - v0) / per_pair
+                "| allocprof/{backend} | {window} | {v0:.2} | {v1:.2} | {per_pair:.3} | {:.0} ns | {:.0} ns |",
+                (v1 - v0) / per_pair,
+                (v1 - r[1].ns) / per_pair
             );
         }
     }

@@ -86,6 +86,8 @@ fn vm_size() -> usize {
 
 pub(super) struct Mapped {
     pub(super) base: usize,
+    /// The ledger's record table, 0 if none (see `crate::ledger`).
+    pub(super) table: usize,
     pub(super) meta: *mut SlotMeta,
     pub(super) layout: usize,
     pub(super) lazy: bool,
@@ -105,14 +107,22 @@ fn force_lazy() -> bool {
 /// Reserve the largest layout that fits the address-space budget and that
 /// the kernel grants (writable; `PROT_NONE` + lazy mode if the kernel
 /// refuses a writable reservation of that size but not an inaccessible
-/// one), plus its side table.
+/// one), plus its side table and, unless `ALLOCPROF_LEDGER=0`, the
+/// ledger's record table (counted in the budget; if the kernel refuses it,
+/// the region works without a ledger).
 pub(super) fn map_region() -> Option<Mapped> {
     let budget = address_space_budget();
     let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let ledger = crate::ledger::enabled();
     for (i, l) in LAYOUTS.iter().enumerate() {
         let meta_len = (l.total_slots * size_of::<SlotMeta>()).next_multiple_of(PAGE);
+        let table_len = if ledger {
+            crate::ledger::table_bytes(l.total_slots).next_multiple_of(PAGE)
+        } else {
+            0
+        };
         let reserve = l.len + MAX_ALIGN;
-        if reserve + meta_len > budget {
+        if reserve + meta_len + table_len > budget {
             continue;
         }
         let writable = if force_lazy() {
@@ -145,6 +155,19 @@ pub(super) fn map_region() -> Option<Mapped> {
             unsafe { libc::munmap(base as *mut libc::c_void, l.len) };
             continue;
         };
+        // Read-write from the start (a record is written inside malloc and
+        // must never fault for want of commit): under strict overcommit the
+        // whole table is charged, and if the kernel refuses, no ledger.
+        let table = if table_len > 0 {
+            map_anon(table_len, rw).unwrap_or(0)
+        } else {
+            0
+        };
+        if table != 0 {
+            // SAFETY: advice on our own anonymous mapping; failure only
+            // means the records would go into core dumps.
+            unsafe { libc::madvise(table as *mut libc::c_void, table_len, libc::MADV_DONTDUMP) };
+        }
         // SAFETY: advice and names on our own anonymous mappings. Failures
         // are harmless and ignored: DONTDUMP/NOHUGEPAGE only keep dumps
         // small and slots from pinning huge pages; naming needs
@@ -170,6 +193,7 @@ pub(super) fn map_region() -> Option<Mapped> {
         }
         return Some(Mapped {
             base,
+            table,
             meta: meta as *mut SlotMeta,
             layout: i,
             lazy,

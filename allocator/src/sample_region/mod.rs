@@ -191,6 +191,7 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
         } else if let Some(i) = pop(&c.cold, meta, l, k) {
             (i, Source::Cold)
         } else if let Some(i) = bump(l, k) {
+            crate::ledger::note_used(k, i);
             (i, Source::Bump)
         } else {
             continue; // spill into the next class
@@ -279,6 +280,13 @@ pub fn block_info(p: *const u8) -> (usize, u64) {
         }
         None => (0, 0),
     }
+}
+
+/// Index of the slot that starts at `p` in the side table (and the
+/// ledger's record table); `None` if `p` starts no slot.
+pub fn slot_id(p: *const u8) -> Option<usize> {
+    let (_, l, k, idx, at_start) = locate(p)?;
+    at_start.then(|| l.id_base[k] + idx)
 }
 
 /// Bytes usable at `p`: its whole pages.
@@ -396,6 +404,14 @@ fn ensure_mapped() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
     }
     match map_region() {
         Some(r) => {
+            let l = &LAYOUTS[r.layout];
+            crate::ledger::setup(
+                r.table,
+                l.total_slots,
+                r.base,
+                l.len,
+                &l.id_base[..l.classes],
+            );
             LAYOUT.store(r.layout, Ordering::Relaxed);
             LAZY.store(r.lazy, Ordering::Relaxed);
             META.store(r.meta, Ordering::Release);

@@ -90,6 +90,11 @@ pub fn require_tool(tool: &str, package: &str) -> PathBuf {
 /// Compile `tests/c/<name>.c` once per test binary; returns the executable.
 /// `exe_name` lets a test pick a recognisable `comm`.
 pub fn c_program(name: &str, exe_name: &str) -> PathBuf {
+    c_program_with(name, exe_name, &[])
+}
+
+/// [`c_program`] with extra gcc flags (e.g. `-fomit-frame-pointer`).
+pub fn c_program_with(name: &str, exe_name: &str, flags: &[&str]) -> PathBuf {
     static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
     let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
     if let Some(p) = built.get(exe_name) {
@@ -104,7 +109,9 @@ pub fn c_program(name: &str, exe_name: &str) -> PathBuf {
     let exe = out_dir.join(exe_name);
     let out = Command::new("gcc")
         .args(["-O2", "-g", "-Wall", "-Werror", "-pthread", "-fno-builtin"])
-        .args(["-Wno-alloc-size-larger-than", "-o"])
+        .args(["-Wno-alloc-size-larger-than"])
+        .args(flags)
+        .arg("-o")
         .arg(&exe)
         .arg(&src)
         .arg("-ldl")
