@@ -1,3 +1,4 @@
+use super::stack::MapsParser;
 use super::*;
 use crate::{sample_region, sampled};
 use profiler_common::ledger::{Record as Decoded, decode_header, decode_record};
