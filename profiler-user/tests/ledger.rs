@@ -215,7 +215,7 @@ fn read_words(pid: u32, address: u64, n: usize) -> Vec<u64> {
 
 fn write_words(pid: u32, address: u64, words: &[u64]) {
     let local = libc::iovec {
-        iov_base: words.as_ptr() as *mut libc::c_void,
+        iov_base: words.as_ptr().cast_mut().cast(),
         iov_len: words.len() * 8,
     };
     let remote = libc::iovec {
