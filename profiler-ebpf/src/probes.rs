@@ -229,7 +229,7 @@ fn try_free(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     // SAFETY: copied out at once; the remove decides who retires it.
     let Some(sample) = unsafe { LIVE.get(key) }.copied() else {
         // SAFETY: only tested for presence.
-        if unsafe { SEEDED_PIDS.get(&pid) }.is_some() {
+        if unsafe { SEEDED_PIDS.get(pid) }.is_some() {
             // Perhaps a block from before attach: user space decides. Lost
             // when the ring is full (user space's ledger check catches it).
             let _ = UNSEEN_FREES.output::<UnseenFree>(&UnseenFree { pid, _pad: 0, ptr }, 0);

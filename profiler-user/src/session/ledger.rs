@@ -118,15 +118,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     fn read_ledger(&mut self, pid: u32, generation: u32) {
+        // In another pid namespace, its host pid is learnt from its first
+        // stacks: until then the kernel could not be asked about it.
+        let Some(host) = self.pids.host(pid) else {
+            return;
+        };
         let mut image = LedgerImage {
             generation,
             status: LedgerStatus::default(),
             seeds: HashMap::new(),
             stacks: HashSet::new(),
         };
-        if let Some(host) = self.pids.host(pid)
-            && let Some((file, address)) = self.processes.ledger_address(pid)
-        {
+        if let Some((file, address)) = self.processes.ledger_address(pid) {
             // Before the read: a free from now on is reported.
             match self.kernel.watch_unseen_frees(host) {
                 Ok(()) => match self.processes.read_ledger(pid, address) {
