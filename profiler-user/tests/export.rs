@@ -231,11 +231,11 @@ fn headless_pprof_opens_in_go_tool_pprof_with_the_reports_totals() {
     let top = go_tool_pprof(&["-top", "-unit=B", file]);
     let total = pprof_total(&top);
     // The report printed by the same run shows the same total.
-    // The workload ran before allocprof attached: the header says so.
+    // The workload ran before allocprof attached but allocated after: its
+    // ledger held nothing from before, so the figure is its whole heap.
     assert!(
         report.contains(&format!(
-            "live bytes allocated since attach ({}) {} ±",
-            report_attach_time(&report),
+            "estimated live heap {} ±",
             human_bytes(total as f64)
         )),
         "pprof total {total} vs the report:\n{report}\n{top}"
@@ -582,7 +582,20 @@ struct Process {
     thin_factor: u64,
     resident: Option<Resident>,
     allocator: Option<Allocator>,
+    ledger: Option<Ledger>,
     stacks: Vec<Stack>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Ledger {
+    read: bool,
+    seeded_blocks: u64,
+    freed_since: u64,
+    seen_blocks: u64,
+    torn_records: u64,
+    garbage_records: u64,
+    unread_records: u64,
 }
 
 #[derive(Deserialize, Debug)]
@@ -642,6 +655,7 @@ struct Estimates {
     alloc_bytes_ci95: Option<f64>,
     alloc_objects: f64,
     alloc_samples: u64,
+    live_before_attach_bytes: f64,
 }
 
 const DROP_KEYS: [&str; 13] = [
@@ -694,8 +708,18 @@ fn json_follows_the_documented_schema() {
     assert_eq!(p.contracts, ["otel_memory"]);
     assert_eq!(p.weight_form.as_deref(), Some("inverse_probability"));
     assert_eq!(p.weight_interval_bytes, None);
-    // It ran before allocprof attached; nothing was thinned.
-    assert!(p.since_attach);
+    // It ran before allocprof attached, but sampled nothing before: its
+    // ledger was read, so its figures are its whole heap. Nothing thinned.
+    assert!(!p.since_attach);
+    let l = p.ledger.as_ref().expect("its ledger was looked for");
+    assert!(l.read, "{l:?}");
+    assert_eq!((l.seeded_blocks, l.freed_since), (0, 0));
+    assert_eq!(
+        (l.torn_records, l.garbage_records, l.unread_records),
+        (0, 0, 0)
+    );
+    let _ = l.seen_blocks;
+    assert_eq!(p.totals.live_before_attach_bytes, 0.0);
     assert_eq!((p.thinned_events, p.thin_factor), (0, 1));
     let attached = r.attached_at.as_deref().expect("when allocprof attached");
     assert!(humantime::parse_rfc3339(attached).is_ok(), "{attached}");
@@ -787,13 +811,4 @@ fn json_follows_the_documented_schema() {
     assert_eq!(freed.totals.live_bytes, 0.0);
     assert!(freed.totals.alloc_bytes > 0.0);
     assert!(freed.totals.alloc_bytes_ci95 > Some(0.0));
-}
-
-/// The `HH:MM:SS` of the report's "ran before allocprof attached at" line.
-fn report_attach_time(report: &str) -> &str {
-    let at = report
-        .find("ran before allocprof attached at ")
-        .unwrap_or_else(|| panic!("no attach time in:\n{report}"));
-    let rest = &report[at + "ran before allocprof attached at ".len()..];
-    &rest[..8]
 }
