@@ -139,10 +139,14 @@ pub(crate) fn setup(table: usize, capacity: usize, base: usize, len: usize, firs
             options(nomem, nostack, preserves_flags),
         );
     }
+    let h = &HEADER.0;
     if table == 0 {
+        // No ledger, but samples from now on: a reader must know that live
+        // samples exist that no record holds (`HeaderError::Off`).
+        h[header::REGION_BASE].store(base as u64, Ordering::Relaxed);
+        h[header::REGION_LEN].store(len as u64, Ordering::Release);
         return;
     }
-    let h = &HEADER.0;
     let ranges = first.len().min(MAX_RANGES);
     h[header::CAPACITY].store(capacity as u64, Ordering::Relaxed);
     h[header::REGION_BASE].store(base as u64, Ordering::Relaxed);

@@ -323,7 +323,7 @@ fn ledger_off_leaves_no_table() {
     let h = read_words::<HEADER_WORDS>(pid, at);
     assert_eq!(
         decode_header(&h, &h),
-        Err(profiler_common::ledger::HeaderError::NoTable)
+        Err(profiler_common::ledger::HeaderError::Off)
     );
     drop(child.stdin.take());
     child.wait().unwrap();

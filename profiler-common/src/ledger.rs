@@ -59,7 +59,10 @@ pub mod header {
     pub const RECORD_BYTES: usize = 2;
     /// Frame words per record: [`super::FRAMES`].
     pub const FRAMES: usize = 3;
-    /// Address of record 0; 0 until the sample region exists.
+    /// Address of record 0; 0 until the sample region exists, and for good
+    /// when the library keeps no ledger (`ALLOCPROF_LEDGER=0`, or the table
+    /// could not be mapped): then `REGION_LEN` is set once the region
+    /// exists, saying that samples may live that no record holds.
     pub const TABLE: usize = 4;
     /// Records in the table.
     pub const CAPACITY: usize = 5;
@@ -164,6 +167,9 @@ pub enum HeaderError {
     Version(u64),
     /// The sample region does not exist yet: nothing was sampled.
     NoTable,
+    /// The library keeps no ledger, though it sampled: its live samples
+    /// from before attach cannot be known.
+    Off,
     /// Written while copied; copy again.
     Torn,
     /// A field out of bounds (table, capacity, ranges).
@@ -191,7 +197,11 @@ pub fn decode_header(
     }
     let table = h[header::TABLE];
     if table == 0 {
-        return Err(HeaderError::NoTable);
+        return Err(if h[header::REGION_LEN] == 0 {
+            HeaderError::NoTable
+        } else {
+            HeaderError::Off
+        });
     }
     let capacity = h[header::CAPACITY];
     let ranges = h[header::RANGES];
@@ -384,8 +394,15 @@ mod tests {
             decode_header(&h, &with(header::USED, 4)),
             Err(HeaderError::Torn)
         );
-        let none = with(header::TABLE, 0);
+        let none = with(header::REGION_LEN, 0);
+        let none = {
+            let mut n = none;
+            n[header::TABLE] = 0;
+            n
+        };
         assert_eq!(decode_header(&none, &none), Err(HeaderError::NoTable));
+        let off = with(header::TABLE, 0);
+        assert_eq!(decode_header(&off, &off), Err(HeaderError::Off));
         for bad in [
             with(header::CAPACITY, MAX_CAPACITY + 1),
             with(header::RANGES, MAX_RANGES as u64 + 1),

@@ -225,7 +225,7 @@ fn ledger_off_leaves_the_table_at_zero() {
     assert_eq!(h[header::TABLE], 0);
     assert_eq!(
         decode_header(&h, &h),
-        Err(profiler_common::ledger::HeaderError::NoTable)
+        Err(profiler_common::ledger::HeaderError::Off)
     );
     sampled::release(p);
 }

@@ -142,6 +142,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     Err(crate::ledger::ReadError::Header(
                         profiler_common::ledger::HeaderError::NoTable,
                     )) => image.status.read = true,
+                    // Turned off (`ALLOCPROF_LEDGER=0`): the user's choice.
+                    Err(crate::ledger::ReadError::Header(
+                        profiler_common::ledger::HeaderError::Off,
+                    )) => {}
                     Err(e) => self
                         .warnings
                         .push(format!("process {pid}: its live-sample ledger: {e}")),
