@@ -287,14 +287,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.refresh_with(false)
     }
 
-    /// [`Session::refresh`]; `fresh_ages` reads the live samples whatever
-    /// the interval (a final profile's ages are those of its moment).
-    fn refresh_with(&mut self, fresh_ages: bool) -> Result<Profile, KernelError> {
+    /// [`Session::refresh`]; `complete` reads the live samples whatever the
+    /// interval (a final profile's ages are those of its moment) and waits
+    /// for every stack of this reading to be symbolized.
+    fn refresh_with(&mut self, complete: bool) -> Result<Profile, KernelError> {
         self.poll_events();
         // The live samples (the largest map) only feed the ages, which move
         // slowly: read every LIVE_READ_INTERVAL, or every time a minimum age
         // makes them the live figures.
-        let with_live = fresh_ages
+        let with_live = complete
             || !self.min_age.is_zero()
             || self
                 .live_read_at
@@ -310,7 +311,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         self.add_seeds(&mut snapshot);
         self.request_symbols(&snapshot);
-        self.collect_symbols();
+        if complete {
+            // Stacks new since the last refresh too (a churn keeps making
+            // them).
+            self.finish_symbols();
+        } else {
+            self.collect_symbols();
+        }
         let profile = self.build(&snapshot);
         self.record_oom(&profile);
         Ok(profile)
@@ -348,8 +355,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The profile as of now with every stack symbolized: for a final
     /// report or a snapshot (waits for the symbolization thread).
     pub fn complete_profile(&mut self) -> Result<Profile, KernelError> {
+        // The first reading scans new processes and asks for their stacks.
         self.refresh()?;
-        self.finish_symbols();
         self.refresh_with(true)
     }
 
