@@ -89,8 +89,9 @@ fn registers() -> (usize, usize) {
 }
 
 /// Follows the frame-pointer chain from `fp` (at or above `sp`), reading
-/// only `[sp, hi)`. `Some((frames, truncated))` if it ends cleanly (a null
-/// frame pointer, or FRAMES frames), `None` if it breaks.
+/// only `[sp, hi)`. `Some((frames, truncated))` if it ends at the bottom of
+/// the stack (see [`bottom_of_stack`]) or after FRAMES frames, `None` if it
+/// breaks anywhere else.
 pub(super) fn walk_frame_pointers(
     mut fp: usize,
     sp: usize,
@@ -100,8 +101,12 @@ pub(super) fn walk_frame_pointers(
     let mut low = sp;
     let mut n = 0;
     loop {
+        // A null frame pointer is where `_start` and glibc's thread start
+        // leave the chain, but code without frame pointers may hold 0 in
+        // %rbp too: only an end in glibc after the program's frames is the
+        // bottom (Debian's python3 had one-frame stacks otherwise).
         if fp == 0 {
-            return (n > 0).then_some((n, false));
+            return bottom_of_stack(&out[..n]).then_some((n, false));
         }
         if n == FRAMES {
             return Some((n, true));
@@ -158,7 +163,7 @@ fn bottom_of_stack(frames: &[u64]) -> bool {
 
 /// [lo, hi) of the mapping that holds `sp`, from /proc/self/maps (which
 /// also gives [`LIBC_TEXT`] and [`OWN_TEXT`]).
-fn stack_mapping(sp: usize) -> Option<(usize, usize)> {
+pub(super) fn stack_mapping(sp: usize) -> Option<(usize, usize)> {
     // SAFETY: raw openat of a NUL-terminated path (syscall(): not a
     // cancellation point, unlike open()).
     let fd = unsafe {

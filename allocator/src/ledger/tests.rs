@@ -124,15 +124,24 @@ fn frame_pointer_walks_stay_inside_the_stack() {
     let set = |i: usize, v: usize| unsafe { stack.add(i).write_volatile(v) };
     let hi = at(64);
     let mut out = [0; FRAMES];
-    // A clean chain: 0 -> 4 -> 10 -> null.
+    // Learns where glibc's text is (the first maps read does).
+    super::stack::stack_mapping(base);
+    let in_libc = libc::getpid as usize + 1;
+    // A clean chain: 0 -> 4 -> 10 -> null, ending in glibc (the process's
+    // or a thread's start) after the program's frames.
     set(0, at(4));
     set(1, 0x40_1000);
     set(4, at(10));
     set(5, 0x40_2000);
     set(10, 0);
-    set(11, 0x40_3000);
+    set(11, in_libc);
     assert_eq!(walk_for_test(at(0), at(0), hi, &mut out), Some((3, false)));
-    assert_eq!(&out[..3], [0x40_1000, 0x40_2000, 0x40_3000]);
+    assert_eq!(&out[..3], [0x40_1000, 0x40_2000, in_libc as u64]);
+    // A null frame pointer elsewhere is code without frame pointers
+    // holding 0 in %rbp: not the bottom.
+    set(11, 0x40_3000);
+    assert_eq!(walk_for_test(at(0), at(0), hi, &mut out), None);
+    set(11, in_libc);
     // A frame pointer below the last frame, unaligned, outside the stack,
     // or whose words cross its end: broken, never followed.
     for bad in [at(2), at(4) + 3, 0x10, usize::MAX - 8, hi - 8] {
