@@ -125,8 +125,8 @@ fn frame_pointer_walks_stay_inside_the_stack() {
     let hi = at(64);
     let mut out = [0; FRAMES];
     // Learns where glibc's text is (the first maps read does).
-    super::stack::stack_mapping(base);
-    let in_libc = libc::getpid as usize + 1;
+    stack::stack_mapping(base);
+    let in_libc = libc::getpid as *const () as usize + 1;
     // A clean chain: 0 -> 4 -> 10 -> null, ending in glibc (the process's
     // or a thread's start) after the program's frames.
     set(0, at(4));
