@@ -7,7 +7,7 @@
 
 use aya_ebpf::{
     cty::c_void,
-    helpers::{bpf_probe_read_user, generated::bpf_loop},
+    helpers::{bpf_probe_read_user, generated, generated::bpf_loop},
     programs::ProbeContext,
 };
 use profiler_common::{
@@ -18,7 +18,7 @@ use profiler_common::{
     },
 };
 
-use crate::maps::{STACK_SCRATCH, UNWIND_PROCS, UNWIND_ROWS};
+use crate::maps::{BLOCK, BLOCK_WORDS, STACK_BLOCK, STACK_SCRATCH, UNWIND_PROCS, UNWIND_ROWS};
 
 /// Binary search steps over a process's mappings (2^9 > MAX_UNWIND_MAPPINGS).
 const MAPPING_STEPS: usize = 9;
@@ -26,6 +26,9 @@ const MAPPING_STEPS: usize = 9;
 const ROW_STEPS: usize = 24;
 /// How far above the stack pointer a frame pointer may point to be trusted.
 const MAX_FRAME_SPAN: u64 = 8 << 20;
+/// `Walk::block` when no block is held: never a block's address (blocks are
+/// aligned).
+const NO_BLOCK: u64 = 1;
 
 /// Walks the current user stack into `STACK_SCRATCH` with the tables of
 /// `pid`. `None` when the process has no tables (the caller walks frame
@@ -44,6 +47,7 @@ pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
         sp: regs.rsp,
         bp: regs.rbp,
         len: 0,
+        block: NO_BLOCK,
     };
     // SAFETY: the callback is a BPF subprogram taking (index, &mut Walk);
     // `walk` outlives the call.
@@ -69,6 +73,9 @@ struct Walk {
     sp: u64,
     bp: u64,
     len: u64,
+    /// The address of the user stack block held in `STACK_BLOCK`, or
+    /// `NO_BLOCK` (see `read_user`).
+    block: u64,
 }
 
 const CONTINUE: i64 = 0;
@@ -110,20 +117,20 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
             if walk.bp == 0 {
                 Step::End
             } else {
-                frame_pointer_step(walk.sp, walk.bp)
+                frame_pointer_step(walk)
             }
         }
         _ => match mapping.and_then(|m| find_row(m, at.wrapping_sub(m.bias))) {
             Some(row) => {
                 walk.fell_back = 0;
-                apply(&row, pc, walk.sp, walk.bp)
+                apply(&row, walk)
             }
             // Code without a table (JIT code, a file without CFI or whose
             // table did not fit): one frame-pointer step, never two in a row
             // (rbp is a general register in code built without frame pointers).
             None if walk.fell_back == 0 => {
                 walk.fell_back = 1;
-                frame_pointer_step(walk.sp, walk.bp)
+                frame_pointer_step(walk)
             }
             None => Step::Truncated,
         },
@@ -181,25 +188,25 @@ enum Step {
 }
 
 #[inline(always)]
-fn apply(row: &UnwindRow, pc: u64, sp: u64, bp: u64) -> Step {
+fn apply(row: &UnwindRow, walk: &mut Walk) -> Step {
     let base = match row.cfa_rule {
-        cfa::RSP => sp,
-        cfa::RBP => bp,
-        cfa::PLT => sp.wrapping_add(if pc & 15 >= 11 { 8 } else { 0 }),
+        cfa::RSP => walk.sp,
+        cfa::RBP => walk.bp,
+        cfa::PLT => walk.sp.wrapping_add(if walk.pc & 15 >= 11 { 8 } else { 0 }),
         cfa::END => return Step::End,
         _ => return Step::Truncated,
     };
     let cfa = base.wrapping_add(i64::from(row.cfa_offset) as u64);
-    let Some(ra) = read_user(cfa.wrapping_sub(8)) else {
+    let Some(ra) = read_user(walk, cfa.wrapping_sub(8)) else {
         return Step::Truncated;
     };
     let bp = if row.rbp_rule == rbp::AT_CFA {
-        match read_user(cfa.wrapping_add(i64::from(row.rbp_offset) as u64)) {
+        match read_user(walk, cfa.wrapping_add(i64::from(row.rbp_offset) as u64)) {
             Some(v) => v,
             None => return Step::Truncated,
         }
     } else {
-        bp
+        walk.bp
     };
     Step::Caller {
         pc: ra,
@@ -211,17 +218,21 @@ fn apply(row: &UnwindRow, pc: u64, sp: u64, bp: u64) -> Step {
 /// Code without a table (JIT code, a file whose table did not fit): one
 /// step by frame pointer, if rbp looks like one.
 #[inline(always)]
-fn frame_pointer_step(sp: u64, bp: u64) -> Step {
+fn frame_pointer_step(walk: &mut Walk) -> Step {
+    let (sp, bp) = (walk.sp, walk.bp);
     if bp < sp || bp - sp > MAX_FRAME_SPAN || bp & 7 != 0 {
         return Step::Truncated;
     }
-    match (read_user(bp.wrapping_add(8)), read_user(bp)) {
-        (Some(ra), Some(saved_bp)) => Step::Caller {
+    let Some(ra) = read_user(walk, bp.wrapping_add(8)) else {
+        return Step::Truncated;
+    };
+    match read_user(walk, bp) {
+        Some(saved_bp) => Step::Caller {
             pc: ra,
             sp: bp.wrapping_add(16),
             bp: saved_bp,
         },
-        _ => Step::Truncated,
+        None => Step::Truncated,
     }
 }
 
@@ -270,8 +281,40 @@ fn find_row(m: &UnwindMapping, vaddr: u64) -> Option<UnwindRow> {
     UNWIND_ROWS.get(m.rows_start.wrapping_add(lo)).copied()
 }
 
+/// A word of the user stack. Each read of user memory costs ~0.1 µs of
+/// fixed overhead (the kernel's hardened-usercopy check and fault setup),
+/// far more than the copy, and a walk reads one or two words per frame,
+/// mostly close together: so an aligned word comes from a copy of its
+/// `BLOCK`-byte block, read once per walk (aligned, so it never spans two
+/// pages: it is readable exactly when the word is). Unaligned addresses,
+/// which no sane frame has, are read alone.
 #[inline(always)]
-fn read_user(addr: u64) -> Option<u64> {
+fn read_user(walk: &mut Walk, addr: u64) -> Option<u64> {
+    if addr & 7 != 0 {
+        return read_user_word(addr);
+    }
+    let block = addr & !(BLOCK - 1);
+    let words = STACK_BLOCK.get_ptr_mut(0)?;
+    if walk.block != block {
+        // SAFETY: the helper writes at most BLOCK bytes into this CPU's
+        // block, ours alone under the stack scratch claim (see
+        // `probes::take_stack`), and reports a fault instead of taking it.
+        let err = unsafe {
+            generated::bpf_probe_read_user(words.cast(), BLOCK as u32, block as *const c_void)
+        };
+        if err != 0 {
+            walk.block = NO_BLOCK;
+            return None;
+        }
+        walk.block = block;
+    }
+    let i = ((addr - block) >> 3) as usize & (BLOCK_WORDS - 1);
+    // SAFETY: as above; `i` is masked into the block.
+    Some(unsafe { (*words)[i] })
+}
+
+#[inline(always)]
+fn read_user_word(addr: u64) -> Option<u64> {
     // SAFETY: the helper copies from user memory and reports a fault instead
     // of taking it.
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
