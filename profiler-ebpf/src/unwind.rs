@@ -36,11 +36,11 @@ const NO_BLOCK: u64 = 1;
 /// step once, not once per frame.
 #[inline(always)]
 pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
-    // SAFETY: only whether the entry exists; the step looks it up itself.
-    unsafe { UNWIND_PROCS.get(pid) }?;
+    let proc = UNWIND_PROCS.get_ptr(pid)?;
     // SAFETY: the context of a uprobe is its pt_regs; constant-offset reads.
     let regs = unsafe { &*ctx.regs };
     let mut walk = Walk {
+        proc,
         pid,
         fell_back: 0,
         pc: regs.rip,
@@ -62,10 +62,13 @@ pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
     Some(walk.len as usize)
 }
 
-/// The state of a walk, carried between `bpf_loop` iterations (scalars
-/// only: map values are looked up again in each step).
+/// The state of a walk, carried between `bpf_loop` iterations.
 #[repr(C)]
 struct Walk {
+    /// The process's tables, looked up once: the verifier follows a map
+    /// value pointer spilled to the caller's stack into the callback, and
+    /// a hash lookup per frame cost ~25 ns.
+    proc: *const ProcUnwind,
     pid: u32,
     /// The last step was a frame-pointer step (code without a rule).
     fell_back: u32,
@@ -91,10 +94,8 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
     };
     // SAFETY: a per-CPU map value, claimed by the caller for this walk.
     let trace = unsafe { &mut *trace };
-    // SAFETY: as above; only read.
-    let Some(proc) = (unsafe { UNWIND_PROCS.get(walk.pid) }) else {
-        return STOP;
-    };
+    // SAFETY: a map value, valid for the whole program run; only read.
+    let proc = unsafe { &*walk.proc };
     let i = index as usize;
     if i >= MAX_STACK_DEPTH {
         return STOP;
