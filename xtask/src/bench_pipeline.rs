@@ -247,7 +247,11 @@ impl Bench {
             thread::spawn(move || sample_usage(pid, secs))
         });
         let out = start(&mut w)?;
-        let kernel = stats.as_ref().and_then(BpfStats::per_run);
+        // This allocprof's programs only: other engineers' sessions on the
+        // machine load programs of the same names.
+        let kernel = stats
+            .as_ref()
+            .and_then(|s| s.per_run_of(Some(profiler.id())));
         stop(&mut w)?;
         if let Some(sampler) = sampler {
             let (cpu, rss) = sampler.join().expect("usage sampler")?;
@@ -326,13 +330,9 @@ impl BpfStats {
         fs::write(Self::SYSCTL, "1").ok().map(|()| BpfStats)
     }
 
-    /// ns per run of the alloc and free programs, from `bpftool prog show`.
-    fn per_run(&self) -> Option<AllocFree> {
-        self.per_run_of(None)
-    }
-
-    /// The same for the programs `holder` (a process id) holds open, if
-    /// given: other allocprof instances on the machine are not counted.
+    /// ns per run of the alloc and free programs, from `bpftool prog show`,
+    /// of the programs `holder` (a process id) holds open, if given: other
+    /// allocprof instances on the machine are not counted.
     fn per_run_of(&self, holder: Option<u32>) -> Option<AllocFree> {
         let held = holder.map(prog_ids);
         let out = Command::new("bpftool")
