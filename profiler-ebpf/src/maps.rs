@@ -39,6 +39,17 @@ pub static STACKS: HashMap<u64, StackTrace> = HashMap::with_max_entries(65_536, 
 #[map]
 pub static STACK_SCRATCH: PerCpuArray<StackTrace> = PerCpuArray::with_max_entries(1, 0);
 
+/// Bytes of user stack a walk copies at once (see `unwind::read_user`): a
+/// power of two that divides the page size, so an aligned block lies in
+/// one page.
+pub const BLOCK: u64 = 1024;
+pub const BLOCK_WORDS: usize = BLOCK as usize / 8;
+
+/// Per-CPU copy of the user stack block a walk is reading, under the
+/// `STACK_SCRATCH` claim.
+#[map]
+pub static STACK_BLOCK: PerCpuArray<[u64; BLOCK_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+
 /// The back-pressure factor of the sample whose stack this CPU is walking,
 /// parked across the walk under the `STACK_SCRATCH` claim (see
 /// `probes::take_stack`).

@@ -7,7 +7,7 @@
 
 use aya_ebpf::{
     cty::c_void,
-    helpers::{bpf_probe_read_user, generated::bpf_loop},
+    helpers::{bpf_probe_read_user, generated, generated::bpf_loop},
     programs::ProbeContext,
 };
 use profiler_common::{
@@ -18,7 +18,7 @@ use profiler_common::{
     },
 };
 
-use crate::maps::{STACK_SCRATCH, UNWIND_PROCS, UNWIND_ROWS};
+use crate::maps::{BLOCK, BLOCK_WORDS, STACK_BLOCK, STACK_SCRATCH, UNWIND_PROCS, UNWIND_ROWS};
 
 /// Binary search steps over a process's mappings (2^9 > MAX_UNWIND_MAPPINGS).
 const MAPPING_STEPS: usize = 9;
@@ -26,6 +26,9 @@ const MAPPING_STEPS: usize = 9;
 const ROW_STEPS: usize = 24;
 /// How far above the stack pointer a frame pointer may point to be trusted.
 const MAX_FRAME_SPAN: u64 = 8 << 20;
+/// `Walk::block` when no block is held: never a block's address (blocks are
+/// aligned).
+const NO_BLOCK: u64 = 1;
 
 /// Walks the current user stack into `STACK_SCRATCH` with the tables of
 /// `pid`. `None` when the process has no tables (the caller walks frame
@@ -33,17 +36,18 @@ const MAX_FRAME_SPAN: u64 = 8 << 20;
 /// step once, not once per frame.
 #[inline(always)]
 pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
-    // SAFETY: only whether the entry exists; the step looks it up itself.
-    unsafe { UNWIND_PROCS.get(pid) }?;
+    let proc = UNWIND_PROCS.get_ptr(pid)?;
     // SAFETY: the context of a uprobe is its pt_regs; constant-offset reads.
     let regs = unsafe { &*ctx.regs };
     let mut walk = Walk {
+        proc,
         pid,
         fell_back: 0,
         pc: regs.rip,
         sp: regs.rsp,
         bp: regs.rbp,
         len: 0,
+        block: NO_BLOCK,
     };
     // SAFETY: the callback is a BPF subprogram taking (index, &mut Walk);
     // `walk` outlives the call.
@@ -58,10 +62,13 @@ pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
     Some(walk.len as usize)
 }
 
-/// The state of a walk, carried between `bpf_loop` iterations (scalars
-/// only: map values are looked up again in each step).
+/// The state of a walk, carried between `bpf_loop` iterations.
 #[repr(C)]
 struct Walk {
+    /// The process's tables, looked up once: the verifier follows a map
+    /// value pointer spilled to the caller's stack into the callback, and
+    /// a hash lookup per frame cost ~25 ns.
+    proc: *const ProcUnwind,
     pid: u32,
     /// The last step was a frame-pointer step (code without a rule).
     fell_back: u32,
@@ -69,6 +76,9 @@ struct Walk {
     sp: u64,
     bp: u64,
     len: u64,
+    /// The address of the user stack block held in `STACK_BLOCK`, or
+    /// `NO_BLOCK` (see `read_user`).
+    block: u64,
 }
 
 const CONTINUE: i64 = 0;
@@ -84,10 +94,8 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
     };
     // SAFETY: a per-CPU map value, claimed by the caller for this walk.
     let trace = unsafe { &mut *trace };
-    // SAFETY: as above; only read.
-    let Some(proc) = (unsafe { UNWIND_PROCS.get(walk.pid) }) else {
-        return STOP;
-    };
+    // SAFETY: a map value, valid for the whole program run; only read.
+    let proc = unsafe { &*walk.proc };
     let i = index as usize;
     if i >= MAX_STACK_DEPTH {
         return STOP;
@@ -110,20 +118,20 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
             if walk.bp == 0 {
                 Step::End
             } else {
-                frame_pointer_step(walk.sp, walk.bp)
+                frame_pointer_step(walk)
             }
         }
         _ => match mapping.and_then(|m| find_row(m, at.wrapping_sub(m.bias))) {
             Some(row) => {
                 walk.fell_back = 0;
-                apply(&row, pc, walk.sp, walk.bp)
+                apply(&row, walk)
             }
             // Code without a table (JIT code, a file without CFI or whose
             // table did not fit): one frame-pointer step, never two in a row
             // (rbp is a general register in code built without frame pointers).
             None if walk.fell_back == 0 => {
                 walk.fell_back = 1;
-                frame_pointer_step(walk.sp, walk.bp)
+                frame_pointer_step(walk)
             }
             None => Step::Truncated,
         },
@@ -181,25 +189,25 @@ enum Step {
 }
 
 #[inline(always)]
-fn apply(row: &UnwindRow, pc: u64, sp: u64, bp: u64) -> Step {
+fn apply(row: &UnwindRow, walk: &mut Walk) -> Step {
     let base = match row.cfa_rule {
-        cfa::RSP => sp,
-        cfa::RBP => bp,
-        cfa::PLT => sp.wrapping_add(if pc & 15 >= 11 { 8 } else { 0 }),
+        cfa::RSP => walk.sp,
+        cfa::RBP => walk.bp,
+        cfa::PLT => walk.sp.wrapping_add(if walk.pc & 15 >= 11 { 8 } else { 0 }),
         cfa::END => return Step::End,
         _ => return Step::Truncated,
     };
     let cfa = base.wrapping_add(i64::from(row.cfa_offset) as u64);
-    let Some(ra) = read_user(cfa.wrapping_sub(8)) else {
+    let Some(ra) = read_user(walk, cfa.wrapping_sub(8)) else {
         return Step::Truncated;
     };
     let bp = if row.rbp_rule == rbp::AT_CFA {
-        match read_user(cfa.wrapping_add(i64::from(row.rbp_offset) as u64)) {
+        match read_user(walk, cfa.wrapping_add(i64::from(row.rbp_offset) as u64)) {
             Some(v) => v,
             None => return Step::Truncated,
         }
     } else {
-        bp
+        walk.bp
     };
     Step::Caller {
         pc: ra,
@@ -211,17 +219,21 @@ fn apply(row: &UnwindRow, pc: u64, sp: u64, bp: u64) -> Step {
 /// Code without a table (JIT code, a file whose table did not fit): one
 /// step by frame pointer, if rbp looks like one.
 #[inline(always)]
-fn frame_pointer_step(sp: u64, bp: u64) -> Step {
+fn frame_pointer_step(walk: &mut Walk) -> Step {
+    let (sp, bp) = (walk.sp, walk.bp);
     if bp < sp || bp - sp > MAX_FRAME_SPAN || bp & 7 != 0 {
         return Step::Truncated;
     }
-    match (read_user(bp.wrapping_add(8)), read_user(bp)) {
-        (Some(ra), Some(saved_bp)) => Step::Caller {
+    let Some(ra) = read_user(walk, bp.wrapping_add(8)) else {
+        return Step::Truncated;
+    };
+    match read_user(walk, bp) {
+        Some(saved_bp) => Step::Caller {
             pc: ra,
             sp: bp.wrapping_add(16),
             bp: saved_bp,
         },
-        _ => Step::Truncated,
+        None => Step::Truncated,
     }
 }
 
@@ -270,8 +282,40 @@ fn find_row(m: &UnwindMapping, vaddr: u64) -> Option<UnwindRow> {
     UNWIND_ROWS.get(m.rows_start.wrapping_add(lo)).copied()
 }
 
+/// A word of the user stack. Each read of user memory costs ~0.1 µs of
+/// fixed overhead (the kernel's hardened-usercopy check and fault setup),
+/// far more than the copy, and a walk reads one or two words per frame,
+/// mostly close together: so an aligned word comes from a copy of its
+/// `BLOCK`-byte block, read once per walk (aligned, so it never spans two
+/// pages: it is readable exactly when the word is). Unaligned addresses,
+/// which no sane frame has, are read alone.
 #[inline(always)]
-fn read_user(addr: u64) -> Option<u64> {
+fn read_user(walk: &mut Walk, addr: u64) -> Option<u64> {
+    if addr & 7 != 0 {
+        return read_user_word(addr);
+    }
+    let block = addr & !(BLOCK - 1);
+    let words = STACK_BLOCK.get_ptr_mut(0)?;
+    if walk.block != block {
+        // SAFETY: the helper writes at most BLOCK bytes into this CPU's
+        // block, ours alone under the stack scratch claim (see
+        // `probes::take_stack`), and reports a fault instead of taking it.
+        let err = unsafe {
+            generated::bpf_probe_read_user(words.cast(), BLOCK as u32, block as *const c_void)
+        };
+        if err != 0 {
+            walk.block = NO_BLOCK;
+            return None;
+        }
+        walk.block = block;
+    }
+    let i = ((addr - block) >> 3) as usize & (BLOCK_WORDS - 1);
+    // SAFETY: as above; `i` is masked into the block.
+    Some(unsafe { (*words)[i] })
+}
+
+#[inline(always)]
+fn read_user_word(addr: u64) -> Option<u64> {
     // SAFETY: the helper copies from user memory and reports a fault instead
     // of taking it.
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()

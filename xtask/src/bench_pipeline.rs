@@ -3,7 +3,11 @@
 //! run without it), the highest sampled-event rate sustained without drops,
 //! allocprof's own CPU and memory at 10k events/s, and the unwinder's cost:
 //! a ~20-frame stack walked with unwind tables (built without frame
-//! pointers) against the same stack walked by frame pointers.
+//! pointers) against the same stack walked by frame pointers, and
+//! (`churn.rs`) the attached cost per sample on the peers bench's 2-thread
+//! churn, in parts. `--quick`: shorter runs; `--churn`: that section alone.
+
+mod churn;
 
 use std::{
     fs,
@@ -31,6 +35,9 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     shell::cargo(root, &["build", "--release"])?;
     let bench = Bench::new(root)?;
+    if args.iter().any(|a| a == "--churn") {
+        return churn::run(root, &bench.preload, &bench.allocprof, quick);
+    }
 
     for (threads, mode) in [("1 thread", "cost"), ("2 threads at once", "cost2")] {
         sampled_cost(&bench, threads, mode)?;
@@ -107,7 +114,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         "target ran at {:.0} events/s",
         value(&out, "events_per_sec")?
     );
-    Ok(())
+    churn::run(root, &bench.preload, &bench.allocprof, quick)
 }
 
 struct Bench {
@@ -240,7 +247,11 @@ impl Bench {
             thread::spawn(move || sample_usage(pid, secs))
         });
         let out = start(&mut w)?;
-        let kernel = stats.as_ref().and_then(BpfStats::per_run);
+        // This allocprof's programs only: other engineers' sessions on the
+        // machine load programs of the same names.
+        let kernel = stats
+            .as_ref()
+            .and_then(|s| s.per_run_of(Some(profiler.id())));
         stop(&mut w)?;
         if let Some(sampler) = sampler {
             let (cpu, rss) = sampler.join().expect("usage sampler")?;
@@ -319,13 +330,9 @@ impl BpfStats {
         fs::write(Self::SYSCTL, "1").ok().map(|()| BpfStats)
     }
 
-    /// ns per run of the alloc and free programs, from `bpftool prog show`.
-    fn per_run(&self) -> Option<AllocFree> {
-        self.per_run_of(None)
-    }
-
-    /// The same for the programs `holder` (a process id) holds open, if
-    /// given: other allocprof instances on the machine are not counted.
+    /// ns per run of the alloc and free programs, from `bpftool prog show`,
+    /// of the programs `holder` (a process id) holds open, if given: other
+    /// allocprof instances on the machine are not counted.
     fn per_run_of(&self, holder: Option<u32>) -> Option<AllocFree> {
         let held = holder.map(prog_ids);
         let out = Command::new("bpftool")
