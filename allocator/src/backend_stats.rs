@@ -72,14 +72,14 @@ static BLOCK: Block = Block([
 /// over and the backend has figures. Slow paths only.
 #[inline]
 pub(crate) fn refresh<B: Backend>() {
-    let start = monotonic_ns();
+    let start = crate::clock::monotonic_ns();
     if start < NEXT_REFRESH_NS.load(Ordering::Relaxed) {
         return;
     }
     let Some(figures) = B::figures() else {
         return;
     };
-    let end = monotonic_ns();
+    let end = crate::clock::monotonic_ns();
     let wait = end
         .saturating_sub(start)
         .saturating_mul(COST_FACTOR)
@@ -135,19 +135,6 @@ fn publish(f: &Figures, now: u64) {
     words[word::SEQ].store(seq + 2, Ordering::Release);
 }
 
-fn monotonic_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec; CLOCK_MONOTONIC always exists (vDSO,
-    // no allocation).
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    (t.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(t.tv_nsec as u64)
-}
-
 /// A copy of the block's words.
 #[cfg(test)]
 fn snapshot() -> [u64; WORDS] {
@@ -200,7 +187,7 @@ mod tests {
         // Right after, within the minimum interval, nothing is rewritten.
         let next = NEXT_REFRESH_NS.load(Ordering::Relaxed);
         assert!(next >= f.refreshed_ns + MIN_INTERVAL_NS);
-        if monotonic_ns() < next {
+        if crate::clock::monotonic_ns() < next {
             refresh::<Fake>();
             assert_eq!(snapshot()[word::SEQ], b[word::SEQ]);
         }

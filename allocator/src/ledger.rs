@@ -208,7 +208,7 @@ pub(crate) fn capture() -> Option<Captured> {
         return None;
     }
     let mut c = Captured {
-        time_ns: monotonic_ns(),
+        time_ns: crate::clock::monotonic_ns(),
         flags: FLAG_LIVE,
         n: 0,
         frames: [0; FRAMES],
@@ -253,19 +253,6 @@ pub(crate) fn publish_free(id: Option<usize>) {
     fence(Ordering::Release);
     r[record::FLAGS].store(0, Ordering::Relaxed);
     r[record::SEQ].store((seq | 1) + 1, Ordering::Release);
-}
-
-fn monotonic_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec; CLOCK_MONOTONIC always exists (vDSO,
-    // no allocation).
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    (t.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(t.tv_nsec as u64)
 }
 
 /// Copies of the header and of record `id`, for the tests.

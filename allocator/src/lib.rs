@@ -11,6 +11,7 @@
 //! * [`backend_stats`]: the backend's own figures, in a block allocprof reads.
 //! * [`ledger`]: the live-sample ledger (every live sample's stack), read likewise.
 //! * [`errno`]: call-free errno access (free preserves errno).
+//! * `clock`: the monotonic clock of the published figures.
 #![cfg_attr(not(test), no_std)]
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
@@ -44,6 +45,7 @@ macro_rules! load_relaxed_direct {
 pub mod backend;
 pub mod backend_stats;
 pub mod capi;
+mod clock;
 pub mod errno;
 pub mod global;
 pub mod ledger;

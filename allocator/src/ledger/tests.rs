@@ -39,9 +39,9 @@ fn in_function(f: usize, addr: u64, len: usize) -> bool {
 
 #[test]
 fn a_sampled_block_is_recorded_with_its_stack_and_retired_when_freed() {
-    let before = monotonic_ns();
+    let before = crate::clock::monotonic_ns();
     let p = sample_here(3000);
-    let after = monotonic_ns();
+    let after = crate::clock::monotonic_ns();
     assert!(!p.is_null());
     let id = sample_region::slot_id(p).expect("a slot");
     let h = header();
