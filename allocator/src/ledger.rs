@@ -279,7 +279,10 @@ pub(crate) fn walk_for_test(
     hi: usize,
     out: &mut [u64; FRAMES],
 ) -> Option<(usize, bool)> {
-    stack::walk_frame_pointers(fp, sp, hi, out)
+    match stack::walk_frame_pointers(fp, sp, hi, out) {
+        stack::Walk::Whole(n, truncated) => Some((n, truncated)),
+        stack::Walk::Broken(_) => None,
+    }
 }
 
 #[cfg(test)]

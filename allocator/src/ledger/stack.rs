@@ -3,7 +3,7 @@
 //! unwinder where the chain does not end cleanly.
 
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use profiler_common::ledger::{FLAG_TRUNCATED, FLAG_UNWOUND, FRAMES, MAX_ADDRESS};
 
@@ -46,6 +46,17 @@ use crate::thread_state::StackCache;
 /// Re-reads of /proc/self/maps per thread: beyond, the unwinder.
 const MAX_PARSES: u32 = 8;
 
+/// The unwinder's budget: after a walk, the next waits this many times as
+/// long as it took. `_Unwind_Backtrace` costs ~3 µs a stack (libgcc
+/// interprets the CFI of every frame): at the default rate a program makes
+/// a few thousand samples a second and each gets its whole stack, but a
+/// churn of small blocks makes 10^5 and would spend a third of its time
+/// unwinding. Past the budget (~1% of one core) a stack is cut after
+/// malloc's caller (`FLAG_TRUNCATED`), which frame pointers still give.
+const UNWIND_COST_FACTOR: u64 = 100;
+/// When the unwinder may run next (CLOCK_MONOTONIC ns), for all threads.
+static NEXT_UNWIND_NS: AtomicU64 = AtomicU64::new(0);
+
 pub(super) fn take_stack(c: &mut Captured, cache: &mut StackCache) {
     let (sp, fp) = registers();
     if !(cache.lo <= sp && sp < cache.hi) && cache.parses < MAX_PARSES {
@@ -54,19 +65,46 @@ pub(super) fn take_stack(c: &mut Captured, cache: &mut StackCache) {
         cache.lo = lo;
         cache.hi = hi;
     }
-    if cache.lo <= sp
-        && sp < cache.hi
-        && let Some((n, truncated)) = walk_frame_pointers(fp, sp, cache.hi, &mut c.frames)
-    {
-        c.n = n;
-        if truncated {
-            c.flags |= FLAG_TRUNCATED;
+    let mut walked = 0;
+    if cache.lo <= sp && sp < cache.hi {
+        match walk_frame_pointers(fp, sp, cache.hi, &mut c.frames) {
+            Walk::Whole(n, truncated) => {
+                c.n = n;
+                if truncated {
+                    c.flags |= FLAG_TRUNCATED;
+                }
+                return;
+            }
+            Walk::Broken(n) => walked = n,
         }
+    }
+    let start = crate::clock::monotonic_ns();
+    if start >= NEXT_UNWIND_NS.load(Ordering::Relaxed) {
+        let (n, truncated) = unwind(&mut c.frames);
+        let end = crate::clock::monotonic_ns();
+        let wait = end.saturating_sub(start).saturating_mul(UNWIND_COST_FACTOR);
+        NEXT_UNWIND_NS.store(end.saturating_add(wait), Ordering::Relaxed);
+        c.n = n;
+        c.flags |= FLAG_UNWOUND | if truncated { FLAG_TRUNCATED } else { 0 };
         return;
     }
-    let (n, truncated) = unwind(&mut c.frames);
-    c.n = n;
-    c.flags |= FLAG_UNWOUND | if truncated { FLAG_TRUNCATED } else { 0 };
+    // Over budget: the allocator's frames and malloc's caller (the first
+    // frame outside them), which the allocator's own frame pointers give.
+    c.n = c.frames[..walked]
+        .iter()
+        .position(|&f| !in_range(&OWN_TEXT, f as usize))
+        .map_or(walked, |i| i + 1);
+    c.flags |= FLAG_TRUNCATED;
+}
+
+/// How a frame-pointer walk ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Walk {
+    /// At the bottom of the stack, or after FRAMES frames (`true`: cut).
+    Whole(usize, bool),
+    /// The chain broke (code without frame pointers) after this many
+    /// frames, which are in the output.
+    Broken(usize),
 }
 
 /// This function's stack and frame pointers. Inlined, so the frame
@@ -89,15 +127,21 @@ fn registers() -> (usize, usize) {
 }
 
 /// Follows the frame-pointer chain from `fp` (at or above `sp`), reading
-/// only `[sp, hi)`. `Some((frames, truncated))` if it ends at the bottom of
-/// the stack (see [`bottom_of_stack`]) or after FRAMES frames, `None` if it
-/// breaks anywhere else.
+/// only `[sp, hi)`: whole if it ends at the bottom of the stack (see
+/// [`bottom_of_stack`]) or after FRAMES frames, broken anywhere else.
 pub(super) fn walk_frame_pointers(
     mut fp: usize,
     sp: usize,
     hi: usize,
     out: &mut [u64; FRAMES],
-) -> Option<(usize, bool)> {
+) -> Walk {
+    let end = |out: &[u64]| {
+        if bottom_of_stack(out) {
+            Walk::Whole(out.len(), false)
+        } else {
+            Walk::Broken(out.len())
+        }
+    };
     let mut low = sp;
     let mut n = 0;
     loop {
@@ -106,13 +150,13 @@ pub(super) fn walk_frame_pointers(
         // %rbp too: only an end in glibc after the program's frames is the
         // bottom (Debian's python3 had one-frame stacks otherwise).
         if fp == 0 {
-            return bottom_of_stack(&out[..n]).then_some((n, false));
+            return end(&out[..n]);
         }
         if n == FRAMES {
-            return Some((n, true));
+            return Walk::Whole(n, true);
         }
-        if !fp.is_multiple_of(8) || fp < low || fp.checked_add(16).is_none_or(|end| end > hi) {
-            return bottom_of_stack(&out[..n]).then_some((n, false));
+        if !fp.is_multiple_of(8) || fp < low || fp.checked_add(16).is_none_or(|e| e > hi) {
+            return end(&out[..n]);
         }
         // SAFETY: [fp, fp + 16) lies in [sp, hi), this thread's live stack
         // mapping (checked above); aligned word loads.
@@ -123,7 +167,7 @@ pub(super) fn walk_frame_pointers(
             )
         };
         if ret == 0 || ret as u64 >= MAX_ADDRESS {
-            return bottom_of_stack(&out[..n]).then_some((n, false));
+            return end(&out[..n]);
         }
         out[n] = ret as u64;
         n += 1;

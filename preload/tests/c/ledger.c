@@ -1,5 +1,7 @@
 /* ledger: holds sampled blocks for a reader of its ledger outside the
- * process (run with ALLOCPROF_RATE=1: every allocation is sampled). Prints
+ * process (run with ALLOCPROF_RATE=1: every allocation is sampled). With
+ * LEDGER_PAUSE_US set, it sleeps that long after each allocation (the
+ * unwinder's budget then lets every stack be unwound). Prints
  * "site <site_b's address>", one "block <ptr>" per block, then "ready";
  * on a line "free" frees the first half and prints "freed"; exits at EOF.
  * Built with and without frame pointers: site_b keeps enough values live
@@ -9,13 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #define N 16
 static void *blocks[N];
+static unsigned pause_us;
 
 __attribute__((noinline)) long site_b(void **out, int n, long seed) {
     long a = seed, b = seed * 3, c = seed * 5, d = seed * 7, e = seed * 11, f = seed * 13;
     for (int i = 0; i < n; i++) {
         out[i] = malloc(100 + (a & 63));
+        if (pause_us) usleep(pause_us);
         a = a * 31 + b;
         b ^= c;
         c += d;
@@ -27,6 +33,8 @@ __attribute__((noinline)) long site_b(void **out, int n, long seed) {
 }
 
 int main(void) {
+    const char *pause = getenv("LEDGER_PAUSE_US");
+    if (pause) pause_us = (unsigned)atoi(pause);
     long r = site_b(blocks, N, 0x1235);
     printf("site %p\n", (void *)site_b);
     for (int i = 0; i < N; i++) printf("block %p\n", blocks[i]);
