@@ -26,6 +26,39 @@ use thiserror::Error;
 use crate::discover::{FileId, OpenFile, ProbeKind, ProbeSite};
 use crate::map_batch;
 
+/// Where the kernel's tracefs is mounted when nothing has mounted it: the
+/// first of the two places aya looks for it.
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Mounts tracefs where aya looks for it, unless it is mounted already (many
+/// machines, ours among them, boot without it). This is what perf does
+/// (libapi's `tracefs__mount`); the mount outlives allocprof, as perf's does.
+fn ensure_tracefs() -> Result<(), String> {
+    let mounted = |dir: &str| Path::new(dir).join("events").is_dir();
+    if mounted(TRACEFS) || mounted("/sys/kernel/debug/tracing") {
+        return Ok(());
+    }
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: every pointer is a NUL-terminated literal; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            c"tracefs".as_ptr(),
+            c"/sys/kernel/tracing".as_ptr(),
+            c"tracefs".as_ptr(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "tracefs is not mounted and mounting it at {TRACEFS} failed: {}",
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
 /// The kernel object, built by build.rs (from source, or the committed one).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/allocprof-ebpf"));
 
@@ -223,11 +256,12 @@ impl Kernel {
             prog.attach(tp).map_err(classify_load_error)?;
         }
         // Optional: without it (a kernel without the tracepoint), OOM kills
-        // read as plain exits.
+        // read as plain exits. A classic tracepoint is found through tracefs.
         let oom: &mut TracePoint = program(&mut ebpf, "oom_mark_victim")?;
         let oom_victims = oom
             .load()
             .map_err(|e| e.to_string())
+            .and_then(|()| ensure_tracefs())
             .and_then(|()| oom.attach("oom", "mark_victim").map_err(|e| e.to_string()))
             .err();
         let specs = Array::try_from(take(&mut ebpf, names::USDT_SPECS)?)
