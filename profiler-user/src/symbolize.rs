@@ -355,6 +355,10 @@ pub(crate) fn symbolize_stack(
             out.push(truncation_marker(previous));
             continue;
         }
+        if *addr == crate::ledger::CUT_FRAME {
+            out.push(Frame::named("[cut short by the allocator]"));
+            continue;
+        }
         previous = at.as_ref();
         match (sym, failure) {
             (Some(expanded), _) => out.extend(expanded),

@@ -23,13 +23,14 @@ use std::{
 };
 
 use profiler_common::{
-    AggKey, LiveKey, LiveSample, StackAgg, stack_hash_step, stack_id, stack_seed,
+    AggKey, LiveKey, LiveSample, StackAgg, ledger::FLAG_TRUNCATED, stack_hash_step, stack_id,
+    stack_seed,
 };
 
 use super::{KernelPort, ProcessPort, Session};
 use crate::{
     kernel::KernelSnapshot,
-    ledger::{LedgerRead, LedgerStatus},
+    ledger::{CUT_FRAME, LedgerRead, LedgerStatus},
     stats::Totals,
 };
 
@@ -182,9 +183,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 status.seen += 1;
                 continue;
             }
-            let id = stack_id(r.frames().iter().fold(seed, |h, &f| stack_hash_step(h, f)));
+            let cut = (r.flags & FLAG_TRUNCATED != 0).then_some(CUT_FRAME);
+            let frames = r.frames().iter().copied().chain(cut);
+            let id = stack_id(frames.clone().fold(seed, stack_hash_step));
             if image.stacks.insert(id) {
-                self.ledgers.frames.insert(id, r.frames().into());
+                self.ledgers.frames.insert(id, frames.collect());
             }
             let sample = LiveSample {
                 stack_id: id,

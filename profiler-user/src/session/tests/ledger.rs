@@ -1,7 +1,7 @@
 //! Seeding from the live-sample ledger: what the kernel never saw is added
 //! once, with its stack, and leaves when its block is freed.
 
-use profiler_common::ledger::{FLAG_LIVE, FRAMES, LiveRecord};
+use profiler_common::ledger::{FLAG_LIVE, FLAG_TRUNCATED, FRAMES, LiveRecord};
 
 use super::*;
 use crate::ledger::LedgerEntry;
@@ -89,6 +89,40 @@ fn blocks_from_before_attach_are_seeded_once_with_their_stacks() {
         .collect();
     assert!(names.iter().any(|n| n.contains("alpha_site")), "{names:?}");
     assert!(names.iter().any(|n| n.contains("beta_site")), "{names:?}");
+}
+
+#[test]
+fn a_stack_the_allocator_cut_short_says_so() {
+    let world = World::default();
+    world.spawn(10, "service");
+    let alpha = [address_in(alpha_site)];
+    let mut cut = record(0x1000, 100, 1, &alpha);
+    cut.record.flags |= FLAG_TRUNCATED;
+    give_ledger(&world, 10, vec![cut, record(0x2000, 100, 1, &alpha)]);
+    let mut session = session(&world, Target::Pids(vec![10]));
+    session.finish_symbols();
+    let profile = session.complete_profile().unwrap();
+    let p = &profile.processes[0];
+    // The same site, whole and cut: two stacks, the cut one marked.
+    let mut stacks: Vec<Vec<String>> = p
+        .stacks
+        .iter()
+        .map(|s| s.frames.iter().map(|f| f.function.to_string()).collect())
+        .collect();
+    stacks.sort();
+    assert_eq!(stacks.len(), 2, "{stacks:?}");
+    assert!(
+        stacks.iter().all(|s| s[0].contains("alpha_site")),
+        "{stacks:?}"
+    );
+    assert!(
+        stacks
+            .iter()
+            .filter(|s| s.last().unwrap() == "[cut short by the allocator]")
+            .count()
+            == 1,
+        "{stacks:?}"
+    );
 }
 
 #[test]
