@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -135,12 +136,12 @@ struct Program {
 }
 
 impl Program {
-    fn start(exe: &Path, backend: Backend, pause_us: Option<&str>) -> Program {
+    /// `exe` under `backend`, every allocation sampled, with the program's
+    /// own settings (`LEDGER_PAUSE_US`, `LEDGER_BLOCKS`).
+    fn start(exe: &Path, backend: Backend, settings: &[(&str, &str)]) -> Program {
         let mut cmd = Command::new(exe);
         apply(&mut cmd, preloaded(backend, Some("1")));
-        if let Some(us) = pause_us {
-            cmd.env("LEDGER_PAUSE_US", us);
-        }
+        cmd.envs(settings.iter().copied());
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -185,18 +186,22 @@ impl Drop for Program {
     }
 }
 
-fn live(records: &[(u64, Record)], ptr: u64) -> Option<(u64, LiveRecord)> {
-    records.iter().find_map(|&(id, r)| match r {
-        Record::Live(l) if l.ptr == ptr => Some((id, l)),
-        _ => None,
-    })
+/// The live records by the block they describe, with their ids.
+fn live_by_ptr(records: &[(u64, Record)]) -> HashMap<u64, (u64, LiveRecord)> {
+    records
+        .iter()
+        .filter_map(|&(id, r)| match r {
+            Record::Live(l) => Some((l.ptr, (id, l))),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Checks every block's record, frees half, checks again. Returns the flags
 /// of the records.
-fn read_from_outside(exe: &Path, backend: Backend, pause_us: Option<&str>) -> Vec<u64> {
+fn read_from_outside(exe: &Path, backend: Backend, settings: &[(&str, &str)]) -> Vec<u64> {
     let lib = library(backend);
-    let mut p = Program::start(exe, backend, pause_us);
+    let mut p = Program::start(exe, backend, settings);
     let pid = p.child.id();
     let (site_link, site_len) = symbol(exe, "site_b");
     let (main_link, main_len) = symbol(exe, "main");
@@ -214,10 +219,13 @@ fn read_from_outside(exe: &Path, backend: Backend, pause_us: Option<&str>) -> Ve
         .filter(|(_, r)| *r == Record::Garbage)
         .count();
     assert_eq!(garbage, 0, "{records:?}");
+    let live = live_by_ptr(&records);
     let mut flags = Vec::new();
     let mut ids = Vec::new();
     for &b in &p.blocks {
-        let (id, r) = live(&records, b).unwrap_or_else(|| panic!("no live record of {b:#x}"));
+        let (id, r) = *live
+            .get(&b)
+            .unwrap_or_else(|| panic!("no live record of {b:#x}"));
         assert!((100..164).contains(&r.size), "{r:?}");
         assert!(r.weight >= r.size);
         let frames = r.frames();
@@ -254,9 +262,10 @@ fn read_from_outside(exe: &Path, backend: Backend, pause_us: Option<&str>) -> Ve
     }
     p.command("free", "freed");
     let (_, after) = ledger(pid, lib);
+    let after: HashMap<u64, Record> = after.into_iter().collect();
     for (i, &b) in p.blocks.iter().enumerate() {
         let (id, seq) = ids[i];
-        let (_, now) = after.iter().find(|(j, _)| *j == id).unwrap();
+        let now = &after[&id];
         if i < p.blocks.len() / 2 {
             // Freed: the record says so (unless the slot was reused since,
             // which would show a new allocation under a later sequence).
@@ -279,7 +288,7 @@ fn read_from_outside(exe: &Path, backend: Backend, pause_us: Option<&str>) -> Ve
 fn a_program_with_frame_pointers_has_its_blocks_in_the_ledger() {
     let exe = c_program_with("ledger", "ledger_fp", &["-fno-omit-frame-pointer"]);
     for backend in BACKENDS {
-        let flags = read_from_outside(&exe, backend, None);
+        let flags = read_from_outside(&exe, backend, &[]);
         println!("{backend:?}: flags {flags:?}");
         assert!(
             flags
@@ -294,22 +303,37 @@ fn a_program_with_frame_pointers_has_its_blocks_in_the_ledger() {
 fn a_program_without_frame_pointers_is_unwound_within_a_budget() {
     let exe = c_program_with("ledger", "ledger_nofp", &["-fomit-frame-pointer"]);
     for backend in BACKENDS {
+        let unwound = |f: &u64| f & (FLAG_TRUNCATED | FLAG_UNWOUND) == FLAG_UNWOUND;
+        let cut = |f: &u64| f & (FLAG_TRUNCATED | FLAG_UNWOUND) == FLAG_TRUNCATED;
         // Paced: the unwinder's budget (100x its own time) lets stacks
         // through; whole stacks reach main and libc (checked above).
-        let flags = read_from_outside(&exe, backend, Some("5000"));
+        let flags = read_from_outside(&exe, backend, &[("LEDGER_PAUSE_US", "5000")]);
         println!("{backend:?} paced: flags {flags:?}");
         assert!(
-            flags.iter().filter(|&f| f & FLAG_UNWOUND != 0).count() >= flags.len() / 2,
+            flags.iter().filter(|f| unwound(f)).count() >= flags.len() / 2,
             "{backend:?}: {flags:?}"
         );
-        // In a burst, most stacks are cut after malloc's caller, site_b.
-        let flags = read_from_outside(&exe, backend, None);
-        println!("{backend:?} burst: flags {flags:?}");
+        // A short burst at start-up (a heap built at once) is within the
+        // budget's burst: every stack whole.
+        let flags = read_from_outside(&exe, backend, &[]);
+        println!("{backend:?} short burst: flags {flags:?}");
+        assert!(flags.iter().all(unwound), "{backend:?}: {flags:?}");
+        // A long burst spends it (~10 ms of walks): whole stacks first,
+        // then stacks cut after malloc's caller, site_b.
+        let flags = read_from_outside(&exe, backend, &[("LEDGER_BLOCKS", "60000")]);
+        let (n_unwound, n_cut) = (
+            flags.iter().filter(|f| unwound(f)).count(),
+            flags.iter().filter(|f| cut(f)).count(),
+        );
+        println!("{backend:?} long burst: {n_unwound} unwound, {n_cut} cut");
         assert!(
-            flags
-                .iter()
-                .any(|&f| f & (FLAG_TRUNCATED | FLAG_UNWOUND) == FLAG_TRUNCATED),
-            "{backend:?}: {flags:?}"
+            unwound(&flags[0]) && n_unwound >= 16,
+            "{backend:?}: {n_unwound} unwound"
+        );
+        assert!(
+            n_cut > flags.len() / 2,
+            "{backend:?}: {n_cut} cut of {}",
+            flags.len()
         );
     }
 }

@@ -46,16 +46,23 @@ use crate::thread_state::StackCache;
 /// Re-reads of /proc/self/maps per thread: beyond, the unwinder.
 const MAX_PARSES: u32 = 8;
 
-/// The unwinder's budget: after a walk, the next waits this many times as
-/// long as it took. `_Unwind_Backtrace` costs ~3 µs a stack (libgcc
-/// interprets the CFI of every frame): at the default rate a program makes
-/// a few thousand samples a second and each gets its whole stack, but a
-/// churn of small blocks makes 10^5 and would spend a third of its time
-/// unwinding. Past the budget (~1% of one core) a stack is cut after
+/// The unwinder's budget, ~1% of one core over time: each walk books this
+/// many times as long as it took on a timeline (`UNWIND_BOOKED_NS`), and a
+/// walk may start while that timeline is at most `UNWIND_BURST_NS` ahead of
+/// the clock (a generic cell rate algorithm). `_Unwind_Backtrace` costs
+/// ~3 µs a stack (libgcc interprets the CFI of every frame): at the default
+/// rate a program makes a few thousand samples a second and each gets its
+/// whole stack, but a churn of small blocks makes 10^5 and would spend a
+/// third of its time unwinding. Past the budget a stack is cut after
 /// malloc's caller (`FLAG_TRUNCATED`), which frame pointers still give.
 const UNWIND_COST_FACTOR: u64 = 100;
-/// When the unwinder may run next (CLOCK_MONOTONIC ns), for all threads.
-static NEXT_UNWIND_NS: AtomicU64 = AtomicU64::new(0);
+/// How far the booked timeline may run ahead: after a quiet second, ~10 ms
+/// of walks (a few thousand stacks) go through at once, so the burst that
+/// builds a program's long-lived heap at start-up keeps whole stacks. Over
+/// any span T, unwinding takes at most (T + this) / UNWIND_COST_FACTOR.
+const UNWIND_BURST_NS: u64 = 1_000_000_000;
+/// The unwinder's booked timeline (CLOCK_MONOTONIC ns), for all threads.
+static UNWIND_BOOKED_NS: AtomicU64 = AtomicU64::new(0);
 
 pub(super) fn take_stack(c: &mut Captured, cache: &mut StackCache) {
     let (sp, fp) = registers();
@@ -79,11 +86,14 @@ pub(super) fn take_stack(c: &mut Captured, cache: &mut StackCache) {
         }
     }
     let start = crate::clock::monotonic_ns();
-    if start >= NEXT_UNWIND_NS.load(Ordering::Relaxed) {
+    let booked = UNWIND_BOOKED_NS.load(Ordering::Relaxed);
+    if start.saturating_add(UNWIND_BURST_NS) >= booked {
         let (n, truncated) = unwind(&mut c.frames);
         let end = crate::clock::monotonic_ns();
-        let wait = end.saturating_sub(start).saturating_mul(UNWIND_COST_FACTOR);
-        NEXT_UNWIND_NS.store(end.saturating_add(wait), Ordering::Relaxed);
+        let cost = end.saturating_sub(start).saturating_mul(UNWIND_COST_FACTOR);
+        // Relaxed and racy on purpose: threads unwinding at once may book
+        // one walk instead of two, a bounded slip of the budget, no lock.
+        UNWIND_BOOKED_NS.fetch_max(booked.max(start).saturating_add(cost), Ordering::Relaxed);
         c.n = n;
         c.flags |= FLAG_UNWOUND | if truncated { FLAG_TRUNCATED } else { 0 };
         return;

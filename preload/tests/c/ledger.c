@@ -1,7 +1,8 @@
 /* ledger: holds sampled blocks for a reader of its ledger outside the
  * process (run with ALLOCPROF_RATE=1: every allocation is sampled). With
  * LEDGER_PAUSE_US set, it sleeps that long after each allocation (the
- * unwinder's budget then lets every stack be unwound). Prints
+ * unwinder's budget then lets every stack be unwound); LEDGER_BLOCKS sets
+ * how many blocks it holds (16 by default, at most MAX_BLOCKS). Prints
  * "site <site_b's address>", one "block <ptr>" per block, then "ready";
  * on a line "free" frees the first half and prints "freed"; exits at EOF.
  * Built with and without frame pointers: site_b keeps enough values live
@@ -13,8 +14,9 @@
 
 #include <unistd.h>
 
-#define N 16
-static void *blocks[N];
+#define MAX_BLOCKS 100000
+static void *blocks[MAX_BLOCKS];
+static int N = 16;
 static unsigned pause_us;
 
 __attribute__((noinline)) long site_b(void **out, int n, long seed) {
@@ -35,6 +37,9 @@ __attribute__((noinline)) long site_b(void **out, int n, long seed) {
 int main(void) {
     const char *pause = getenv("LEDGER_PAUSE_US");
     if (pause) pause_us = (unsigned)atoi(pause);
+    const char *count = getenv("LEDGER_BLOCKS");
+    if (count) N = atoi(count);
+    if (N < 1 || N > MAX_BLOCKS) return 2;
     long r = site_b(blocks, N, 0x1235);
     printf("site %p\n", (void *)site_b);
     for (int i = 0; i < N; i++) printf("block %p\n", blocks[i]);
