@@ -21,6 +21,9 @@
 //! (4) memory cost of sampled blocks (a page per live sample) and what
 //! stays resident after everything is freed.
 //! Arguments: `--quick` for fewer rounds and iterations.
+//!
+//! `bench peers` builds the same [`Programs`] and runs (1) at the default
+//! rate alone ([`per_operation`]) for issue 12's fast-path target.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -277,12 +280,14 @@ pub(crate) fn median(v: &[f64]) -> f64 {
 }
 
 /// A setup's figures against the reference of its rounds.
-struct Row {
-    ns: f64,
-    ratio: f64,
-    min: f64,
-    max: f64,
-    samples: u64,
+pub(crate) struct Row {
+    pub(crate) ns: f64,
+    /// The median of its per-round ratios to the reference, their min and max.
+    pub(crate) ratio: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    /// Allocations sampled per run (median).
+    pub(crate) samples: u64,
 }
 
 /// `rounds` interleaved rounds: in each, `reference` then every setup
@@ -420,102 +425,177 @@ fn build_plain_mimalloc(src: &Path, out: &Path) -> Result<String> {
     Ok(format!("gcc {}", args.join(" ")))
 }
 
-pub fn run(root: &Path, args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let (iters, rounds) = if quick {
-        ("1000000", 7)
-    } else {
-        ("5000000", 21)
-    };
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    for build in [
-        &[
-            "build",
-            "--release",
-            "-p",
-            "liballocprof",
-            "-p",
-            "liballocprof-glibc",
-        ][..],
-        &[
-            "build",
-            "--release",
-            "-p",
-            "allocator",
-            "--example",
-            "alloc_bench_system",
-            "--example",
-            "alloc_bench_sampling",
-        ][..],
-    ] {
-        let status = Command::new(&cargo)
-            .current_dir(root)
-            .args(build)
-            .status()?;
-        if !status.success() {
-            bail!("cargo {} failed", build.join(" "));
+/// What the benches run, built by [`Programs::build`].
+pub(crate) struct Programs {
+    /// The C benchmark program (`BENCH_C`).
+    exe: PathBuf,
+    pub(crate) lib_mi: PathBuf,
+    pub(crate) lib_gl: PathBuf,
+    rust_system: PathBuf,
+    rust_sampling: PathBuf,
+    /// The vendored mimalloc as a plain override library, and the command
+    /// that built it.
+    pub(crate) plain_mi: PathBuf,
+    pub(crate) plain_cmd: String,
+}
+
+impl Programs {
+    /// Builds the preload libraries, the Rust benchmark binaries, the C
+    /// benchmark and the plain vendored mimalloc.
+    pub(crate) fn build(root: &Path) -> Result<Programs> {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        for build in [
+            &[
+                "build",
+                "--release",
+                "-p",
+                "liballocprof",
+                "-p",
+                "liballocprof-glibc",
+            ][..],
+            &[
+                "build",
+                "--release",
+                "-p",
+                "allocator",
+                "--example",
+                "alloc_bench_system",
+                "--example",
+                "alloc_bench_sampling",
+            ][..],
+        ] {
+            let status = Command::new(&cargo)
+                .current_dir(root)
+                .args(build)
+                .status()?;
+            if !status.success() {
+                bail!("cargo {} failed", build.join(" "));
+            }
+        }
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        let dir = target.join("bench-alloc");
+        std::fs::create_dir_all(&dir)?;
+        let src = dir.join("alloc_bench.c");
+        std::fs::write(&src, BENCH_C)?;
+        let exe = dir.join("alloc_bench");
+        let out = Command::new("gcc")
+            .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .arg("-ldl")
+            .output()
+            .context("gcc (apt-get install gcc)")?;
+        if !out.status.success() {
+            bail!("gcc: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let mi_src = vendored_mimalloc(root)?;
+        let plain_mi = dir.join("libmimalloc-plain.so");
+        let plain_cmd = build_plain_mimalloc(&mi_src, &plain_mi)?;
+        Ok(Programs {
+            exe,
+            lib_mi: target.join("release/liballocprof.so"),
+            lib_gl: target.join("release/liballocprof_glibc.so"),
+            rust_system: target.join("release/examples/alloc_bench_system"),
+            rust_sampling: target.join("release/examples/alloc_bench_sampling"),
+            plain_mi,
+            plain_cmd,
+        })
+    }
+}
+
+/// The workloads of the per-operation section.
+const MODES: [&str; 5] = ["small", "mixed", "threads2", "churn-1t", "churn-2t"];
+/// The default rate, as (label, `ALLOCPROF_RATE`): the fast-path target's.
+pub(crate) const DEFAULT_RATE: (&str, &str) = ("512k (default)", "524288");
+/// The fast-path target: at the default rate, at most this times the
+/// plain backend's time.
+pub(crate) const FAST_PATH_TARGET: f64 = 1.03;
+
+/// The per-operation section's table head.
+pub(crate) const PER_OPERATION_HEAD: &str = "| workload | setup | R | ns/pair | vs plain backend | samples per 1M pairs |\n|---|---|---|---|---|---|";
+
+/// One workload on one backend: the plain backend's ns/pair and, per rate,
+/// the sampling layer against it.
+pub(crate) struct Group {
+    pub(crate) mode: &'static str,
+    /// The plain backend, e.g. `mimalloc (plain, vendored)`.
+    pub(crate) reference: String,
+    /// The sampling layer over it, e.g. `allocprof/mimalloc`.
+    pub(crate) setup: String,
+    base_ns: f64,
+    /// One per rate, in the order of the rates asked for.
+    pub(crate) rows: Vec<Row>,
+}
+
+impl Group {
+    /// Its rows of the per-operation table; `rates` as measured, `pairs`
+    /// per run.
+    pub(crate) fn print(&self, rates: &[(&str, &str)], pairs: f64) {
+        let mode = self.mode;
+        println!(
+            "| {mode} | {} | - | {:.2} | 1 | |",
+            self.reference, self.base_ns
+        );
+        // Per thread in the threaded workloads: the programs report
+        // ns per pair per thread and count samples of all threads.
+        let threads = if matches!(mode, "threads2" | "churn-2t") {
+            2.0
+        } else {
+            1.0
+        };
+        for ((label, _), r) in rates.iter().zip(&self.rows) {
+            println!(
+                "| {mode} | {} | {label} | {:.2} | {:.3} ({:.3}-{:.3}) | {:.0} |",
+                self.setup,
+                r.ns,
+                r.ratio,
+                r.min,
+                r.max,
+                r.samples as f64 * 1e6 / pairs / threads,
+            );
         }
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let lib_mi = target.join("release/liballocprof.so");
-    let lib_gl = target.join("release/liballocprof_glibc.so");
-    let rust_system = target.join("release/examples/alloc_bench_system");
-    let rust_sampling = target.join("release/examples/alloc_bench_sampling");
-    let dir = target.join("bench-alloc");
-    std::fs::create_dir_all(&dir)?;
-    let src = dir.join("alloc_bench.c");
-    std::fs::write(&src, BENCH_C)?;
-    let exe = dir.join("alloc_bench");
-    let out = Command::new("gcc")
-        .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .context("gcc (apt-get install gcc)")?;
-    if !out.status.success() {
-        bail!("gcc: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let mi_src = vendored_mimalloc(root)?;
-    let plain_mi = dir.join("libmimalloc-plain.so");
-    let plain_cmd = build_plain_mimalloc(&mi_src, &plain_mi)?;
-    let deb_mi = Path::new("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2");
-    let deb_je = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+}
 
-    println!("Plain mimalloc reference: {plain_cmd}\n");
-    println!("Load average at start: {}\n", load_average());
-    println!(
-        "## Per-operation cost: ratio to the plain backend (median of {rounds} interleaved rounds, min-max of the per-round ratios; {iters} pairs per run)\n"
-    );
-    println!("| workload | setup | R | ns/pair | vs plain backend | samples per 1M pairs |");
-    println!("|---|---|---|---|---|---|");
-    let rates = [("off", "0"), ("512k (default)", "524288"), ("64k", "65536")];
-    let pairs: f64 = iters.parse()?;
-    let mut missed = Vec::new();
-    for mode in ["small", "mixed", "threads2", "churn-1t", "churn-2t"] {
-        let groups = [
+/// The per-operation section: every workload (small-block churn, mixed
+/// sizes, 2 threads with cross-thread frees, churn over 20,000 live blocks
+/// on 1 and 2 threads) on every backend (glibc, the plain vendored
+/// mimalloc, Rust's `System`), the sampling layer at each of `rates`
+/// (label, `ALLOCPROF_RATE`) against the plain backend, in `rounds`
+/// interleaved rounds of `iters` pairs. `each` sees every group once
+/// measured.
+pub(crate) fn per_operation(
+    p: &Programs,
+    rates: &[(&'static str, &'static str)],
+    iters: &str,
+    rounds: usize,
+    mut each: impl FnMut(&Group),
+) -> Result<Vec<Group>> {
+    let mut groups = Vec::new();
+    for mode in MODES {
+        let backends = [
             (
-                "glibc",
-                setup("glibc (plain)", &exe, None, &[]),
-                &exe,
-                Some(&lib_gl),
+                setup("glibc (plain)", &p.exe, None, &[]),
+                &p.exe,
+                Some(&p.lib_gl),
+                "allocprof/glibc",
             ),
             (
-                "mimalloc",
-                setup("mimalloc (plain, vendored)", &exe, Some(&plain_mi), &[]),
-                &exe,
-                Some(&lib_mi),
+                setup("mimalloc (plain, vendored)", &p.exe, Some(&p.plain_mi), &[]),
+                &p.exe,
+                Some(&p.lib_mi),
+                "allocprof/mimalloc",
             ),
             (
-                "Rust System",
-                setup("System (plain)", &rust_system, None, &[]),
-                &rust_sampling,
+                setup("System (plain)", &p.rust_system, None, &[]),
+                &p.rust_sampling,
                 None,
+                "SamplingAllocator<System>",
             ),
         ];
-        for (backend, reference, sampled_exe, lib) in groups {
+        for (reference, sampled_exe, lib, setup_name) in backends {
             let setups: Vec<Setup> = rates
                 .iter()
                 .map(|&(_, rate)| {
@@ -527,32 +607,53 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
                     )
                 })
                 .collect();
-            let (base, rows) = interleaved(&reference, &setups, mode, iters, rounds)?;
-            println!("| {mode} | {} | - | {base:.2} | 1 | |", reference.name);
-            let setup_name = if lib.is_some() {
-                format!("allocprof/{backend}")
-            } else {
-                "SamplingAllocator<System>".to_string()
+            let (base_ns, rows) = interleaved(&reference, &setups, mode, iters, rounds)?;
+            let group = Group {
+                mode,
+                reference: reference.name,
+                setup: setup_name.to_string(),
+                base_ns,
+                rows,
             };
-            // Per thread in the threaded workloads: the programs report
-            // ns per pair per thread and count samples of all threads.
-            let threads = if matches!(mode, "threads2" | "churn-2t") {
-                2.0
-            } else {
-                1.0
-            };
-            for ((label, rate), r) in rates.iter().zip(&rows) {
-                println!(
-                    "| {mode} | {setup_name} | {label} | {:.2} | {:.3} ({:.3}-{:.3}) | {:.0} |",
-                    r.ns,
-                    r.ratio,
-                    r.min,
-                    r.max,
-                    r.samples as f64 * 1e6 / pairs / threads,
-                );
-                if *rate == "524288" && r.ratio > 1.03 {
-                    missed.push(format!("{mode} {setup_name} {:.3}", r.ratio));
-                }
+            each(&group);
+            groups.push(group);
+        }
+    }
+    Ok(groups)
+}
+
+pub fn run(root: &Path, args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let (iters, rounds) = if quick {
+        ("1000000", 7)
+    } else {
+        ("5000000", 21)
+    };
+    let programs = Programs::build(root)?;
+    let Programs {
+        exe,
+        lib_mi,
+        lib_gl,
+        plain_mi,
+        ..
+    } = &programs;
+    let deb_mi = Path::new("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2");
+    let deb_je = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+
+    println!("Plain mimalloc reference: {}\n", programs.plain_cmd);
+    println!("Load average at start: {}\n", load_average());
+    println!(
+        "## Per-operation cost: ratio to the plain backend (median of {rounds} interleaved rounds, min-max of the per-round ratios; {iters} pairs per run)\n"
+    );
+    println!("{PER_OPERATION_HEAD}");
+    let rates = [("off", "0"), DEFAULT_RATE, ("64k", "65536")];
+    let pairs: f64 = iters.parse()?;
+    let groups = per_operation(&programs, &rates, iters, rounds, |g| g.print(&rates, pairs))?;
+    let mut missed = Vec::new();
+    for g in &groups {
+        for (rate, r) in rates.iter().zip(&g.rows) {
+            if *rate == DEFAULT_RATE && r.ratio > FAST_PATH_TARGET {
+                missed.push(format!("{} {} {:.3}", g.mode, g.setup, r.ratio));
             }
         }
     }
@@ -586,13 +687,13 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
                 "64 mallocs then 64 frees (the last 16 frees overflow the warm cache: madvise + fault)",
             ),
         ] {
-            let off = setup("allocprof", &exe, Some(lib), &[("ALLOCPROF_RATE", "0")]);
-            let all = setup("allocprof", &exe, Some(lib), &[("ALLOCPROF_RATE", "1")]);
+            let off = setup("allocprof", exe, Some(lib), &[("ALLOCPROF_RATE", "0")]);
+            let all = setup("allocprof", exe, Some(lib), &[("ALLOCPROF_RATE", "1")]);
             // The same with the live-sample ledger off, in the same rounds:
             // the difference is the ledger's capture and record per sample.
             let no_ledger = setup(
                 "allocprof, no ledger",
-                &exe,
+                exe,
                 Some(lib),
                 &[("ALLOCPROF_RATE", "1"), ("ALLOCPROF_LEDGER", "0")],
             );
@@ -611,22 +712,17 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     println!("| allocator | wall ms |");
     println!("|---|---|");
     let wholes = [
-        setup("glibc", &exe, None, &[]),
-        setup(
-            "mimalloc (plain, vendored 2.3.x)",
-            &exe,
-            Some(&plain_mi),
-            &[],
-        ),
-        setup("mimalloc (Debian libmimalloc2.0)", &exe, Some(deb_mi), &[]),
+        setup("glibc", exe, None, &[]),
+        setup("mimalloc (plain, vendored 2.3.x)", exe, Some(plain_mi), &[]),
+        setup("mimalloc (Debian libmimalloc2.0)", exe, Some(deb_mi), &[]),
         setup(
             "jemalloc prof:true,lg_prof_sample:19",
-            &exe,
+            exe,
             Some(deb_je),
             &[("MALLOC_CONF", "prof:true,lg_prof_sample:19")],
         ),
-        setup("allocprof (mimalloc), default R", &exe, Some(&lib_mi), &[]),
-        setup("allocprof (glibc), default R", &exe, Some(&lib_gl), &[]),
+        setup("allocprof (mimalloc), default R", exe, Some(lib_mi), &[]),
+        setup("allocprof (glibc), default R", exe, Some(lib_gl), &[]),
     ];
     let mut times = vec![Vec::new(); wholes.len()];
     for _ in 0..reps {
@@ -652,12 +748,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         ("64k", "65536"),
         ("4k", "4096"),
     ] {
-        let s = setup(
-            "allocprof",
-            &exe,
-            Some(&lib_mi),
-            &[("ALLOCPROF_RATE", rate)],
-        );
+        let s = setup("allocprof", exe, Some(lib_mi), &[("ALLOCPROF_RATE", rate)]);
         let out = command(&s, &["live"]).output()?;
         println!(
             "- R={label}: {}",

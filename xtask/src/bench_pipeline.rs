@@ -24,7 +24,7 @@ use crate::shell;
 
 const RUNS: usize = 5;
 
-/// Nanoseconds per sampled alloc and per sampled free.
+/// A figure per sampled alloc and per sampled free (ns, unless said).
 type AllocFree = (f64, f64);
 const COST_N: &str = "20000";
 /// Nested calls above the allocations of the unwinder's bench: with main,
@@ -117,7 +117,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     churn::run(root, &bench.preload, &bench.allocprof, quick)
 }
 
-struct Bench {
+pub(crate) struct Bench {
     workload: PathBuf,
     /// The same built with `-fomit-frame-pointer`.
     workload_nofp: PathBuf,
@@ -126,7 +126,9 @@ struct Bench {
 }
 
 impl Bench {
-    fn new(root: &Path) -> Result<Bench> {
+    /// Builds the cost workload; liballocprof.so and allocprof are expected
+    /// built (release).
+    pub(crate) fn new(root: &Path) -> Result<Bench> {
         let dir = root.join("target/bench");
         fs::create_dir_all(&dir)?;
         let workload = dir.join("pipeline_workload");
@@ -439,9 +441,24 @@ fn dropped(report: &str) -> Result<u64> {
         .with_context(|| format!("unexpected report header: {header}"))
 }
 
+/// What allocprof adds per sampled alloc and free, seen from the target.
+pub(crate) struct SampledCost {
+    /// µs per sampled (alloc, free): the median with allocprof minus the
+    /// median without.
+    pub(crate) added: AllocFree,
+    /// The least and most µs added in one run (a run with allocprof less
+    /// the run without it just before).
+    pub(crate) added_min: AllocFree,
+    pub(crate) added_max: AllocFree,
+    /// The eBPF programs' own µs per run (alloc, free), median, when
+    /// bpftool can tell.
+    pub(crate) programs: Option<AllocFree>,
+}
+
 /// Target ns per sampled alloc and free, with and without allocprof, and
-/// the eBPF programs' own time, for `mode` (`cost` or `cost2`).
-fn sampled_cost(bench: &Bench, threads: &str, mode: &str) -> Result<()> {
+/// the eBPF programs' own time, for `mode` (`cost` or `cost2`): prints them
+/// and returns what allocprof added.
+pub(crate) fn sampled_cost(bench: &Bench, threads: &str, mode: &str) -> Result<SampledCost> {
     println!(
         "## sampled alloc/free cost, {threads}, ALLOCPROF_RATE=1 (every allocation sampled), median of {RUNS}"
     );
@@ -469,16 +486,32 @@ fn sampled_cost(bench: &Bench, threads: &str, mode: &str) -> Result<()> {
         (a_free - b_free) / 1e3
     );
 
-    if !kernel.is_empty() {
+    let programs = (!kernel.is_empty()).then(|| {
         let (k_alloc, k_free) = medians(&kernel);
+        (k_alloc / 1e3, k_free / 1e3)
+    });
+    if let Some((k_alloc, k_free)) = programs {
         println!(
-            "eBPF program time alone (kernel.bpf_stats_enabled): alloc {:.2} µs, free {:.2} µs",
-            k_alloc / 1e3,
-            k_free / 1e3
+            "eBPF program time alone (kernel.bpf_stats_enabled): alloc {k_alloc:.2} µs, free {k_free:.2} µs"
         );
     }
     println!();
-    Ok(())
+    let per_run: Vec<AllocFree> = bare
+        .iter()
+        .zip(&attached)
+        .map(|(b, a)| ((a.0 - b.0) / 1e3, (a.1 - b.1) / 1e3))
+        .collect();
+    let fold = |pick: fn(f64, f64) -> f64, start: f64| {
+        per_run.iter().fold((start, start), |acc, r| {
+            (pick(acc.0, r.0), pick(acc.1, r.1))
+        })
+    };
+    Ok(SampledCost {
+        added: ((a_alloc - b_alloc) / 1e3, (a_free - b_free) / 1e3),
+        added_min: fold(f64::min, f64::INFINITY),
+        added_max: fold(f64::max, f64::NEG_INFINITY),
+        programs,
+    })
 }
 
 fn medians(runs: &[(f64, f64)]) -> (f64, f64) {

@@ -31,8 +31,10 @@ pub enum Tool {
 pub struct Setup {
     pub name: &'static str,
     pub preload: Option<PathBuf>,
-    pub env: Vec<(&'static str, &'static str)>,
+    pub env: Vec<(&'static str, String)>,
     pub tool: Tool,
+    /// Run on the churns only (elsewhere its cells read "–").
+    pub churn_only: bool,
 }
 
 impl Setup {
@@ -71,10 +73,20 @@ uprobe:LIBC:free /pid == PID/ { delete(@live[arg0]); }
 END { clear(@live); clear(@size); }
 "#;
 
+/// One run of a workload under a setup.
+pub struct Run {
+    /// Seconds from writing the workload's input to its exit.
+    pub secs: f64,
+    /// The CPU seconds allocprof used meanwhile (when it ran).
+    pub cpu: Option<f64>,
+    /// Sampled events (allocations and frees) allocprof `--pid` saw, from
+    /// its JSON report.
+    pub events: Option<u64>,
+}
+
 impl Runner {
-    /// Seconds from writing the workload's input to its exit, and the CPU
-    /// seconds allocprof used meanwhile (when it ran).
-    pub fn once(&self, inv: &Invocation, s: &Setup) -> Result<(f64, Option<f64>)> {
+    /// Runs `inv` under `s` once.
+    pub fn once(&self, inv: &Invocation, s: &Setup) -> Result<Run> {
         let system_wide = match s.tool {
             Tool::AllocprofAll => Some(self.allocprof(&[])?),
             _ => None,
@@ -139,6 +151,10 @@ impl Runner {
         if let Some(tool) = tool {
             stop(tool, s.tool == Tool::Bpftrace, "the tool")?;
         }
+        let events = match s.tool {
+            Tool::AllocprofPid => Some(sampled_events(&self.dir.join("allocprof.json"))?),
+            _ => None,
+        };
         if let Some(p) = system_wide {
             stop(p, true, "allocprof")?;
         }
@@ -160,12 +176,14 @@ impl Runner {
                 }
             }
         }
-        Ok((secs, cpu))
+        Ok(Run { secs, cpu, events })
     }
 
     /// allocprof, headless, once it says it attached.
     fn allocprof(&self, args: &[&str]) -> Result<Child> {
         let out = self.dir.join("allocprof.json");
+        // Not an earlier run's report, should this one write none.
+        let _ = fs::remove_file(&out);
         let mut cmd = Command::new(&self.allocprof);
         cmd.args(args).args(["-f", "json", "-o"]).arg(out);
         attached(cmd, true, "allocprof")
@@ -244,6 +262,35 @@ fn stop(mut child: Child, interrupt: bool, what: &str) -> Result<()> {
         bail!("{what} failed: {status}");
     }
     Ok(())
+}
+
+/// The sampled allocations and frees an allocprof JSON report saw, all its
+/// processes together (`alloc_events` + `free_events` of each,
+/// docs/json-schema.md). xtask has no JSON crate: the keys are unique to
+/// `Process` and their values plain integers.
+fn sampled_events(report: &Path) -> Result<u64> {
+    let text = fs::read_to_string(report)
+        .with_context(|| format!("reading allocprof's report {}", report.display()))?;
+    let mut sum = 0;
+    for key in ["\"alloc_events\":", "\"free_events\":"] {
+        let values: Vec<u64> = text
+            .split(key)
+            .skip(1)
+            .map(|rest| {
+                let rest = rest.trim_start();
+                let end = rest
+                    .find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(rest.len());
+                rest[..end].parse::<u64>()
+            })
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{key} in {}", report.display()))?;
+        if values.is_empty() {
+            bail!("no {key} in {}", report.display());
+        }
+        sum += values.iter().sum::<u64>();
+    }
+    Ok(sum)
 }
 
 /// CPU seconds (user + system) process `pid` has used so far.

@@ -20,8 +20,13 @@ pub struct Invocation {
     pub input: Vec<u8>,
 }
 
+/// The workload of the attached/unattached target.
+pub const CHURN_2T: &str = "churn, 2 threads";
+
 pub struct Workload {
     pub name: &'static str,
+    /// A synthetic churn (else a real program, which the ≤ 1.02 target is for).
+    pub churn: bool,
     /// The program's normal allocator, the baseline of its ratios.
     pub baseline: &'static str,
     /// At full size, for the allocators and allocprof.
@@ -104,7 +109,8 @@ pub fn all(root: &Path, dir: &Path, quick: bool) -> Result<Vec<Workload>> {
     let times = |d: u64| format!("1/{d}");
     Ok(vec![
         Workload {
-            name: "churn, 2 threads",
+            name: CHURN_2T,
+            churn: true,
             baseline: "glibc",
             full: churn_run("2", sizes.churn),
             small: churn_run("2", sizes.churn / SMALL_DIV.churn),
@@ -112,6 +118,7 @@ pub fn all(root: &Path, dir: &Path, quick: bool) -> Result<Vec<Workload>> {
         },
         Workload {
             name: "churn, 1 thread",
+            churn: true,
             baseline: "glibc",
             full: churn_run("1", sizes.churn),
             small: churn_run("1", sizes.churn / SMALL_DIV.churn),
@@ -119,6 +126,7 @@ pub fn all(root: &Path, dir: &Path, quick: bool) -> Result<Vec<Workload>> {
         },
         Workload {
             name: "python3 script",
+            churn: false,
             baseline: "glibc (+ pymalloc)",
             full: python(sizes.python),
             small: python(sizes.python / SMALL_DIV.python),
@@ -126,6 +134,7 @@ pub fn all(root: &Path, dir: &Path, quick: bool) -> Result<Vec<Workload>> {
         },
         Workload {
             name: "sqlite3 insert + query",
+            churn: false,
             baseline: "glibc",
             full: sqlite(sizes.rows),
             small: sqlite(sizes.rows / SMALL_DIV.rows),
@@ -133,6 +142,7 @@ pub fn all(root: &Path, dir: &Path, quick: bool) -> Result<Vec<Workload>> {
         },
         Workload {
             name: "gcc -O2 (cc1)",
+            churn: false,
             baseline: "glibc",
             full: compile(sizes.functions),
             small: compile(sizes.functions / SMALL_DIV.functions),
