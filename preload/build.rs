@@ -84,7 +84,12 @@ fn main() {
         .include(&src)
         .flag("-Wno-error=date-time")
         .flag_if_supported("-ftls-model=initial-exec")
-        .define("MI_DEBUG", "0");
+        .define("MI_DEBUG", "0")
+        // Commit arena memory as segments need it, not the whole 1 GiB arena
+        // at once (mimalloc's default where the kernel overcommits): eager
+        // commit made Debian's python3 and sqlite3 7-20% slower here
+        // (docs/benchmarks.md, "The backend's arena commit").
+        .define("MI_DEFAULT_ARENA_EAGER_COMMIT", "0");
     if !cargo_debug {
         build
             .define("MI_BUILD_RELEASE", None)

@@ -401,6 +401,7 @@ fn build_plain_mimalloc(src: &Path, out: &Path) -> Result<String> {
         "-Wno-error=date-time",
         "-ftls-model=initial-exec",
         "-DMI_DEBUG=0",
+        "-DMI_DEFAULT_ARENA_EAGER_COMMIT=0",
         "-DMI_MALLOC_OVERRIDE",
         "-shared",
     ]
