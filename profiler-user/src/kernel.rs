@@ -28,14 +28,15 @@ use crate::map_batch;
 
 /// Where the kernel's tracefs is mounted when nothing has mounted it: the
 /// first of the two places aya looks for it.
-const TRACEFS: &str = "/sys/kernel/tracing";
+const TRACEFS: &std::ffi::CStr = c"/sys/kernel/tracing";
 
 /// Mounts tracefs where aya looks for it, unless it is mounted already (many
 /// machines, ours among them, boot without it). This is what perf does
 /// (libapi's `tracefs__mount`); the mount outlives allocprof, as perf's does.
 fn ensure_tracefs() -> Result<(), String> {
+    let tracefs = TRACEFS.to_str().expect("an ASCII path");
     let mounted = |dir: &str| Path::new(dir).join("events").is_dir();
-    if mounted(TRACEFS) || mounted("/sys/kernel/debug/tracing") {
+    if mounted(tracefs) || mounted("/sys/kernel/debug/tracing") {
         return Ok(());
     }
     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
@@ -43,7 +44,7 @@ fn ensure_tracefs() -> Result<(), String> {
     let rc = unsafe {
         libc::mount(
             c"tracefs".as_ptr(),
-            c"/sys/kernel/tracing".as_ptr(),
+            TRACEFS.as_ptr(),
             c"tracefs".as_ptr(),
             flags,
             std::ptr::null(),
@@ -53,7 +54,7 @@ fn ensure_tracefs() -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "tracefs is not mounted and mounting it at {TRACEFS} failed: {}",
+            "tracefs is not mounted and mounting it at {tracefs} failed: {}",
             std::io::Error::last_os_error()
         ))
     }

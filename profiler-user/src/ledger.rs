@@ -10,18 +10,18 @@
 
 use std::io;
 
+use profiler_common::ledger::{
+    self as layout, HEADER_BYTES, HEADER_WORDS, Header, HeaderError, LiveRecord, RECORD_BYTES,
+    RECORD_WORDS, Record,
+};
+use thiserror::Error;
+
 /// A frame address the session appends to a ledger stack the allocator cut
 /// short (`FLAG_TRUNCATED`: its unwinding budget spent, or deeper than a
 /// record holds), so the profile says callers are missing instead of
 /// showing a short stack as whole. No user-space code lives this high (and
 /// it differs from the kernel's `unwind::TRUNCATED_FRAME`).
 pub const CUT_FRAME: u64 = 0xffff_ffff_ffff_ffe0;
-
-use profiler_common::ledger::{
-    self as layout, HEADER_BYTES, HEADER_WORDS, Header, HeaderError, LiveRecord, RECORD_BYTES,
-    RECORD_WORDS, Record,
-};
-use thiserror::Error;
 
 /// Most records read from one process: 256 Ki records (78 MiB, copied
 /// twice). Far above what a process holds at the default rate (a 100 GiB
