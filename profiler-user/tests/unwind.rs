@@ -280,17 +280,18 @@ fn debian_s_python3_without_frame_pointers_has_stacks_that_reach_main() {
             .iter()
             .any(|f| f.function.starts_with("__libc_start_main") || &*f.function == "Py_BytesMain")
     };
-    let whole: f64 = p
-        .stacks
-        .iter()
-        .filter(reaches_main)
-        .map(|s| s.totals.live_bytes)
-        .sum();
+    // The kernel's walks: what python3 allocated once allocprof attached.
+    // Its start-up heap, from before, comes from the allocator's ledger,
+    // whose records keep 32 frames: python's start-up stacks are deeper.
+    let since_attach = |s: &StackProfile| s.totals.live_bytes - s.totals.before_attach_bytes;
+    let whole: f64 = p.stacks.iter().filter(reaches_main).map(since_attach).sum();
+    let walked: f64 = p.stacks.iter().map(since_attach).sum();
     let live = p.totals.live_bytes;
     assert!(
-        whole >= 0.99 * live,
-        "{:.1} % of {live} live bytes on stacks that reach main: {:#?}",
-        100.0 * whole / live,
+        whole >= 0.99 * walked && walked >= 0.9 * live,
+        "{:.1} % of {walked} live bytes walked by the kernel on stacks that reach main \
+         ({live} live): {:#?}",
+        100.0 * whole / walked,
         p.stacks
             .iter()
             .map(|s| s.frames.iter().map(|f| &*f.function).collect::<Vec<_>>())
