@@ -93,8 +93,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let slow_rounds = rounds.min(3);
     let only = arg("--only");
 
-    shell_build(root)?;
-    // liballocprof_glibc.so, the plain vendored mimalloc and the fast path's
+    crate::shell::cargo(root, &["build", "--release", "-p", "allocprof"])?;
+    // The preload libraries, the plain vendored mimalloc and the fast path's
     // programs.
     let programs = Programs::build(root)?;
     let dir = workloads::dir(root)?;
@@ -339,7 +339,7 @@ fn sampled_costs(root: &Path) -> Result<Vec<(&'static str, SampledCost)>> {
     eprintln!("peers: the sampled alloc/free cost");
     let bench = bench_pipeline::Bench::new(root)?;
     let mut costs = Vec::new();
-    for (threads, mode) in [("1 thread", "cost"), ("2 threads at once", "cost2")] {
+    for (threads, mode) in bench_pipeline::COST_LOOPS {
         costs.push((
             threads,
             bench_pipeline::sampled_cost(&bench, threads, mode)?,
@@ -348,20 +348,6 @@ fn sampled_costs(root: &Path) -> Result<Vec<(&'static str, SampledCost)>> {
     println!("load average at the end: {}", load());
     println!();
     Ok(costs)
-}
-
-fn shell_build(root: &Path) -> Result<()> {
-    crate::shell::cargo(
-        root,
-        &[
-            "build",
-            "--release",
-            "-p",
-            "allocprof",
-            "-p",
-            "liballocprof",
-        ],
-    )
 }
 
 fn setups(programs: &Programs) -> Vec<Setup> {

@@ -27,6 +27,9 @@ const RUNS: usize = 5;
 /// A figure per sampled alloc and per sampled free (ns, unless said).
 type AllocFree = (f64, f64);
 const COST_N: &str = "20000";
+/// The cost loop's runs: (threads, as the tables say; the workload's mode).
+pub(crate) const COST_LOOPS: [(&str, &str); 2] =
+    [("1 thread", "cost"), ("2 threads at once", "cost2")];
 /// Nested calls above the allocations of the unwinder's bench: with main,
 /// the C runtime's frames and `cost`, about 20 frames.
 const DEEP: &str = "16";
@@ -39,7 +42,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         return churn::run(root, &bench.preload, &bench.allocprof, quick);
     }
 
-    for (threads, mode) in [("1 thread", "cost"), ("2 threads at once", "cost2")] {
+    for (threads, mode) in COST_LOOPS {
         sampled_cost(&bench, threads, mode)?;
     }
 
