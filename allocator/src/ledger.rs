@@ -69,22 +69,16 @@ static SWITCH: AtomicU64 = AtomicU64::new(UNREAD);
 
 /// `ALLOCPROF_LEDGER`: `0`/`off`/`no`/`false` turn the ledger off; unset,
 /// empty, `1`/`on`/`yes`/`true` leave it on; anything else is warned about
-/// once and leaves it on. Read once (getenv, no allocation).
+/// once and leaves it on. Read once, without allocating ([`crate::env`]).
 pub fn enabled() -> bool {
     match SWITCH.load(Ordering::Relaxed) {
         ON => return true,
         OFF => return false,
         _ => {}
     }
-    // SAFETY: getenv reads `environ` without allocating; the key is a
-    // valid NUL-terminated string.
-    let value = unsafe { libc::getenv(c"ALLOCPROF_LEDGER".as_ptr()) };
-    let (on, bad) = if value.is_null() {
-        (true, false)
-    } else {
-        // SAFETY: getenv returned a NUL-terminated string in environ.
-        parse_switch(unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes())
-    };
+    let (on, bad) = crate::env::with_var(c"ALLOCPROF_LEDGER", |v| {
+        v.map_or((true, false), parse_switch)
+    });
     let v = if on { ON } else { OFF };
     // Only the thread that publishes first warns.
     if SWITCH

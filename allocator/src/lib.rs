@@ -11,6 +11,7 @@
 //! * [`backend_stats`]: the backend's own figures, in a block allocprof reads.
 //! * [`ledger`]: the live-sample ledger (every live sample's stack), read likewise.
 //! * [`errno`]: call-free errno access (free preserves errno).
+//! * `env`: the `ALLOCPROF_*` variables, also before libc set up `environ`.
 //! * `clock`: the monotonic clock of the published figures.
 #![cfg_attr(not(test), no_std)]
 
@@ -46,6 +47,7 @@ pub mod backend;
 pub mod backend_stats;
 pub mod capi;
 mod clock;
+mod env;
 pub mod errno;
 pub mod global;
 pub mod ledger;

@@ -1,7 +1,10 @@
 //! `ALLOCPROF_RATE`: the mean sampling interval R in bytes.
 //!
 //! Read once, lazily, from the first allocation slow path, possibly before
-//! `main` and from inside malloc: so no allocation, no std, no panics.
+//! `main` and from inside malloc: so no allocation, no std, no panics. A
+//! slow path that runs before libc has set up `environ` (a `.preinit_array`
+//! function's malloc) reads the process's initial environment instead
+//! ([`crate::env`]), so the rate is never latched as unset by mistake.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,20 +34,13 @@ pub fn current() -> u64 {
 }
 
 fn from_env() -> (u64, bool) {
-    // SAFETY: getenv reads `environ` without allocating; the key is a valid
-    // NUL-terminated string.
-    let value = unsafe { libc::getenv(c"ALLOCPROF_RATE".as_ptr()) };
-    if value.is_null() {
-        return (DEFAULT_RATE, false);
-    }
-    // SAFETY: getenv returned a NUL-terminated string that lives in environ.
-    let bytes = unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes();
-    match parse_rate(bytes) {
-        Ok(r) => (r, false),
+    crate::env::with_var(c"ALLOCPROF_RATE", |value| match value.map(parse_rate) {
+        None => (DEFAULT_RATE, false),
+        Some(Ok(r)) => (r, false),
         // `ALLOCPROF_RATE= cmd` means "unset", not a typo.
-        Err(RateError::Empty) => (DEFAULT_RATE, false),
-        Err(_) => (DEFAULT_RATE, true),
-    }
+        Some(Err(RateError::Empty)) => (DEFAULT_RATE, false),
+        Some(Err(_)) => (DEFAULT_RATE, true),
+    })
 }
 
 fn warn_malformed() {

@@ -125,3 +125,43 @@ fn malformed_rate_warns_once_and_uses_default() {
         );
     }
 }
+
+/// `name=<number>` in a program's output.
+fn field(text: &str, name: &str) -> u64 {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}= in {text}"))
+}
+
+/// A malloc from a `.preinit_array` function runs before libc has set up
+/// `environ`: the rate must still be `ALLOCPROF_RATE`'s for the whole run
+/// (read from /proc/self/environ then), not the default latched early.
+#[test]
+fn a_malloc_before_the_environment_is_set_up_keeps_allocprof_rate() {
+    for backend in BACKENDS {
+        let out = run_c("preinit", &[], backend, Some("0"));
+        assert_eq!(field(&out, "sampled"), 0, "{backend:?} rate 0: {out}");
+        let out = run_c("preinit", &[], backend, Some("1"));
+        assert_eq!(
+            field(&out, "main_sampled"),
+            1000,
+            "{backend:?} rate 1: {out}"
+        );
+        // The 64 MiB block of the .preinit_array function, the 16 small
+        // ones and main's 1,000.
+        assert!(field(&out, "sampled") >= 1017, "{backend:?} rate 1: {out}");
+        // A malformed rate is still noticed, once.
+        let exe = c_program("preinit", "preinit");
+        let mut cmd = Command::new(&exe);
+        apply(&mut cmd, preloaded(backend, Some("12zz")));
+        let out = run_ok(&mut cmd, "preinit with a malformed rate");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.matches("malformed ALLOCPROF_RATE").count(),
+            1,
+            "{stderr}"
+        );
+    }
+}
+

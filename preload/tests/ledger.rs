@@ -373,3 +373,46 @@ fn ledger_off_leaves_no_table() {
     drop(child.stdin.take());
     child.wait().unwrap();
 }
+
+/// `ALLOCPROF_LEDGER=off` holds when the sample region (and with it the
+/// ledger) is set up by a malloc in a `.preinit_array` function, before
+/// libc has set up `environ`: the switch is read from the process's
+/// initial environment then.
+#[test]
+fn ledger_off_holds_when_the_first_sample_is_taken_before_the_environment_is_set_up() {
+    for backend in [Backend::Mimalloc, Backend::Glibc] {
+        let exe = common::c_program("preinit", "preinit");
+        let lib = library(backend);
+        let mut cmd = Command::new(&exe);
+        apply(&mut cmd, preloaded(backend, Some("1")));
+        cmd.arg("wait").env("ALLOCPROF_LEDGER", "off");
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        let mut printed = String::new();
+        while !line.starts_with("ready") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "{printed}");
+            printed.push_str(&line);
+        }
+        let pid = child.id();
+        let canonical = lib.canonicalize().unwrap();
+        let base = maps(pid)
+            .into_iter()
+            .find(|(_, _, off, path)| *off == 0 && Path::new(path) == canonical)
+            .unwrap()
+            .0;
+        let h = read_words::<HEADER_WORDS>(pid, base + header_address(lib));
+        assert_eq!(
+            decode_header(&h, &h),
+            Err(profiler_common::ledger::HeaderError::Off),
+            "{backend:?}: {printed}"
+        );
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+}
