@@ -2,10 +2,20 @@
 //! unsampled allocations.
 
 use core::ffi::c_void;
+use core::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 
 use profiler_common::backend_stats::{BACKEND_GLIBC, UNKNOWN};
 
 pub use crate::backend_stats::Figures;
+
+/// The glibc function in `$slot`, typed.
+macro_rules! glibc_fn {
+    ($slot:ident: fn($($arg:ty),*) $(-> $ret:ty)?) => {
+        core::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) $(-> $ret)?>(
+            $slot.load(Ordering::Acquire),
+        )
+    };
+}
 
 /// A C-style allocator. Implementations must not call back into the
 /// exported `malloc` family (that would recurse into us).
@@ -33,48 +43,145 @@ pub unsafe trait Backend {
     }
 }
 
-unsafe extern "C" {
-    /// glibc's malloc (what [`Glibc`]'s `malloc` calls; public for
-    /// `export_c_allocator!`'s assembly entry).
-    pub fn __libc_malloc(size: usize) -> *mut c_void;
-    fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
-    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
-    /// glibc's free (what [`Glibc`]'s `free` calls; see `__libc_malloc`).
-    pub fn __libc_free(p: *mut c_void);
-    fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
+/// glibc's own entry points, found at run time (see [`resolve_glibc`]).
+/// Each starts as a stub that resolves them all, then calls through.
+/// `GLIBC_MALLOC` and `GLIBC_FREE` are public for `export_c_allocator!`'s
+/// assembly entries, which jump through them.
+pub static GLIBC_MALLOC: AtomicPtr<c_void> = AtomicPtr::new(first_malloc as *mut c_void);
+pub static GLIBC_FREE: AtomicPtr<c_void> = AtomicPtr::new(first_free as *mut c_void);
+static GLIBC_CALLOC: AtomicPtr<c_void> = AtomicPtr::new(first_calloc as *mut c_void);
+static GLIBC_REALLOC: AtomicPtr<c_void> = AtomicPtr::new(first_realloc as *mut c_void);
+static GLIBC_MEMALIGN: AtomicPtr<c_void> = AtomicPtr::new(first_memalign as *mut c_void);
+
+/// The thread resolving glibc's entry points (0: none), so that an
+/// allocator call made by the resolution itself (dlvsym freeing an old
+/// dlerror string) does not recurse.
+static RESOLVING: AtomicI32 = AtomicI32::new(0);
+
+/// Finds glibc's `__libc_malloc` & co. with `dlvsym(RTLD_NEXT, …,
+/// "GLIBC_2.2.5")`. A link-time reference cannot do it: the library
+/// exports `__libc_malloc` itself (code that calls glibc's entry points
+/// directly must reach the sampling layer too), and the dynamic linker
+/// binds every reference to that name, ours included, to the first
+/// definition in the global scope: our own. `RTLD_NEXT` starts the search
+/// after this library. Called by `liballocprof_glibc.so`'s constructor,
+/// and by the first allocator call if one comes before it (the dynamic
+/// linker's, a `.preinit_array` function's). False if this thread is
+/// already resolving (the caller must not call glibc then). Aborts if
+/// glibc lacks them (not glibc: nothing could serve the allocation).
+#[cold]
+#[inline(never)]
+pub fn resolve_glibc() -> bool {
+    crate::errno::preserving(|| {
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+        let marked = match RESOLVING.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => true,
+            Err(t) if t == tid => return false,
+            // Another thread is at it: resolving twice is harmless.
+            Err(_) => false,
+        };
+        for (slot, name) in [
+            (&GLIBC_FREE, c"__libc_free"),
+            (&GLIBC_MALLOC, c"__libc_malloc"),
+            (&GLIBC_CALLOC, c"__libc_calloc"),
+            (&GLIBC_REALLOC, c"__libc_realloc"),
+            (&GLIBC_MEMALIGN, c"__libc_memalign"),
+        ] {
+            // SAFETY: valid NUL-terminated strings; RTLD_NEXT is relative
+            // to this function's object, the library.
+            let f =
+                unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), c"GLIBC_2.2.5".as_ptr()) };
+            if f.is_null() {
+                const MSG: &[u8] = b"allocprof: glibc's __libc_malloc family not found\n";
+                // SAFETY: write(2) of a static buffer, then abort.
+                unsafe {
+                    libc::write(2, MSG.as_ptr().cast(), MSG.len());
+                    libc::abort();
+                }
+            }
+            slot.store(f, Ordering::Release);
+        }
+        if marked {
+            RESOLVING.store(0, Ordering::Release);
+        }
+        true
+    })
 }
 
-/// glibc's ptmalloc through its `__libc_*` entry points, which (unlike the
-/// plain names) are not interposed by our own exports. No dlsym.
+unsafe extern "C" fn first_malloc(size: usize) -> *mut c_void {
+    if !resolve_glibc() {
+        // SAFETY: __errno_location returns this thread's errno slot.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        return core::ptr::null_mut();
+    }
+    // SAFETY: resolved: glibc's malloc.
+    unsafe { Glibc::malloc(size) }
+}
+
+unsafe extern "C" fn first_free(p: *mut c_void) {
+    // A block freed by the resolution itself is left alone (leaked).
+    if resolve_glibc() {
+        // SAFETY: resolved: glibc's free, of a glibc block.
+        unsafe { Glibc::free(p) }
+    }
+}
+
+unsafe extern "C" fn first_calloc(n: usize, size: usize) -> *mut c_void {
+    if !resolve_glibc() {
+        return core::ptr::null_mut();
+    }
+    // SAFETY: resolved: glibc's calloc.
+    unsafe { glibc_fn!(GLIBC_CALLOC: fn(usize, usize) -> *mut c_void)(n, size) }
+}
+
+unsafe extern "C" fn first_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if !resolve_glibc() {
+        return core::ptr::null_mut();
+    }
+    // SAFETY: resolved: glibc's realloc, of a glibc block.
+    unsafe { Glibc::realloc(p, size) }
+}
+
+unsafe extern "C" fn first_memalign(align: usize, size: usize) -> *mut c_void {
+    if !resolve_glibc() {
+        return core::ptr::null_mut();
+    }
+    // SAFETY: resolved: glibc's memalign.
+    unsafe { Glibc::memalign(align, size) }
+}
+
+/// glibc's ptmalloc through its `__libc_*` entry points (see
+/// [`resolve_glibc`]).
 pub struct Glibc;
 
 // SAFETY: forwards to glibc's allocator, which has C semantics.
 unsafe impl Backend for Glibc {
     #[inline(always)]
     unsafe fn malloc(size: usize) -> *mut c_void {
-        // SAFETY: forwarded verbatim.
-        unsafe { __libc_malloc(size) }
+        // SAFETY: glibc's malloc (or the stub that finds it).
+        unsafe { glibc_fn!(GLIBC_MALLOC: fn(usize) -> *mut c_void)(size) }
     }
     #[inline(always)]
     unsafe fn calloc(size: usize) -> *mut c_void {
-        // SAFETY: forwarded verbatim.
-        unsafe { __libc_calloc(1, size) }
+        // SAFETY: as above.
+        unsafe { glibc_fn!(GLIBC_CALLOC: fn(usize, usize) -> *mut c_void)(1, size) }
     }
     #[inline(always)]
     unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: p came from this backend.
-        unsafe { __libc_realloc(p, size) }
+        unsafe { glibc_fn!(GLIBC_REALLOC: fn(*mut c_void, usize) -> *mut c_void)(p, size) }
     }
     #[inline(always)]
     unsafe fn free(p: *mut c_void) {
         // glibc's free preserves errno itself (since 2.33).
         // SAFETY: p came from this backend (or is null).
-        unsafe { __libc_free(p) }
+        unsafe { glibc_fn!(GLIBC_FREE: fn(*mut c_void))(p) }
     }
     #[inline(always)]
     unsafe fn memalign(align: usize, size: usize) -> *mut c_void {
-        // SAFETY: forwarded verbatim.
-        unsafe { __libc_memalign(align, size) }
+        // SAFETY: as above.
+        unsafe { glibc_fn!(GLIBC_MEMALIGN: fn(usize, usize) -> *mut c_void)(align, size) }
     }
     fn figures() -> Option<Figures> {
         // mallinfo2 takes each arena's lock in turn and calls no allocator

@@ -281,9 +281,19 @@ unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -
 /// `malloc = f, free = g` name the C functions that `$backend`'s own
 /// `malloc` and `free` call (extern "C" items in scope): the assembly
 /// entries of `malloc` and `free` tail-jump to them, through the GOT for
-/// functions of another library (glibc's), directly for functions of this
-/// one (`local malloc = f, local free = g`: hidden symbols; rustc's
-/// GOT-indirect jumps are not relaxed by the linker).
+/// functions of another library, directly for functions of this one
+/// (`local malloc = f, local free = g`: hidden symbols; rustc's
+/// GOT-indirect jumps are not relaxed by the linker), or through a static
+/// holding the function's address (`indirect malloc = S, indirect free =
+/// T`: glibc's, found at run time, see `backend::resolve_glibc`).
+///
+/// Besides the standard names, the library exports glibc's own entry
+/// points (`__libc_malloc`, `__libc_free`, `__libc_calloc`,
+/// `__libc_realloc`, `__libc_memalign`, `__libc_valloc`, `__libc_pvalloc`:
+/// every `__libc_*` allocation function glibc exports at a public version),
+/// as mimalloc's, jemalloc's and tcmalloc's overrides do: code that calls
+/// them (glibc's `libc_malloc_debug.so`, programs that wrap malloc) must get
+/// blocks the exported `free` accepts, and the other way round.
 ///
 /// Why assembly: in Rust the entries are the same logic (`capi::malloc`,
 /// `capi::free`), but rustc gives every function a frame pointer here
@@ -303,6 +313,14 @@ macro_rules! export_c_allocator {
     };
     ($backend:ty, local malloc = $fast_malloc:path, local free = $fast_free:path $(,)?) => {
         $crate::export_c_allocator!(@entries $backend, "jmp {fast}", $fast_malloc, $fast_free);
+    };
+    ($backend:ty, indirect malloc = $fast_malloc:path, indirect free = $fast_free:path $(,)?) => {
+        $crate::export_c_allocator!(
+            @entries $backend,
+            "jmp qword ptr [rip + {fast}]",
+            $fast_malloc,
+            $fast_free
+        );
     };
     (@entries $backend:ty, $jump:literal, $fast_malloc:path, $fast_free:path) => {
         use ::core::ffi::c_void as __AllocprofVoid;
@@ -492,6 +510,82 @@ macro_rules! export_c_allocator {
         pub unsafe extern "C" fn malloc_usable_size(p: *mut __AllocprofVoid) -> usize {
             // SAFETY: C contract of the export.
             unsafe { $crate::capi::malloc_usable_size::<$backend>(p) }
+        }
+
+        /// glibc's `__libc_malloc`: `malloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn __libc_malloc(size: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::malloc::<$backend>(size) }
+        }
+
+        /// glibc's `__libc_free`: `free`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn __libc_free(p: *mut __AllocprofVoid) {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::free::<$backend>(p) }
+        }
+
+        /// glibc's `__libc_calloc`: `calloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn __libc_calloc(n: usize, m: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::calloc::<$backend>(n, m) }
+        }
+
+        /// glibc's `__libc_realloc`: `realloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn __libc_realloc(
+            p: *mut __AllocprofVoid,
+            size: usize,
+        ) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::realloc::<$backend>(p, size) }
+        }
+
+        /// glibc's `__libc_memalign`: `memalign`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn __libc_memalign(
+            align: usize,
+            size: usize,
+        ) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::memalign::<$backend>(align, size) }
+        }
+
+        /// glibc's `__libc_valloc`: `valloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn __libc_valloc(size: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::valloc::<$backend>(size) }
+        }
+
+        /// glibc's `__libc_pvalloc`: `pvalloc`.
+        ///
+        /// # Safety
+        /// C semantics.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn __libc_pvalloc(size: usize) -> *mut __AllocprofVoid {
+            // SAFETY: C contract of the export.
+            unsafe { $crate::capi::pvalloc::<$backend>(size) }
         }
 
         /// Sampling counters (for tests and the benchmark).

@@ -126,6 +126,31 @@ fn malformed_rate_warns_once_and_uses_default() {
     }
 }
 
+/// glibc's own entry points (`__libc_malloc` & co.) and the standard names,
+/// in every pairing (malloc/__libc_free, __libc_malloc/free, the calloc,
+/// realloc, memalign, valloc and pvalloc pairs), sampled and unsampled
+/// blocks: both families are the library's, so every block goes back to
+/// whoever made it. (Before the library exported them: SIGSEGV in
+/// liballocprof.so, `free(): invalid pointer` in liballocprof_glibc.so.)
+#[test]
+fn libc_entry_points_mix_with_the_standard_names() {
+    for backend in BACKENDS {
+        for rate in RATES {
+            let out = run_c("libc_entries", &[], backend, rate);
+            assert!(out.contains("libc entries ok"), "{out}");
+            let sampled = field(&out, "sampled");
+            match rate {
+                Some("0") => assert_eq!(sampled, 0, "{backend:?}: {out}"),
+                // Nearly every block sampled: 10 rounds x 8 sizes x 21 blocks
+                // (1-byte blocks with probability 1 - 1/e).
+                Some("1") => assert!(sampled >= 1_200, "{backend:?}: {out}"),
+                // 3 MiB blocks are sampled at the default rate too.
+                _ => assert!(sampled > 0, "{backend:?} rate={rate:?}: {out}"),
+            }
+        }
+    }
+}
+
 /// `name=<number>` in a program's output.
 fn field(text: &str, name: &str) -> u64 {
     text.split_whitespace()
