@@ -36,8 +36,10 @@ pub unsafe trait Backend {
     unsafe fn memalign(align: usize, size: usize) -> *mut c_void;
     unsafe fn usable_size(p: *mut c_void) -> usize;
     /// The backend's own figures, for the block allocprof reads (see
-    /// [`crate::backend_stats`]); called on the sampling slow path, a few
-    /// times a second at most. Must not call back into the `malloc` family.
+    /// [`crate::backend_stats`]); called on the sampling slow path, up to
+    /// every millisecond. Must be cheap, take no lock (another thread may
+    /// hold it for long, or this one already) and not call back into the
+    /// `malloc` family: a figure that cannot be had so is `UNKNOWN`.
     fn figures() -> Option<Figures> {
         None
     }
@@ -184,21 +186,19 @@ unsafe impl Backend for Glibc {
         unsafe { glibc_fn!(GLIBC_MEMALIGN: fn(usize, usize) -> *mut c_void)(align, size) }
     }
     fn figures() -> Option<Figures> {
-        // mallinfo2 takes each arena's lock in turn and calls no allocator
-        // function; this thread holds none of those locks here (it is in
-        // our malloc, not glibc's), so it cannot deadlock.
-        // SAFETY: no preconditions (glibc >= 2.33).
-        let m = unsafe { libc::mallinfo2() };
-        let total = |a: usize, b: usize| (a as u64).saturating_add(b as u64);
+        // glibc exports no running totals: `mallinfo2`, `malloc_info` and
+        // `malloc_stats` walk every free chunk under each arena's lock
+        // (35-53 ms of CPU with a million free chunks, while the arena's
+        // other threads wait), far too long for a sampled malloc and for
+        // the program's other threads. So the figures are unknown; the
+        // block still names the backend, so allocprof can say why.
         Some(Figures {
             backend: BACKEND_GLIBC,
-            // Arenas (brk heap and mmapped heaps) plus chunks mmapped alone.
-            reserved: total(m.arena, m.hblkhd),
-            // ptmalloc does not tell committed from reserved.
+            reserved: UNKNOWN,
             committed: UNKNOWN,
-            in_use: total(m.uordblks, m.hblkhd),
-            free: m.fordblks as u64,
-            mmapped: m.hblkhd as u64,
+            in_use: UNKNOWN,
+            free: UNKNOWN,
+            mmapped: UNKNOWN,
         })
     }
     unsafe fn usable_size(p: *mut c_void) -> usize {

@@ -3,9 +3,10 @@
 //! read from outside with `process_vm_readv`.
 //!
 //! The block is refreshed on the sampling slow paths, after a sampled
-//! allocation or free: the fast path is untouched. Asking the backend has a
-//! cost (glibc's `mallinfo2` walks every free list under its arena locks),
-//! so after each refresh the next waits [`COST_FACTOR`] times as long as
+//! allocation or free: the fast path is untouched. A backend's figures must
+//! be cheap to get and take no lock (glibc's `mallinfo2` walks every free
+//! chunk under its arena locks, tens of milliseconds: glibc gives none);
+//! still, after each refresh the next waits [`COST_FACTOR`] times as long as
 //! this one took, and at least [`MIN_INTERVAL_NS`]: the refreshes take at
 //! most about 1% of the time of the threads that make them, and a cheap
 //! backend (mimalloc: two counters) is refreshed at nearly every sample.

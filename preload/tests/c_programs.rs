@@ -190,3 +190,59 @@ fn a_malloc_before_the_environment_is_set_up_keeps_allocprof_rate() {
     }
 }
 
+/// liballocprof_glibc.so never asks glibc for heap statistics: `mallinfo2`,
+/// `mallinfo`, `malloc_info` and `malloc_stats` walk every free chunk under
+/// each arena's lock (tens of milliseconds with a million free chunks, with
+/// the arena's other threads waiting). The library does not import them,
+/// and a guard preloaded ahead of it that aborts in each of them is never
+/// reached, on a heap with a million free chunks and thousands of samples.
+#[test]
+fn a_sampled_malloc_never_walks_glibcs_heap() {
+    let lib = common::library(Backend::Glibc);
+    let nm = Command::new(common::require_tool("nm", "binutils"))
+        .args(["-D", "--undefined-only"])
+        .arg(lib)
+        .output()
+        .unwrap();
+    let imports = String::from_utf8_lossy(&nm.stdout);
+    for walker in ["mallinfo", "malloc_info", "malloc_stats"] {
+        assert!(
+            !imports.contains(walker),
+            "liballocprof_glibc.so imports {walker}:\n{imports}"
+        );
+    }
+    let guard = shared_library("mallinfo_guard");
+    let exe = c_program("free_chunks", "free_chunks");
+    let mut cmd = Command::new(&exe);
+    apply(&mut cmd, preloaded(Backend::Glibc, Some("4k")));
+    cmd.env(
+        "LD_PRELOAD",
+        format!("{}:{}", guard.display(), lib.display()),
+    );
+    let out = run_ok(&mut cmd, "free_chunks under the mallinfo guard");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(field(&stdout, "sampled") > 1000, "{stdout}");
+}
+
+/// `tests/c/<name>.c` built as a shared library.
+fn shared_library(name: &str) -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let out_dir = common::artifacts_dir().join("c");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let so = out_dir.join(format!("lib{name}.so"));
+    let out = Command::new(common::require_tool("gcc", "gcc"))
+        .args(["-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gcc {name}.c: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    so
+}

@@ -39,9 +39,25 @@ pub struct BackendHeap {
 
 impl BackendHeap {
     /// One line for the report and the live view: the figures the backend
-    /// keeps, e.g. `glibc: reserved 80.1 MiB, in use 40.2 MiB, free 39.9
-    /// MiB, mmapped 0 B (as of 0.3 s ago)`.
+    /// keeps, e.g. `mimalloc: reserved 80.1 MiB, committed 40.2 MiB (as of
+    /// 0.3 s ago)`, or why it keeps none (glibc).
     pub fn describe(&self) -> String {
+        if [
+            self.reserved,
+            self.committed,
+            self.in_use,
+            self.free,
+            self.mmapped,
+        ]
+        .iter()
+        .all(Option::is_none)
+        {
+            return format!(
+                "{}: figures unknown (it gives them only by walking its heap under its locks, \
+                 which would stall the program)",
+                self.backend
+            );
+        }
         let figures: Vec<String> = [
             ("reserved", self.reserved),
             ("committed", self.committed),
@@ -198,6 +214,21 @@ mod tests {
         assert_eq!(
             h.describe(),
             "mimalloc: reserved 64.0 MiB, committed 8.0 MiB (as of 2.0 s ago)"
+        );
+        // glibc's block names the backend and no figure.
+        let glibc = BackendHeap {
+            backend: "glibc",
+            reserved: None,
+            committed: None,
+            in_use: None,
+            free: None,
+            mmapped: None,
+            age: Duration::ZERO,
+        };
+        assert!(
+            glibc.describe().starts_with("glibc: figures unknown"),
+            "{}",
+            glibc.describe()
         );
         // An address the process does not map.
         assert!(matches!(read(pid, 8, 0), Err(ReadError::Io(_))));

@@ -59,9 +59,11 @@ fn a_fragmented_heap_shows_resident_memory_well_above_the_live_heap() {
 }
 
 /// The backend's own figures of the same fragmented heap, read from the
-/// block `liballocprof*.so` keeps: glibc's say how much is in use and how
-/// much it holds free between the live blocks; mimalloc's what it reserved
-/// and committed. Both agree with the live heap and with /proc.
+/// block `liballocprof*.so` keeps: mimalloc's say what it reserved and
+/// committed, and agree with the live heap and with /proc. glibc's block
+/// names the backend and no figure: glibc gives them only by walking its
+/// heap under the arena locks (mallinfo2), which stalled a sampled malloc
+/// for tens of milliseconds; the report says so instead of making any up.
 #[test]
 fn the_allocators_own_figures_show_what_it_holds_beyond_the_live_heap() {
     common::require_bpf();
@@ -96,20 +98,17 @@ fn the_allocators_own_figures_show_what_it_holds_beyond_the_live_heap() {
             mib(b.free)
         );
         eprintln!("{what}");
+        let text = report::render(&profile, ReportOptions::default());
         // Sampled blocks (about 6% at this rate) live in the sample region,
         // not in the backend: its figures miss them.
         if name == "liballocprof_glibc.so" {
             assert_eq!(b.backend, "glibc");
-            let in_use = b.in_use.expect("glibc counts bytes in use") as f64;
-            let free = b.free.expect("glibc counts free bytes") as f64;
-            let reserved = b.reserved.expect("glibc counts its arenas") as f64;
-            assert!((0.8 * live..=1.05 * live + 2e6).contains(&in_use), "{what}");
-            // The freed half sits between live blocks, free but held.
-            assert!(free >= 0.8 * live, "{what}");
-            assert!(reserved >= in_use + free - 1e6, "{what}");
-            // All of it was touched: resident, anonymous.
-            assert!(reserved <= proc_resident.anon as f64 + 1e6, "{what}");
-            assert_eq!(b.committed, None, "{what}");
+            assert_eq!(
+                (b.reserved, b.committed, b.in_use, b.free, b.mmapped),
+                (None, None, None, None, None),
+                "{what}"
+            );
+            assert!(text.contains("allocator glibc: figures unknown"), "{text}");
         } else {
             assert_eq!(b.backend, "mimalloc");
             let committed = b.committed.expect("mimalloc counts committed bytes") as f64;
@@ -122,13 +121,9 @@ fn the_allocators_own_figures_show_what_it_holds_beyond_the_live_heap() {
                 "{what}"
             );
             assert_eq!((b.in_use, b.free), (None, None), "{what}");
+            assert!(b.age.as_secs() < 60, "{what}");
+            assert!(text.contains("allocator mimalloc: reserved"), "{text}");
         }
-        assert!(b.age.as_secs() < 60, "{what}");
-        let text = report::render(&profile, ReportOptions::default());
-        assert!(
-            text.contains(&format!("allocator {}: reserved", b.backend)),
-            "{text}"
-        );
         w.send("exit");
     }
 }
