@@ -1,11 +1,54 @@
 //! `SamplingAllocator`: the sampler as a Rust `#[global_allocator]` wrapper
 //! around any `GlobalAlloc`. Exports no C symbol: only Rust allocations of
 //! the program that installs it are sampled.
+//!
+//! Under `LD_PRELOAD=liballocprof*.so`, `SamplingAllocator<System>` stands
+//! down: `System` allocates with the C `malloc` the library interposes, so
+//! the library already samples every one of those allocations, and a
+//! second layer would count them twice (two unbiased estimates of the same
+//! bytes add up to twice the bytes). A constructor looks for the library
+//! before `main`; the slow path reads its answer. Other inner allocators
+//! (mimalloc, jemalloc crates) do not go through `malloc` and keep sampling.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::{sample_region, sampled, thread_state};
+
+/// A `liballocprof*.so` interposes the C allocator in this process.
+static PRELOADED: AtomicBool = AtomicBool::new(false);
+
+/// Before `main`: is a sampling preload library in the global scope? It
+/// exports `allocprof_stats`, which nothing else does. (In the preload
+/// library's own copy of this crate the answer is yes, and unused: the
+/// library's C entry points never read it.)
+#[used]
+#[unsafe(link_section = ".init_array")]
+static FIND_PRELOAD: extern "C" fn() = {
+    extern "C" fn find_preload() {
+        // SAFETY: dlsym with a valid NUL-terminated name; constructors run
+        // under the loader's (recursive) lock, where dlsym is allowed.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"allocprof_stats".as_ptr()) };
+        PRELOADED.store(!f.is_null(), Ordering::Relaxed);
+    }
+    find_preload
+};
+
+/// Whether `SamplingAllocator<A>` leaves sampling to the preload library:
+/// one is loaded and `A` is `std::alloc::System`, whose allocations it
+/// sees (this crate is `no_std`: the type is known by its name).
+fn stands_down<A>() -> bool {
+    PRELOADED.load(Ordering::Relaxed) && core::any::type_name::<A>() == "std::alloc::System"
+}
+
+/// This thread's countdown pushed ~2^63 bytes away: a layer that stands
+/// down keeps its fast path and never takes the slow one again. (`size`
+/// is subtracted as an i64: 2^63 wraps to adding it.)
+#[cold]
+fn disarm_countdown() {
+    thread_state::countdown(1 << 63);
+}
 
 /// Wraps `A`, diverting sampled allocations to the sample region and
 /// firing the `otel_memory` probes for them.
@@ -23,10 +66,28 @@ impl<A: GlobalAlloc> SamplingAllocator<A> {
         &self.inner
     }
 
+    /// True when this layer leaves sampling to `liballocprof*.so`, which
+    /// is preloaded and sees every allocation of `A` (`System`): each
+    /// allocation is then sampled once, by the library.
+    pub fn defers_to_preload(&self) -> bool {
+        stands_down::<A>()
+    }
+
+    /// The sample weight of an allocation whose countdown expired: 0 when
+    /// the preload library samples it instead.
+    #[inline(always)]
+    fn weigh(size: usize) -> u64 {
+        if stands_down::<A>() {
+            disarm_countdown();
+            return 0;
+        }
+        thread_state::resolve(size)
+    }
+
     #[cold]
     #[inline(never)]
     unsafe fn alloc_slow(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        let weight = thread_state::resolve(layout.size());
+        let weight = Self::weigh(layout.size());
         if weight != 0 {
             let p = sampled::place(layout.size(), layout.align(), weight, zeroed);
             if !p.is_null() {
@@ -53,11 +114,7 @@ impl<A: GlobalAlloc> SamplingAllocator<A> {
         new_size: usize,
         expired: bool,
     ) -> *mut u8 {
-        let weight = if expired {
-            thread_state::resolve(new_size)
-        } else {
-            0
-        };
+        let weight = if expired { Self::weigh(new_size) } else { 0 };
         let old_sampled = sample_region::contains(p);
         // SAFETY: GlobalAlloc::realloc guarantees this layout is valid.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
