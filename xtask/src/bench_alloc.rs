@@ -799,9 +799,8 @@ const BIG_TARGET: f64 = 1.05;
 /// Section (5): malloc + memset + free of big blocks, each library at the
 /// default rate against itself with `ALLOCPROF_RATE=0`, in interleaved
 /// rounds; about 2 GiB written per run (a quarter with `--quick`). CPU time
-/// (user + system, so page faults count) rather than wall time: the
-/// memset is bound by memory bandwidth, which neighbours on a shared
-/// machine swing by ±50%.
+/// (user + system, so page faults count) rather than wall time, which on a
+/// shared machine mostly measures the neighbours.
 fn big_blocks(p: &Programs, quick: bool) -> Result<()> {
     let rounds = if quick { 5 } else { 11 };
     let bytes: u64 = if quick { 512 << 20 } else { 2 << 30 };

@@ -58,6 +58,29 @@ pub(super) fn abandon_partial() {
     }
 }
 
+/// A fresh page that fork clears (`MADV_WIPEONFORK`), its first word set
+/// to 1: a thread that reads 0 there runs in a fork child of the process
+/// that made it. `None` if the kernel refuses either call. Never unmapped
+/// once published (a thread may read it any time later).
+pub(super) fn fork_marker() -> Option<usize> {
+    let page = map_anon(PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+    // SAFETY: advice on our own fresh page.
+    if unsafe { libc::madvise(page as *mut libc::c_void, PAGE, libc::MADV_WIPEONFORK) } != 0 {
+        drop_marker(page);
+        return None;
+    }
+    // SAFETY: the page is ours, mapped and writable; only ever accessed
+    // atomically.
+    unsafe { &*(page as *const AtomicUsize) }.store(1, Ordering::Release);
+    Some(page)
+}
+
+/// Unmap a marker page that was never published.
+pub(super) fn drop_marker(page: usize) {
+    // SAFETY: our own page, which nothing else knows of.
+    unsafe { libc::munmap(page as *mut libc::c_void, PAGE) };
+}
+
 /// The leading decimal number of a small proc file, read with raw
 /// syscalls into a stack buffer (no allocation, no cancellation point);
 /// `None` if it cannot be read.

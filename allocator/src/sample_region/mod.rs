@@ -85,9 +85,10 @@
 //! high-water marks (rounded up to a chunk) and their records. Still at
 //! most two VMAs per class in each mapping.
 //!
-//! Fork: the initialising state names the initialising process, so a
-//! child forked in the middle of it redoes the work instead of waiting for
-//! a thread it does not have (see [`initialise`]).
+//! Fork: the initialising state names a page that fork clears
+//! (`MADV_WIPEONFORK`), so a child forked in the middle of it redoes the
+//! work instead of waiting for a thread it does not have (see
+//! [`initialise`]).
 //!
 //! Lock-free throughout: a signal handler or fork child can never find a
 //! lock held.
@@ -147,8 +148,9 @@ static META: AtomicPtr<SlotMeta> = AtomicPtr::new(ptr::null_mut());
 static TABLE: AtomicUsize = AtomicUsize::new(0);
 /// Index into `LAYOUTS` of the layout in use (valid once READY).
 static LAYOUT: AtomicUsize = AtomicUsize::new(0);
-/// `UNINIT`, `READY`, `FAILED`, or `INITIALISING | pid << 32` (the process
-/// whose thread is creating the region: see [`initialise`]).
+/// `UNINIT`, `READY`, `FAILED`, or `INITIALISING | marker` (the address of
+/// the initialising thread's fork marker page, 0 if it could not make one:
+/// see [`initialise`]).
 static STATE: AtomicU64 = AtomicU64::new(UNINIT);
 /// Region, side table and ledger table reserved PROT_NONE (strict
 /// overcommit): each class's open prefix is committed by mprotect.
@@ -503,11 +505,14 @@ fn ensure_mapped() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
 }
 
 /// The first use, or a thread that finds the region initialising. The
-/// initialising state names the process whose thread is doing it: a fork
-/// child (or its child) that finds an ancestor's pid there was forked in
-/// the middle of it, and that thread does not exist in the child, so the
-/// child takes the work over, after dropping the ancestor's partial
-/// mappings (its own copies), instead of waiting forever.
+/// initialising state names a `MADV_WIPEONFORK` page holding a non-zero
+/// word ([`mapping::fork_marker`]): a thread that finds the word zero is
+/// in a fork child (or grandchild) forked in the middle of the work, and
+/// the thread doing it does not exist there, so it takes the work over,
+/// after dropping what the ancestor had mapped (its own copies), instead of
+/// every sample waiting forever. A process sharing our memory without
+/// being a thread of ours (`clone(CLONE_VM)`) sees the word set and leaves
+/// the work alone, as does every thread of ours.
 #[cold]
 #[inline(never)]
 fn initialise() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
@@ -515,18 +520,27 @@ fn initialise() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
     match s {
         READY => return Some(ready()),
         FAILED => return None,
-        _ => {}
+        UNINIT => {}
+        _ => {
+            let marker = (s & !(PAGE as u64 - 1)) as usize;
+            // SAFETY: a marker page is never unmapped; its first word is
+            // only accessed atomically.
+            let busy = marker == 0
+                || unsafe { &*(marker as *const AtomicU64) }.load(Ordering::Acquire) != 0;
+            if busy {
+                return None; // in progress in this address space
+            }
+        }
     }
-    // SAFETY: getpid has no preconditions (and is no cancellation point).
-    let me = unsafe { libc::getpid() } as u32;
-    let mine = INITIALISING | (u64::from(me) << 32);
-    if s == mine {
-        return None; // another thread of this process is at it
-    }
+    let marker = mapping::fork_marker();
+    let mine = INITIALISING | marker.unwrap_or(0) as u64;
     if STATE
         .compare_exchange(s, mine, Ordering::Acquire, Ordering::Acquire)
         .is_err()
     {
+        if let Some(m) = marker {
+            mapping::drop_marker(m);
+        }
         return (STATE.load(Ordering::Acquire) == READY).then(ready);
     }
     if s != UNINIT {
