@@ -88,7 +88,7 @@ pub fn enabled() -> bool {
     {
         const MSG: &[u8] = b"allocprof: malformed ALLOCPROF_LEDGER (expected 0/off or 1/on); the ledger stays on\n";
         // SAFETY: write(2) of a static buffer; nowhere to report a failure.
-        unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+        unsafe { libc::syscall(libc::SYS_write, 2, MSG.as_ptr(), MSG.len()) };
     }
     SWITCH.load(Ordering::Relaxed) == ON
 }

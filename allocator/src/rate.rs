@@ -49,6 +49,6 @@ fn warn_malformed() {
     // SAFETY: plain write(2) of a static buffer; the result is ignored on
     // purpose (nowhere to report a failed warning).
     unsafe {
-        libc::write(2, MSG.as_ptr().cast(), MSG.len());
+        libc::syscall(libc::SYS_write, 2, MSG.as_ptr(), MSG.len());
     }
 }

@@ -139,7 +139,7 @@ fn fatal(what: &[u8], p: *mut u8) -> ! {
     // SAFETY: writes our stack buffer to stderr, then aborts the process
     // (abort is async-signal-safe and never returns).
     unsafe {
-        libc::write(2, buf.as_ptr().cast(), n);
+        libc::syscall(libc::SYS_write, 2, buf.as_ptr(), n);
         libc::abort()
     }
 }

@@ -19,8 +19,12 @@
 //! and Debian mimalloc, jemalloc with heap profiling, and both allocprof
 //! libraries;
 //! (4) memory cost of sampled blocks (a page per live sample) and what
-//! stays resident after everything is freed.
-//! Arguments: `--quick` for fewer rounds and iterations.
+//! stays resident after everything is freed;
+//! (5) big-block churn (malloc, memset, free of 1-64 MiB blocks, nearly all
+//! sampled at the default rate) against the same library with
+//! `ALLOCPROF_RATE=0`, for issue 26's target (within 5%).
+//! Arguments: `--quick` for fewer rounds and iterations; `--big` for
+//! section (5) alone.
 //!
 //! `bench peers` builds the same [`Programs`] and runs (1) at the default
 //! rate alone ([`per_operation`]) for issue 12's fast-path target.
@@ -182,6 +186,24 @@ static void live(void) {
            total, r1 - r0, (unsigned long)st.sampled, (unsigned long)st.unplaced, (unsigned long)st.live_pages, r2 - r0);
 }
 
+/* Big blocks: `iters` x (malloc, memset, free) of `mib` MiB. Returns CPU
+ * ns per iteration (the process's user + system time: page faults are
+ * system time, and on a shared machine wall time mostly measures the
+ * neighbours). */
+static double cpu_now(void) { struct timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static double big(long mib) {
+    size_t n = (size_t)mib << 20;
+    double t0 = cpu_now();
+    for (long i = 0; i < iters; i++) {
+        char *p = malloc(n);
+        memset(p, (int)i, n);
+        /* Keeps gcc from eliding the malloc/memset/free triple. */
+        __asm__ volatile("" : : "r"(p) : "memory");
+        free(p);
+    }
+    return (cpu_now() - t0) * 1e9 / iters;
+}
+
 /* Allocations sampled so far (0 without allocprof). */
 static unsigned long samples(void) {
     struct stats st = {0};
@@ -203,6 +225,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(m, "churn-1t")) ns = churn20k(1);
     else if (!strcmp(m, "churn-2t")) ns = churn20k(2);
     else if (!strcmp(m, "live")) { live(); return 0; }
+    else if (!strncmp(m, "big-", 4)) ns = big(atol(m + 4));
     printf("%.3f %lu\n", ns, samples());
     return 0;
 }
@@ -631,6 +654,12 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         ("5000000", 21)
     };
     let programs = Programs::build(root)?;
+    if args.iter().any(|a| a == "--big") {
+        println!("Load average at start: {}", load_average());
+        big_blocks(&programs, quick)?;
+        println!("\nLoad average at the end: {}", load_average());
+        return Ok(());
+    }
     let Programs {
         exe,
         lib_mi,
@@ -756,7 +785,63 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
             String::from_utf8_lossy(&out.stdout).trim()
         );
     }
+    big_blocks(&programs, quick)?;
     println!("\nLoad average at the end: {}", load_average());
+    Ok(())
+}
+
+/// Block sizes of the big-block section, MiB.
+const BIG_MIB: [u64; 5] = [1, 2, 4, 16, 64];
+/// The big-block target: at the default rate, at most this times the same
+/// library with sampling off.
+const BIG_TARGET: f64 = 1.05;
+
+/// Section (5): malloc + memset + free of big blocks, each library at the
+/// default rate against itself with `ALLOCPROF_RATE=0`, in interleaved
+/// rounds; about 2 GiB written per run (a quarter with `--quick`). CPU time
+/// (user + system, so page faults count) rather than wall time, which on a
+/// shared machine mostly measures the neighbours.
+fn big_blocks(p: &Programs, quick: bool) -> Result<()> {
+    let rounds = if quick { 5 } else { 11 };
+    let bytes: u64 = if quick { 512 << 20 } else { 2 << 30 };
+    println!(
+        "\n## Big blocks: malloc + memset + free, default rate vs ALLOCPROF_RATE=0 of the same library (median of {rounds} interleaved rounds, min-max of the per-round ratios)\n"
+    );
+    println!(
+        "| block | setup | CPU ns/iteration off | CPU ns/iteration default R | ratio | samples per run |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut missed = Vec::new();
+    for mib in BIG_MIB {
+        let mode = format!("big-{mib}");
+        let iters = (bytes / (mib << 20)).to_string();
+        for (name, lib) in [
+            ("allocprof/glibc", &p.lib_gl),
+            ("allocprof/mimalloc", &p.lib_mi),
+        ] {
+            let off = setup(name, &p.exe, Some(lib), &[("ALLOCPROF_RATE", "0")]);
+            let on = setup(name, &p.exe, Some(lib), &[]);
+            let (base, rows) = interleaved(&off, &[on], &mode, &iters, rounds)?;
+            let r = &rows[0];
+            println!(
+                "| {mib} MiB | {name} | {base:.0} | {:.0} | {:.3} ({:.3}-{:.3}) | {} |",
+                r.ns, r.ratio, r.min, r.max, r.samples
+            );
+            if r.ratio > BIG_TARGET {
+                missed.push(format!("{mib} MiB {name} {:.3}", r.ratio));
+            }
+        }
+    }
+    if missed.is_empty() {
+        println!(
+            "\nTarget (big blocks <= 1.05x the same library with sampling off): met in every row."
+        );
+    } else {
+        println!(
+            "\nTarget (big blocks <= 1.05x the same library with sampling off) missed: {}",
+            missed.join(", ")
+        );
+    }
     Ok(())
 }
 

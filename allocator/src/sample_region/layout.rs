@@ -15,13 +15,24 @@ pub const MAX_ALIGN: usize = 128 << 20;
 pub(super) const SMALL_SPAN: usize = 4 << 30;
 /// Most layouts tried, each half the previous one (shift 0 = full).
 pub const LAYOUT_COUNT: usize = 10;
-/// Lazy mode commits each class's prefix in steps of this many bytes.
+/// Each class's open prefix (dumped; in lazy mode also committed) grows in
+/// steps of this many bytes of slots (at least one slot).
 pub const COMMIT_CHUNK: usize = 1 << 20;
 /// Freed slots a class keeps warm (pages resident) whatever its live
 /// samples: the fixed part of its warm limit (see [`warm_limit`]).
 pub const WARM_MAX_SLOTS: usize = 32;
 /// Most slot capacity (bytes) of the fixed part of a class's warm limit.
 pub const WARM_MAX_BYTES: usize = 1 << 20;
+/// The first class of big slots (2 MiB): these keep freed slots warm
+/// within one process-wide budget of resident bytes, [`WARM_BIG_BYTES`],
+/// instead of a per-class count.
+pub const FIRST_BIG_CLASS: usize = 9;
+/// Most resident bytes that freed slots of [`FIRST_BIG_CLASS`] and up keep
+/// warm in all, process-wide. 64 MiB: a churn of blocks of up to 64 MiB
+/// (one live at a time) reuses its slot without a fault, like glibc's own
+/// retention of freed memory (its dynamic trim threshold tops out at
+/// 64 MiB too).
+pub const WARM_BIG_BYTES: usize = 64 << 20;
 
 /// Where each class lives in one candidate layout. All offsets are from
 /// the region base.
@@ -96,8 +107,9 @@ pub const fn slot_bytes(k: usize) -> usize {
 
 /// The fixed part of how many freed slots class `k` keeps warm:
 /// [`WARM_MAX_SLOTS`], at most [`WARM_MAX_BYTES`] of slots (none from 2 MiB
-/// slots up). Classes of small slots also keep one more per live sample
-/// they hold ([`warm_limit_with_live`]).
+/// slots up: those share [`WARM_BIG_BYTES`] instead). Classes of small
+/// slots also keep one more per live sample they hold
+/// ([`warm_limit_with_live`]).
 pub const fn warm_limit(k: usize) -> u32 {
     let by_bytes = WARM_MAX_BYTES / slot_bytes(k);
     (if by_bytes < WARM_MAX_SLOTS {
@@ -119,9 +131,8 @@ pub const fn warm_limit(k: usize) -> u32 {
 /// 8 B–16 KiB blocks released 1 freed sample in 13 this way, 9% of its
 /// CPU time at the default rate. The live part absorbs that wander at any
 /// heap size, and keeps what freed small samples retain proportional to
-/// what live ones hold. Larger slots keep the fixed part only: there the
-/// block's own first touches dwarf the syscall, and keeping freed ones
-/// warm would hold megabytes.
+/// what live ones hold. Larger slots keep the fixed part only; from 2 MiB
+/// up, the process-wide [`WARM_BIG_BYTES`] decides.
 pub const fn warm_limit_with_live(k: usize, live: u32) -> u32 {
     let fixed = warm_limit(k);
     if fixed < WARM_MAX_SLOTS as u32 {

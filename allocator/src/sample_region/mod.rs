@@ -28,48 +28,67 @@
 //! Memory: the whole region is mapped `PROT_READ | PROT_WRITE` up front
 //! with `MAP_NORESERVE`. Untouched pages cost nothing (no RSS, no commit
 //! charge under the default overcommit policy), so placing a block needs no
-//! syscall: its pages are committed by the first touch, like any fresh
-//! anonymous memory, and it is one VMA however many slots are live (no
-//! `vm.max_map_count` exposure). The region is `MADV_DONTDUMP` (sampled
-//! blocks are a sliver of the heap; a core dump of 100 GiB of mostly zero
-//! pages helps nobody) and `MADV_NOHUGEPAGE` (under THP `always` a 4 KiB
-//! slot could otherwise pin a 2 MiB page).
+//! syscall (but for the open prefix's growth, below): its pages are
+//! committed by the first touch, like any fresh anonymous memory. The region is `MADV_NOHUGEPAGE` (under THP `always` a
+//! 4 KiB slot could otherwise pin a 2 MiB page).
+//!
+//! Open prefix: each class's slots `[0, prefix)`, which holds every slot
+//! ever placed, grows in chunks of [`COMMIT_CHUNK`] bytes (at least one
+//! slot) when a never-used slot beyond it is handed out: one `madvise` per
+//! chunk. It is `MADV_DODUMP` and the rest of the region `MADV_DONTDUMP`,
+//! so a core dump holds the live (and warm) sampled blocks but not 100 GiB
+//! of empty address space (freed cold slots are unpopulated: holes the
+//! kernel skips). The prefix never shrinks, so the region is at most two
+//! VMAs per class however many samples are live: no `vm.max_map_count`
+//! exposure. The side table and the ledger's table stay `MADV_DONTDUMP`.
 //!
 //! Reuse: each class has three sources of slots, tried in this order:
 //! * a *warm* Treiber stack of freed slots whose pages were kept resident
 //!   (no fault on reuse; the contents are stale, so `zero` requests
-//!   memset the block). At most [`warm_limit_with_live`] slots per class:
-//!   a fixed part of [`WARM_MAX_SLOTS`] and at most [`WARM_MAX_BYTES`] of
-//!   slot capacity (at most ~7 MiB process-wide), plus, for slots up to
-//!   32 KiB, one slot per live sample of the class, so that the wander of
-//!   the live count in a steady churn does not turn frees into syscalls;
-//!   nothing for slots of 2 MiB and more;
+//!   clear the block's whole pages, all that `malloc_usable_size`
+//!   reports). Up to 1 MiB slots, at most [`warm_limit_with_live`] slots
+//!   per class: a fixed part of [`WARM_MAX_SLOTS`] and at most
+//!   [`WARM_MAX_BYTES`] of slot capacity (at most ~7 MiB process-wide),
+//!   plus, for slots up to 32 KiB, one slot per live sample of the class,
+//!   so that the wander of the live count in a steady churn does not turn
+//!   frees into syscalls. Slots of 2 MiB and more share one process-wide
+//!   budget of [`WARM_BIG_BYTES`] (64 MiB) of resident pages: a churn of
+//!   big blocks (nearly all sampled at the default rate) reuses its slots
+//!   without faulting them back in, where releasing each cost 6-11x the
+//!   backend's time;
 //! * a *cold* Treiber stack of freed slots whose pages were released with
 //!   `madvise(MADV_DONTNEED)` when the warm stack was full (read as zero);
 //! * a bump index of never-used slots (zero).
 //!
 //! So a sample costs syscalls only when its class's warm cache overflows,
-//! and then exactly one `madvise`. Both stacks are ABA-tagged and share the
+//! and then exactly one `madvise`, or when it grows its class's open
+//! prefix. Both stacks are ABA-tagged and share the
 //! per-slot link (a slot is on at most one stack); the warm count is taken
 //! before a push and dropped after a pop (when the popped slot is placed,
 //! together with the class's live count: one atomic add), so warm stack
 //! size <= count holds at every instant, and count <= limit whenever a
-//! release compares them.
+//! release compares them (likewise the big classes' resident bytes and
+//! their budget).
 //!
 //! Double free: each slot has a live/free state that `free` flips with a
 //! CAS, so freeing a block twice is caught before its slot could be pushed
 //! twice (which would link the stack to itself and hand the same pointer to
 //! two callers); the caller aborts, as glibc does.
 //!
-//! Strict overcommit (`vm.overcommit_memory = 2` ignores `MAP_NORESERVE`,
-//! so a large writable reservation fails): the region is then reserved
-//! `PROT_NONE` and runs in *lazy* mode, where each class has a committed
-//! (`PROT_READ | PROT_WRITE`) prefix of slots that placement grows by
-//! `mprotect` in chunks of [`COMMIT_CHUNK`] bytes (at least one slot). The
-//! prefix never shrinks (cold release only drops pages), so the region is
-//! at most two VMAs per class however many samples are live: no
-//! `vm.max_map_count` exposure in this mode either. Its commit charge is
-//! the classes' high-water marks.
+//! Strict overcommit (`vm.overcommit_memory = 2` ignores `MAP_NORESERVE`
+//! and charges every private writable mapping whole: ~700 MiB for the full
+//! layout's side and ledger tables): the region, the side table and the
+//! ledger's table are then reserved `PROT_NONE` and run in *lazy* mode,
+//! where growing a class's open prefix also commits (`mprotect`) its slots'
+//! side-table and ledger records, then the slots: a record is writable
+//! before its slot is placed, and the commit charge is the classes'
+//! high-water marks (rounded up to a chunk) and their records. Still at
+//! most two VMAs per class in each mapping.
+//!
+//! Fork: the initialising state names a page that fork clears
+//! (`MADV_WIPEONFORK`), so a child forked in the middle of it redoes the
+//! work instead of waiting for a thread it does not have (see
+//! [`initialise`]).
 //!
 //! Lock-free throughout: a signal handler or fork child can never find a
 //! lock held.
@@ -85,16 +104,19 @@ mod slots;
 mod tests;
 
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 pub use self::layout::{
-    CLASS_COUNT, COMMIT_CHUNK, LAYOUT_COUNT, Layout, MAX_ALIGN, MAX_SLOT, PAGE, WARM_MAX_BYTES,
-    WARM_MAX_SLOTS, class_for, layout, pages_for, slot_bytes, warm_limit, warm_limit_with_live,
+    CLASS_COUNT, COMMIT_CHUNK, FIRST_BIG_CLASS, LAYOUT_COUNT, Layout, MAX_ALIGN, MAX_SLOT, PAGE,
+    WARM_BIG_BYTES, WARM_MAX_BYTES, WARM_MAX_SLOTS, class_for, layout, pages_for, slot_bytes,
+    warm_limit, warm_limit_with_live,
 };
 use self::{
     layout::{LAYOUTS, PAGE_SHIFT},
     mapping::{map_region, warn},
-    slots::{CLASSES, FREE, LIVE, ONE_LIVE, ONE_WARM, SlotMeta, bump, pop, push, slot_meta},
+    slots::{
+        CLASSES, FREE, LIVE, ONE_LIVE, ONE_WARM, SlotMeta, WARM_BIG, bump, pop, push, slot_meta,
+    },
 };
 
 /// The largest region ever used: before the region exists, `BOUNDS.base` sits
@@ -122,15 +144,21 @@ pub static BOUNDS: Bounds = Bounds {
     len: AtomicUsize::new(0),
 };
 static META: AtomicPtr<SlotMeta> = AtomicPtr::new(ptr::null_mut());
+/// The ledger's record table, 0 if none (lazy mode commits its records).
+static TABLE: AtomicUsize = AtomicUsize::new(0);
 /// Index into `LAYOUTS` of the layout in use (valid once READY).
 static LAYOUT: AtomicUsize = AtomicUsize::new(0);
-static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-/// Region reserved PROT_NONE (strict overcommit): commit by mprotect.
+/// `UNINIT`, `READY`, `FAILED`, or `INITIALISING | marker` (the address of
+/// the initialising thread's fork marker page, 0 if it could not make one:
+/// see [`initialise`]).
+static STATE: AtomicU64 = AtomicU64::new(UNINIT);
+/// Region, side table and ledger table reserved PROT_NONE (strict
+/// overcommit): each class's open prefix is committed by mprotect.
 static LAZY: AtomicBool = AtomicBool::new(false);
-const UNINIT: u8 = 0;
-const INITIALISING: u8 = 1;
-const READY: u8 = 2;
-const FAILED: u8 = 3;
+const UNINIT: u64 = 0;
+const INITIALISING: u64 = 1;
+const READY: u64 = 2;
+const FAILED: u64 = 3;
 
 /// Whether `p` is (inside) the sample region. The only check on the
 /// unsampled free path: two loads of read-mostly words on one cache line
@@ -175,10 +203,11 @@ enum Source {
 }
 
 /// Place a block of `size` bytes aligned to `align` (a power of two),
-/// recording `weight`; with `zero`, its `size` bytes read as zero. A full
-/// class spills into larger ones. `None` if the region is unavailable or
-/// has no fitting free slot, or (lazy mode only) the kernel refuses to
-/// commit it. May change errno.
+/// recording `weight`; with `zero`, its usable bytes ([`usable_size`]) read
+/// as zero, like glibc's calloc, which clears the whole chunk. A full class
+/// spills into larger ones. `None` if the region is unavailable or has no
+/// fitting free slot, or (lazy mode only) the kernel refuses to commit it.
+/// May change errno.
 pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut u8> {
     let pages = pages_for(size);
     let first = class_for(pages, align)?;
@@ -191,21 +220,29 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
         } else if let Some(i) = pop(&c.cold, meta, l, k) {
             (i, Source::Cold)
         } else if let Some(i) = bump(l, k) {
-            crate::ledger::note_used(k, i);
             (i, Source::Bump)
         } else {
             continue; // spill into the next class
         };
-        let addr = base + l.offset[k] + idx * slot_bytes(k);
-        if LAZY.load(Ordering::Relaxed) && !commit(base, l, k, idx) {
-            // Typically the commit limit. Give the slot back where it came
-            // from and let the caller report the sample unplaced.
+        if let Err(records_open) = open_prefix(base, meta, l, k, idx) {
+            // Lazy mode at the commit limit. Give the slot back where it
+            // came from (a fresh one only if its side-table record is
+            // writable; else it is given up: a slot of address space)
+            // and let the caller report the sample unplaced.
             match source {
                 Source::Warm => push(&c.warm, meta, l, k, idx),
-                Source::Cold | Source::Bump => push(&c.cold, meta, l, k, idx),
+                Source::Cold => push(&c.cold, meta, l, k, idx),
+                Source::Bump if records_open => push(&c.cold, meta, l, k, idx),
+                Source::Bump => {}
             }
             return None;
         }
+        if source == Source::Bump {
+            // After the prefix opened: a reader of `USED[k]` records finds
+            // them all readable.
+            crate::ledger::note_used(k, idx);
+        }
+        let addr = base + l.offset[k] + idx * slot_bytes(k);
         let m = slot_meta(meta, l, k, idx);
         m.size.store(size, Ordering::Relaxed);
         m.weight.store(weight, Ordering::Relaxed);
@@ -221,45 +258,96 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
             Source::Cold | Source::Bump => ONE_LIVE,
         };
         c.counts.fetch_add(delta, Ordering::Relaxed);
-        if zero && source == Source::Warm {
-            // SAFETY: the block's `size` bytes lie in its slot, which we
-            // own and which is readable and writable (committed above in
-            // lazy mode, always otherwise).
-            unsafe { ptr::write_bytes(addr as *mut u8, 0, size) };
+        if source == Source::Warm {
+            if k >= FIRST_BIG_CLASS {
+                WARM_BIG.fetch_sub(dirty as usize * PAGE, Ordering::Relaxed);
+            }
+            if zero {
+                // Only the slot's formerly dirty pages can hold stale
+                // bytes; the rest of the block's pages read as zero.
+                let stale = pages.min(dirty as usize) * PAGE;
+                // SAFETY: the block's `pages` whole pages lie in its slot,
+                // which we own and which is readable and writable
+                // (committed by `open_prefix` in lazy mode).
+                unsafe { ptr::write_bytes(addr as *mut u8, 0, stale) };
+            }
         }
         return Some(addr as *mut u8);
     }
     None
 }
 
-/// Lazy mode: make sure slot `idx` of class `k` is in the class's committed
-/// prefix, growing it by whole chunks from its current end (so it stays
-/// one contiguous range: one VMA). Racing threads may mprotect the same
-/// pages twice, which is harmless.
-fn commit(base: usize, l: &Layout, k: usize, idx: usize) -> bool {
-    let committed = &CLASSES[k].committed;
-    let done = committed.load(Ordering::Acquire);
+/// Make sure slot `idx` of class `k` lies in the class's open prefix,
+/// growing it by whole chunks from its current end (so it stays one
+/// contiguous range: at most two VMAs per class): `MADV_DODUMP`, so live
+/// samples are in core dumps, and in lazy mode first `mprotect` of the
+/// slots' side-table and ledger records, then of the slots. Racing threads
+/// may open the same pages twice, which is harmless. `Err(records_open)`
+/// if the kernel refused a commit (lazy mode only), saying whether the
+/// slot's side-table record is writable.
+fn open_prefix(
+    base: usize,
+    meta: *mut SlotMeta,
+    l: &Layout,
+    k: usize,
+    idx: usize,
+) -> Result<(), bool> {
+    let prefix = &CLASSES[k].prefix;
+    let done = prefix.load(Ordering::Acquire);
     if idx < done {
-        return true;
+        return Ok(());
     }
     let chunk = (COMMIT_CHUNK / slot_bytes(k)).max(1);
     let want = (idx + 1).next_multiple_of(chunk).min(l.slots[k]);
     let start = base + l.offset[k] + done * slot_bytes(k);
-    // SAFETY: slots [done, want) of class k lie inside our reservation;
-    // making them readable and writable only adds access (pages a racing
-    // commit already opened keep their contents).
+    let len = (want - done) * slot_bytes(k);
+    if LAZY.load(Ordering::Relaxed) {
+        let (first, end) = (l.id_base[k] + done, l.id_base[k] + want);
+        let meta = meta as usize;
+        if !commit(
+            meta + first * size_of::<SlotMeta>(),
+            meta + end * size_of::<SlotMeta>(),
+        ) {
+            return Err(false);
+        }
+        let table = TABLE.load(Ordering::Relaxed);
+        if table != 0
+            && !commit(
+                table + crate::ledger::table_bytes(first),
+                table + crate::ledger::table_bytes(end),
+            )
+        {
+            return Err(true);
+        }
+        if !commit(start, start + len) {
+            return Err(true);
+        }
+    }
+    // SAFETY: advice on slots of our own reservation; it only changes
+    // what a core dump holds. A failure (the kernel could not split the
+    // VMA) leaves these slots out of core dumps, as before.
+    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DODUMP) };
+    prefix.fetch_max(want, Ordering::Release);
+    Ok(())
+}
+
+/// Lazy mode: make the pages holding `[start, end)` (inside one of our
+/// `PROT_NONE` reservations) readable and writable. Pages a racing commit
+/// already opened keep their contents.
+fn commit(start: usize, end: usize) -> bool {
+    let lo = start & !(PAGE - 1);
+    let hi = end.next_multiple_of(PAGE);
+    // SAFETY: `[lo, hi)` lies inside the region, side table or ledger
+    // table (whole pages of them); making it readable and writable only
+    // adds access.
     let rc = unsafe {
         libc::mprotect(
-            start as *mut libc::c_void,
-            (want - done) * slot_bytes(k),
+            lo as *mut libc::c_void,
+            hi - lo,
             libc::PROT_READ | libc::PROT_WRITE,
         )
     };
-    if rc != 0 {
-        return false;
-    }
-    committed.fetch_max(want, Ordering::Release);
-    true
+    rc == 0
 }
 
 /// Layout in use; only called once the region is READY.
@@ -320,14 +408,18 @@ pub fn claim(p: *const u8) -> Result<usize, BadFree> {
 }
 
 /// Second half: give the slot of `p` (successfully [`claim`]ed) back. Keep
-/// it warm if the class's cache has room, else drop its pages
-/// (`MADV_DONTNEED`) and put it on the cold stack. May change errno.
+/// it warm if the class's cache has room (for the big classes: if the
+/// process-wide [`WARM_BIG_BYTES`] has room for its resident pages), else
+/// drop its pages (`MADV_DONTNEED`) and put it on the cold stack. May
+/// change errno.
 pub fn release(p: *mut u8) {
     let Some((meta, l, k, idx, _)) = locate(p) else {
         return;
     };
     let m = slot_meta(meta, l, k, idx);
     let c = &CLASSES[k];
+    let dirty = m.dirty_pages.load(Ordering::Relaxed) as usize * PAGE;
+    let reserved = k >= FIRST_BIG_CLASS && reserve_big(dirty);
     // One less live; one more warm if the limit (with the live samples
     // left) allows. One compare-exchange: a sample costs no more atomic
     // operations on the class than with a fixed limit.
@@ -335,7 +427,7 @@ pub fn release(p: *mut u8) {
     let keep = loop {
         let live = ((cur >> 32) as u32).wrapping_sub(1);
         let warm = cur as u32;
-        let keep = warm < warm_limit_with_live(k, live);
+        let keep = reserved || warm < warm_limit_with_live(k, live);
         let new = (u64::from(live) << 32) | u64::from(warm + u32::from(keep));
         match c
             .counts
@@ -349,12 +441,22 @@ pub fn release(p: *mut u8) {
         push(&c.warm, meta, l, k, idx);
         return;
     }
-    let len = m.dirty_pages.load(Ordering::Relaxed) as usize * PAGE;
-    // SAFETY: `p` starts slot `idx`, which the caller gives up, and `len`
-    // is at most the slot's size; this only drops that range's pages.
-    unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTNEED) };
+    // SAFETY: `p` starts slot `idx`, which the caller gives up, and
+    // `dirty` is at most the slot's size; this only drops that range's
+    // pages.
+    unsafe { libc::madvise(p.cast(), dirty, libc::MADV_DONTNEED) };
     m.dirty_pages.store(0, Ordering::Relaxed);
     push(&c.cold, meta, l, k, idx);
+}
+
+/// Books `bytes` of warm big slots against [`WARM_BIG_BYTES`]; false if
+/// they do not fit.
+fn reserve_big(bytes: usize) -> bool {
+    WARM_BIG
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+            (cur + bytes <= WARM_BIG_BYTES).then_some(cur + bytes)
+        })
+        .is_ok()
 }
 
 /// Free `p` (a live block returned by [`alloc`]): [`claim`] + [`release`].
@@ -366,8 +468,9 @@ pub fn free(p: *mut u8) -> Result<usize, BadFree> {
 }
 
 /// (side table, layout, class, slot index, `p` is the slot's start) for a
-/// pointer in the region; `None` if it is in no slot (alignment padding)
-/// or the region does not exist.
+/// pointer in the region; `None` if it is in no slot ever placed
+/// (alignment padding, beyond the class's open prefix) or the region does
+/// not exist.
 fn locate(p: *const u8) -> Option<(*mut SlotMeta, &'static Layout, usize, usize, bool)> {
     if STATE.load(Ordering::Acquire) != READY {
         return None;
@@ -384,23 +487,69 @@ fn locate(p: *const u8) -> Option<(*mut SlotMeta, &'static Layout, usize, usize,
         .checked_sub(1)?;
     let rel = off - l.offset[k];
     let idx = rel >> (PAGE_SHIFT as usize + k);
-    (idx < l.slots[k]).then(|| (meta, l, k, idx, rel & (slot_bytes(k) - 1) == 0))
+    // Past the open prefix no slot was ever placed (and in lazy mode its
+    // side-table record is not even readable).
+    (idx < CLASSES[k].prefix.load(Ordering::Acquire))
+        .then(|| (meta, l, k, idx, rel & (slot_bytes(k) - 1) == 0))
 }
 
 /// Map the region and side table on first use. Never waits: a thread that
 /// finds another one mid-initialisation gets `None` (an unplaced sample)
 /// rather than spinning, which could deadlock a signal handler.
+#[inline]
 fn ensure_mapped() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
-    match STATE.load(Ordering::Acquire) {
-        READY => return Some(ready()),
-        UNINIT => {}
-        _ => return None,
+    if STATE.load(Ordering::Acquire) == READY {
+        return Some(ready());
     }
+    initialise()
+}
+
+/// The first use, or a thread that finds the region initialising. The
+/// initialising state names a `MADV_WIPEONFORK` page holding a non-zero
+/// word ([`mapping::fork_marker`]): a thread that finds the word zero is
+/// in a fork child (or grandchild) forked in the middle of the work, and
+/// the thread doing it does not exist there, so it takes the work over,
+/// after dropping what the ancestor had mapped (its own copies), instead of
+/// every sample waiting forever. A process sharing our memory without
+/// being a thread of ours (`clone(CLONE_VM)`) sees the word set and leaves
+/// the work alone, as does every thread of ours.
+#[cold]
+#[inline(never)]
+fn initialise() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
+    let s = STATE.load(Ordering::Acquire);
+    match s {
+        READY => return Some(ready()),
+        FAILED => return None,
+        UNINIT => {}
+        _ => {
+            let marker = (s & !(PAGE as u64 - 1)) as usize;
+            // SAFETY: a marker page is never unmapped; its first word is
+            // only accessed atomically.
+            let busy = marker == 0
+                || unsafe { &*(marker as *const AtomicU64) }.load(Ordering::Acquire) != 0;
+            if busy {
+                return None; // in progress in this address space
+            }
+        }
+    }
+    let marker = mapping::fork_marker();
+    let mine = INITIALISING | marker.unwrap_or(0) as u64;
     if STATE
-        .compare_exchange(UNINIT, INITIALISING, Ordering::Acquire, Ordering::Acquire)
+        .compare_exchange(s, mine, Ordering::Acquire, Ordering::Acquire)
         .is_err()
     {
+        if let Some(m) = marker {
+            mapping::drop_marker(m);
+        }
         return (STATE.load(Ordering::Acquire) == READY).then(ready);
+    }
+    if s != UNINIT {
+        // Forked while an ancestor was initialising: nothing was placed
+        // yet (placement waits for READY), so what it had mapped is
+        // dropped and the work done afresh.
+        BOUNDS.len.store(0, Ordering::Release);
+        BOUNDS.base.store(UNMAPPED_BASE, Ordering::Release);
+        mapping::abandon_partial();
     }
     match map_region() {
         Some(r) => {
@@ -414,6 +563,7 @@ fn ensure_mapped() -> Option<(usize, *mut SlotMeta, &'static Layout)> {
             );
             LAYOUT.store(r.layout, Ordering::Relaxed);
             LAZY.store(r.lazy, Ordering::Relaxed);
+            TABLE.store(r.table, Ordering::Relaxed);
             META.store(r.meta, Ordering::Release);
             BOUNDS.len.store(LAYOUTS[r.layout].len, Ordering::Release);
             BOUNDS.base.store(r.base, Ordering::Release);

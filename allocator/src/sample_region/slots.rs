@@ -35,8 +35,11 @@ pub(super) struct Class {
     pub(super) counts: AtomicU64,
     /// Slots `[0, bump)` have been handed out at least once.
     pub(super) bump: AtomicUsize,
-    /// Lazy mode: slots `[0, committed)` are readable and writable.
-    pub(super) committed: AtomicUsize,
+    /// Slots `[0, prefix)` are the class's open prefix: dumped in a core
+    /// (`MADV_DODUMP`; the rest is `MADV_DONTDUMP`) and, in lazy mode,
+    /// readable and writable with their side-table and ledger records.
+    /// Every slot ever placed lies in it; it never shrinks.
+    pub(super) prefix: AtomicUsize,
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // only used to build CLASSES
@@ -45,13 +48,19 @@ const CLASS_INIT: Class = Class {
     cold: AtomicU64::new(0),
     counts: AtomicU64::new(0),
     bump: AtomicUsize::new(0),
-    committed: AtomicUsize::new(0),
+    prefix: AtomicUsize::new(0),
 };
 /// `Class::counts` units.
 pub(super) const ONE_WARM: u64 = 1;
 pub(super) const ONE_LIVE: u64 = 1 << 32;
 
 pub(super) static CLASSES: [Class; CLASS_COUNT] = [CLASS_INIT; CLASS_COUNT];
+
+/// Resident bytes (dirty pages) reserved by the warm slots of the big
+/// classes (`FIRST_BIG_CLASS..`): reserved before a push, given back after
+/// a pop, so it is at least what those stacks hold at every instant and
+/// never more than `WARM_BIG_BYTES`.
+pub(super) static WARM_BIG: AtomicUsize = AtomicUsize::new(0);
 
 pub(super) fn slot_meta<'a>(meta: *mut SlotMeta, l: &Layout, k: usize, idx: usize) -> &'a SlotMeta {
     debug_assert!(k < l.classes && idx < l.slots[k]);

@@ -1,0 +1,315 @@
+/* The sample region under real programs, one mode per run (argv[1]):
+ *   churn MIB N     N x (malloc MIB MiB, memset, free): minor faults per
+ *                   iteration (getrusage) after a warm-up
+ *   bound           16 x 16 MiB live and written, then all freed: what
+ *                   stays resident (the warm big slots' bound)
+ *   core            a live 32 MiB block filled with a pattern, then abort()
+ *                   (or, with argv[2] = "wait", wait for stdin to close)
+ *   fork-init       forks from two threads while the main thread makes the
+ *                   process's first sampled allocation; every child (and
+ *                   grandchild) must sample
+ *   cancel          a thread with a pending deferred cancel makes the first
+ *                   sampled allocation; malloc must return
+ *   commit          64 MiB held in 64 KiB blocks, then "ready", then waits
+ *                   for stdin to close (the test reads our smaps)
+ *   calloc-usable   calloc from a warm slot: all malloc_usable_size bytes
+ *                   read as zero
+ * Prints result lines; exit status 0 = its own checks passed. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHECK(c)                                                             \
+    do {                                                                     \
+        if (!(c)) {                                                          \
+            fprintf(stderr, "region.c:%d: check failed: %s\n", __LINE__, #c); \
+            exit(1);                                                         \
+        }                                                                    \
+    } while (0)
+
+struct stats { uint64_t sampled, unplaced, freed, live_pages; };
+
+static struct stats get_stats(void) {
+    struct stats s = {0};
+    void (*f)(struct stats *) = (void (*)(struct stats *))dlsym(RTLD_DEFAULT, "allocprof_stats");
+    if (f) f(&s);
+    return s;
+}
+
+static long minflt(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
+
+static long rss_kib(void) {
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    CHECK(f != NULL);
+    CHECK(fscanf(f, "%ld %ld", &pages, &rss) == 2);
+    fclose(f);
+    return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int churn(size_t mib, long n) {
+    size_t size = mib << 20;
+    for (int i = 0; i < 3; i++) { /* warm-up: first faults of whatever is reused */
+        char *p = malloc(size);
+        CHECK(p != NULL);
+        memset(p, i + 1, size);
+        free(p);
+    }
+    struct stats s0 = get_stats();
+    long f0 = minflt();
+    double t0 = now();
+    for (long i = 0; i < n; i++) {
+        char *p = malloc(size);
+        CHECK(p != NULL);
+        memset(p, (int)i, size);
+        free(p);
+    }
+    double t = now() - t0;
+    long f = minflt() - f0;
+    struct stats s1 = get_stats();
+    printf("churn mib=%zu faults_per_iter=%ld pages=%zu sampled=%lu ms=%.1f\n", mib, f / n,
+           size / 4096, (unsigned long)(s1.sampled - s0.sampled), t * 1e3);
+    return 0;
+}
+
+static int bound(void) {
+    enum { N = 16 };
+    static char *b[N];
+    long r0 = rss_kib();
+    for (int i = 0; i < N; i++) {
+        CHECK((b[i] = malloc(16 << 20)) != NULL);
+        memset(b[i], 1, 16 << 20);
+    }
+    long r1 = rss_kib();
+    for (int i = 0; i < N; i++) free(b[i]);
+    long r2 = rss_kib();
+    struct stats s = get_stats();
+    printf("bound held_kib=%ld after_free_kib=%ld sampled=%lu\n", r1 - r0, r2 - r0,
+           (unsigned long)s.sampled);
+    return 0;
+}
+
+/* A 32-byte line repeated over the block: easy to find in a core. */
+static void fill_pattern(char *p, size_t n) {
+    static const char line[33] = "allocprof-core-dump-pattern-0123";
+    for (size_t i = 0; i + 32 <= n; i += 32) memcpy(p + i, line, 32);
+}
+
+static int core(const char *how) {
+    size_t size = 32 << 20;
+    char *p = malloc(size);
+    CHECK(p != NULL);
+    fill_pattern(p, size);
+    struct stats s = get_stats();
+    printf("core block=%p sampled=%lu unplaced=%lu live_pages=%lu\n", (void *)p,
+           (unsigned long)s.sampled, (unsigned long)s.unplaced, (unsigned long)s.live_pages);
+    fflush(stdout);
+    if (how && !strcmp(how, "wait")) {
+        char c;
+        while (read(0, &c, 1) > 0) {}
+        free(p);
+        return 0;
+    }
+    abort();
+}
+
+/* --- fork-init -------------------------------------------------------- */
+
+static atomic_int stop, forking;
+static double t_start, t_end;
+
+/* In a fork child: sample once, and have a child of its own do so too. */
+static int child_samples(int depth) {
+    struct stats s0 = get_stats();
+    void *p = malloc(1u << 30); /* sampled (R = 64m): untouched, address space only */
+    if (!p) return 10;
+    struct stats s1 = get_stats();
+    int bad = s1.sampled == s0.sampled || s1.unplaced != s0.unplaced;
+    free(p);
+    if (depth == 0) {
+        pid_t g = fork();
+        if (g == 0) _exit(child_samples(1));
+        int st = 0;
+        if (g < 0 || waitpid(g, &st, 0) != g || !WIFEXITED(st) || WEXITSTATUS(st) != 0) bad |= 2;
+    }
+    return bad;
+}
+
+enum { MAX_CHILDREN = 300 };
+struct forker { long children, bad, in_window; pid_t pid[MAX_CHILDREN]; double t[MAX_CHILDREN]; };
+
+/* Forks as fast as it can (children are reaped afterwards), so that some
+ * forks land while the main thread is creating the region. */
+static void *forker(void *arg) {
+    struct forker *f = arg;
+    atomic_fetch_add(&forking, 1);
+    while (!atomic_load(&stop) && f->children < MAX_CHILDREN) {
+        double t = now();
+        pid_t c = fork();
+        if (c == 0) _exit(child_samples(0));
+        CHECK(c > 0);
+        f->pid[f->children] = c;
+        f->t[f->children++] = t;
+    }
+    for (long i = 0; i < f->children; i++) {
+        int st = 0;
+        CHECK(waitpid(f->pid[i], &st, 0) == f->pid[i]);
+        f->bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        f->in_window += f->t[i] >= t_start && f->t[i] <= t_end;
+    }
+    return NULL;
+}
+
+static int fork_init(void) {
+    struct stats s = get_stats();
+    if (s.sampled != 0) {
+        printf("fork-init early-sample sampled=%lu\n", (unsigned long)s.sampled);
+        return 3;
+    }
+    pthread_t th[2];
+    struct forker f[2] = {{0}};
+    for (int i = 0; i < 2; i++) CHECK(pthread_create(&th[i], NULL, forker, &f[i]) == 0);
+    while (atomic_load(&forking) < 2) {}
+    struct timespec d = {0, 200000};
+    nanosleep(&d, NULL);
+    t_start = now();
+    void *p = malloc(1u << 30); /* the process's first sampled allocation */
+    t_end = now();
+    CHECK(p != NULL);
+    struct timespec d2 = {0, 2000000};
+    nanosleep(&d2, NULL);
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    s = get_stats();
+    printf("fork-init children=%ld bad=%ld in_window=%ld parent_unplaced=%lu\n",
+           f[0].children + f[1].children, f[0].bad + f[1].bad,
+           f[0].in_window + f[1].in_window, (unsigned long)s.unplaced);
+    free(p);
+    return 0;
+}
+
+/* --- cancel ----------------------------------------------------------- */
+
+static atomic_int returned;
+static struct stats cancel_stats;
+
+static void *cancelled_thread(void *arg) {
+    (void)arg;
+    /* Deferred (the default): the cancel stays pending until the next
+     * cancellation point. malloc must not be one. */
+    CHECK(pthread_cancel(pthread_self()) == 0);
+    void *p = malloc(128 << 20); /* the process's first sampled allocation (R = 8m) */
+    atomic_store(&returned, 1);
+    cancel_stats = get_stats();
+    free(p);
+    pthread_testcancel();
+    return NULL;
+}
+
+static int cancel(void) {
+    struct stats s = get_stats();
+    if (s.sampled != 0) {
+        printf("cancel early-sample sampled=%lu\n", (unsigned long)s.sampled);
+        return 3;
+    }
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, cancelled_thread, NULL) == 0);
+    void *res = NULL;
+    CHECK(pthread_join(th, &res) == 0);
+    int was_cancelled = res == PTHREAD_CANCELED;
+    for (int i = 0; i < 100; i++) { /* each sampled but 1 in 3,000 (64 MiB at R = 8m) */
+        void *p = malloc(64 << 20);
+        CHECK(p != NULL);
+        free(p);
+    }
+    s = get_stats();
+    printf("cancel returned=%d cancelled=%d first_sampled=%lu first_unplaced=%lu sampled=%lu "
+           "unplaced=%lu\n",
+           atomic_load(&returned), was_cancelled, (unsigned long)cancel_stats.sampled,
+           (unsigned long)cancel_stats.unplaced, (unsigned long)s.sampled,
+           (unsigned long)s.unplaced);
+    return 0;
+}
+
+/* --- commit ----------------------------------------------------------- */
+
+static int commit(void) {
+    enum { N = 1024 };
+    static char *b[N];
+    for (int i = 0; i < N; i++) {
+        CHECK((b[i] = malloc(64 << 10)) != NULL);
+        memset(b[i], 1, 64 << 10);
+    }
+    struct stats s = get_stats();
+    printf("ready sampled=%lu unplaced=%lu live_pages=%lu\n", (unsigned long)s.sampled,
+           (unsigned long)s.unplaced, (unsigned long)s.live_pages);
+    fflush(stdout);
+    char c;
+    while (read(0, &c, 1) > 0) {}
+    for (int i = 0; i < N; i++) free(b[i]);
+    return 0;
+}
+
+/* --- calloc-usable ---------------------------------------------------- */
+
+static int calloc_usable(void) {
+    const size_t sizes[] = {100, 5000, 70000, (1 << 20) + 100, (3 << 20) + 100};
+    int reused = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        unsigned char *p = malloc(n);
+        CHECK(p != NULL);
+        size_t u = malloc_usable_size(p);
+        memset(p, 0xa5, u);
+        free(p);
+        unsigned char *q = calloc(1, n);
+        CHECK(q != NULL);
+        reused += q == p;
+        size_t uq = malloc_usable_size(q);
+        CHECK(uq >= n);
+        for (size_t j = 0; j < uq; j++) {
+            if (q[j] != 0) {
+                printf("calloc-usable size=%zu usable=%zu nonzero_at=%zu\n", n, uq, j);
+                return 1;
+            }
+        }
+        free(q);
+    }
+    struct stats s = get_stats();
+    printf("calloc-usable ok reused=%d sampled=%lu\n", reused, (unsigned long)s.sampled);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "churn") && argc > 3) return churn((size_t)atol(argv[2]), atol(argv[3]));
+    if (!strcmp(mode, "bound")) return bound();
+    if (!strcmp(mode, "core")) return core(argc > 2 ? argv[2] : NULL);
+    if (!strcmp(mode, "fork-init")) return fork_init();
+    if (!strcmp(mode, "cancel")) return cancel();
+    if (!strcmp(mode, "commit")) return commit();
+    if (!strcmp(mode, "calloc-usable")) return calloc_usable();
+    fprintf(stderr, "unknown mode '%s'\n", mode);
+    return 2;
+}
