@@ -32,9 +32,9 @@ pub(crate) struct ThreadState {
     stack: StackCache,
 }
 
-/// The mapping that held this thread's stack pointer when /proc/self/maps
-/// was last read (`lo == hi == 0`: never, or not found), and how many times
-/// it was read (the ledger caps that).
+/// The mapping that held this thread's stack pointer when the kernel was
+/// last asked (PROCMAP_QUERY; `lo == hi == 0`: never, or not found), and
+/// how many times it was asked (the ledger caps that).
 #[repr(C)]
 pub(crate) struct StackCache {
     pub(crate) parses: u32,
