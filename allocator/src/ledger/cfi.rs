@@ -580,8 +580,9 @@ pub(crate) fn find_fde(mem: Mem, hdr: usize, pc: usize) -> Option<usize> {
 }
 
 /// The readable segment holding `hdr` in the object mapped at
-/// `[map_start, map_end)`, from its program headers: the ELF header lies
-/// at `map_start` (the first `PT_LOAD` maps file offset 0 there; checked).
+/// `[map_start, map_end)`, from its program headers: the ELF header and
+/// the program headers lie in the first page at `map_start` (the first
+/// `PT_LOAD` maps file offset 0 there; checked).
 fn eh_segment(map_start: usize, map_end: usize, hdr: usize) -> Option<Mem> {
     const PT_LOAD: u32 = 1;
     const PF_R: u32 = 4;
@@ -596,7 +597,9 @@ fn eh_segment(map_start: usize, map_end: usize, hdr: usize) -> Option<Mem> {
     let phoff = u64::from_le_bytes(ehdr[32..40].try_into().ok()?) as usize;
     let phentsize = u16::from_le_bytes([ehdr[54], ehdr[55]]) as usize;
     let phnum = u16::from_le_bytes([ehdr[56], ehdr[57]]) as usize;
-    if phentsize != 56 || phnum > 64 {
+    // The program headers must lie in the first page, which the first
+    // segment maps (a gap between segments may be PROT_NONE).
+    if phentsize != 56 || phoff.checked_add(phnum * 56).is_none_or(|e| e > 4096) {
         return None;
     }
     let mut loads = [(0usize, 0usize, 0usize, 0u32); 16];
