@@ -51,12 +51,12 @@ const MAX_QUERIES: u32 = 8;
 /// walk may start while that timeline is at most `UNWIND_BURST_NS` ahead of
 /// the clock (a generic cell rate algorithm). The CFI walk costs about
 /// what libgcc's `_Unwind_Backtrace` did (measured side by side: 12 vs
-/// 9 µs for 13 frames, 16 µs for 32 vs 22 µs for 48, on a loaded 2-core
-/// machine; ~3 µs a stack idle): at the default rate a program makes a few
-/// thousand samples a second and each gets its whole stack, but a churn of
-/// small blocks makes 10^5 and would spend a third of its time unwinding.
-/// Past the budget a stack is cut after malloc's caller (`FLAG_TRUNCATED`),
-/// which frame pointers still give.
+/// 9 µs for 13 frames, 16 µs for 32 vs 22 µs for 48, on a 2-core machine
+/// at load 9; libgcc's was ~3 µs a stack idle): at the default rate a
+/// program makes a few thousand samples a second and each gets its whole
+/// stack, but a churn of small blocks makes 10^5 and would spend a third
+/// of its time unwinding. Past the budget a stack is cut after malloc's
+/// caller (`FLAG_TRUNCATED`), which frame pointers still give.
 const UNWIND_COST_FACTOR: u64 = 100;
 /// How far the booked timeline may run ahead: after a quiet second, ~10 ms
 /// of walks (several thousand stacks) go through at once, so the burst that
