@@ -21,9 +21,10 @@
 //!
 //! Stacks are taken on the sampling slow path, innermost first, allocator
 //! frames included ([`capture`]): by following frame pointers inside this
-//! thread's stack mapping when the chain ends cleanly, else by the CFI
-//! unwinder (`_Unwind_Backtrace`, [`FLAG_UNWOUND`]). See [`capture`] for
-//! why neither can crash, recurse or deadlock the process.
+//! thread's stack mapping when the chain ends cleanly, else by the
+//! ledger's own CFI unwinder (`cfi`, [`FLAG_UNWOUND`]; never libgcc's,
+//! which takes locks). See `stack` for why neither can crash, recurse or
+//! deadlock the process.
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 
@@ -35,6 +36,7 @@ use profiler_common::ledger::{
 use self::stack::take_stack;
 use crate::thread_state;
 
+mod cfi;
 mod stack;
 
 #[repr(C, align(64))]
@@ -262,8 +264,8 @@ pub(crate) fn snapshot_record(id: usize) -> Option<[u64; RECORD_WORDS]> {
 }
 
 #[cfg(test)]
-pub(crate) fn unwind_for_test(frames: &mut [u64; FRAMES]) -> (usize, bool) {
-    stack::unwind(frames)
+pub(crate) fn stack_mapping_for_test(addr: usize) -> Option<(usize, usize)> {
+    stack::mapping_of(addr)
 }
 
 #[cfg(test)]

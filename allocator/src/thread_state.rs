@@ -23,16 +23,18 @@ pub(crate) struct ThreadState {
     pid: i32,
     /// 0 until this thread's first slow path has seeded `sampler`.
     initialised: u32,
-    /// Set while the slow path runs, so a signal handler allocating in the
-    /// middle of it neither samples nor corrupts the half-updated state.
-    busy: u32,
+    /// While the slow path runs, the stack pointer it entered with (else
+    /// 0), so a signal handler allocating in the middle of it neither
+    /// samples nor corrupts the half-updated state; see [`enter`] for a
+    /// holder that a handler's `siglongjmp` left.
+    busy_sp: usize,
     /// The ledger's stack walks: where this thread's stack is.
     stack: StackCache,
 }
 
-/// The mapping that held this thread's stack pointer when /proc/self/maps
-/// was last read (`lo == hi == 0`: never, or not found), and how many times
-/// it was read (the ledger caps that).
+/// The mapping that held this thread's stack pointer when the kernel was
+/// last asked (PROCMAP_QUERY; `lo == hi == 0`: never, or not found), and
+/// how many times it was asked (the ledger caps that).
 #[repr(C)]
 pub(crate) struct StackCache {
     pub(crate) parses: u32,
@@ -71,16 +73,84 @@ pub(crate) fn exclusive<R>(f: impl FnOnce(&mut StackCache) -> R) -> Option<R> {
     // flag makes this section non-reentrant on the thread, and no other
     // thread ever touches it.
     unsafe {
-        if (*st).busy != 0 {
+        if !enter(st) {
             return None;
         }
-        (*st).busy = 1;
-        compiler_fence(Ordering::SeqCst);
         let r = f(&mut *addr_of_mut!((*st).stack));
-        compiler_fence(Ordering::SeqCst);
-        (*st).busy = 0;
+        leave(st);
         Some(r)
     }
+}
+
+/// Marks this thread's slow path busy; `false` if it already is, by a
+/// holder still on the stack.
+///
+/// A signal handler that interrupts the slow path runs below the
+/// interrupted stack pointer (the kernel puts its frame under the red
+/// zone) or on the alternate signal stack, and so below the holder's entry
+/// stack pointer. If it leaves with `siglongjmp` (as a timeout handler
+/// may), the holder never clears the flag; a later slow path at or above
+/// the holder's entry stack pointer, not on the alternate signal stack,
+/// proves the holder's frames are gone and takes over. (A thread whose
+/// every later allocation runs deeper than the abandoned one stays
+/// unsampled: the price of never mistaking an interrupted holder for a
+/// gone one.)
+///
+/// # Safety
+/// `st` is this thread's state.
+#[inline(always)]
+unsafe fn enter(st: *mut ThreadState) -> bool {
+    let sp = stack_pointer();
+    // SAFETY: the caller's contract.
+    let holder = unsafe { (*st).busy_sp };
+    if holder != 0 && (sp < holder || on_alternate_stack()) {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { (*st).busy_sp = sp.max(1) };
+    compiler_fence(Ordering::SeqCst);
+    true
+}
+
+/// # Safety
+/// `st` is this thread's state, entered with [`enter`].
+#[inline(always)]
+unsafe fn leave(st: *mut ThreadState) {
+    compiler_fence(Ordering::SeqCst);
+    // SAFETY: the caller's contract.
+    unsafe { (*st).busy_sp = 0 };
+}
+
+#[inline(always)]
+fn stack_pointer() -> usize {
+    let sp: usize;
+    // SAFETY: copies a register.
+    unsafe {
+        core::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags));
+    }
+    sp
+}
+
+/// Whether this thread runs on its alternate signal stack (one raw
+/// syscall; only asked when the slow path is found busy). If it cannot
+/// tell, it says yes: the holder is then not taken over.
+#[cold]
+fn on_alternate_stack() -> bool {
+    let mut ss = libc::stack_t {
+        ss_sp: ptr::null_mut(),
+        ss_flags: 0,
+        ss_size: 0,
+    };
+    // SAFETY: sigaltstack with no new stack only writes the current one
+    // into `ss`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sigaltstack,
+            ptr::null::<libc::stack_t>(),
+            &raw mut ss,
+        )
+    };
+    r != 0 || ss.ss_flags & libc::SS_ONSTACK != 0
 }
 
 /// This thread's state. Two instructions, no call.
@@ -132,11 +202,9 @@ fn resolve_inner(size: usize) -> u64 {
     // flag makes this section non-reentrant on the thread, and no other
     // thread ever touches it.
     unsafe {
-        if (*st).busy != 0 {
+        if !enter(st) {
             return 0;
         }
-        (*st).busy = 1;
-        compiler_fence(Ordering::SeqCst);
 
         let pid = current_pid();
         let sampled = if (*st).initialised == 0 || (*st).pid != pid {
@@ -154,8 +222,7 @@ fn resolve_inner(size: usize) -> u64 {
             0
         };
 
-        compiler_fence(Ordering::SeqCst);
-        (*st).busy = 0;
+        leave(st);
         // A 0-byte allocation is never sampled, so 0 is unambiguous.
         weight
     }

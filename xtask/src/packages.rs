@@ -24,6 +24,9 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("golang-go", "/usr/bin/go"),
     // rsvg-convert renders the flamegraph exports in the tests.
     ("librsvg2-bin", "/usr/bin/rsvg-convert"),
+    // lli, a JIT that registers its code's unwind info with libgcc
+    // (preload/tests/slow_path.rs).
+    ("llvm-14", "/usr/bin/lli-14"),
 ];
 
 const BENCH_PACKAGES: &[(&str, &str)] = &[

@@ -1,7 +1,8 @@
-use super::stack::MapsParser;
 use super::*;
 use crate::{sample_region, sampled};
-use profiler_common::ledger::{Record as Decoded, decode_header, decode_record};
+use profiler_common::ledger::{
+    FLAG_TRUNCATED, FLAG_UNWOUND, Record as Decoded, decode_header, decode_record,
+};
 
 fn header() -> profiler_common::ledger::Header {
     let a = snapshot_header();
@@ -93,25 +94,6 @@ fn a_fork_child_sees_its_parents_live_records() {
     sampled::release(p);
 }
 
-#[test]
-fn the_unwinder_passes_through_its_callers() {
-    #[inline(never)]
-    fn from_here(frames: &mut [u64; FRAMES]) -> (usize, bool) {
-        let r = unwind_for_test(frames);
-        core::hint::black_box(r)
-    }
-    let mut frames = [0; FRAMES];
-    let (n, _) = from_here(&mut frames);
-    let f = from_here as *const () as usize;
-    assert!(
-        frames[..n].iter().any(|&a| in_function(f, a, 256)),
-        "{:x?}",
-        &frames[..n]
-    );
-    let me = the_unwinder_passes_through_its_callers as *const () as usize;
-    assert!(frames[..n].iter().any(|&a| in_function(me, a, 4096)));
-}
-
 /// The walk reads only inside [sp, hi), whatever the chain holds.
 #[test]
 fn frame_pointer_walks_stay_inside_the_stack() {
@@ -124,8 +106,8 @@ fn frame_pointer_walks_stay_inside_the_stack() {
     let set = |i: usize, v: usize| unsafe { stack.add(i).write_volatile(v) };
     let hi = at(64);
     let mut out = [0; FRAMES];
-    // Learns where glibc's text is (the first maps read does).
-    stack::stack_mapping(base);
+    // Learns where glibc's text is.
+    stack::learn_text();
     let in_libc = libc::getpid as *const () as usize + 1;
     // A clean chain: 0 -> 4 -> 10 -> null, ending in glibc (the process's
     // or a thread's start) after the program's frames.
@@ -168,34 +150,60 @@ fn frame_pointer_walks_stay_inside_the_stack() {
     );
 }
 
+/// One PROCMAP_QUERY gives the mapping /proc/self/maps lists.
 #[test]
-fn maps_lines_are_found_across_chunk_boundaries() {
-    let maps = b"55d0c0000000-55d0c0021000 r--p 00000000 08:01 1 /bin/x\n\
-7ffd1c000000-7ffd1c021000 rw-p 00000000 00:00 0 [stack]\n\
-7f0000000000-7f0000028000 r--p 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libc.so.6\n\
-7f0000028000-7f000017d000 r-xp 00028000 08:01 2 /usr/lib/x86_64-linux-gnu/libc.so.6\n\
-7f000017d000-7f00001d5000 r-xp 00028000 08:01 3 /usr/lib/x86_64-linux-gnu/libc.so.60\n\
-7ffd1c100000-7ffd1c102000 r-xp 00000000 00:00 0 [vdso]\n";
-    for chunk in 1..maps.len() {
-        let mut p = MapsParser::new(0x7ffd_1c01_0000, 0x55d0_c000_0100);
-        maps.chunks(chunk).for_each(|c| p.feed(c));
-        assert_eq!(
-            p.stack,
-            Some((0x7ffd_1c00_0000, 0x7ffd_1c02_1000)),
-            "{chunk}"
-        );
-        assert_eq!(
-            p.libc,
-            Some((0x7f00_0002_8000, 0x7f00_0017_d000)),
-            "{chunk}"
-        );
-        // Not executable: not our text.
-        assert_eq!(p.own, None);
-        let mut p = MapsParser::new(0x1000, 0x7f00_0002_8100);
-        maps.chunks(chunk).for_each(|c| p.feed(c));
-        assert_eq!(p.stack, None);
-        assert_eq!(p.own, p.libc);
-    }
+fn the_stack_mapping_is_asked_of_the_kernel() {
+    let local = 0u64;
+    let at = &raw const local as usize;
+    let (lo, hi) = stack::mapping_of(at).expect("PROCMAP_QUERY (Linux >= 6.11)");
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let line = maps
+        .lines()
+        .find(|l| {
+            let (a, b) = l
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            let (a, b) = (
+                usize::from_str_radix(a, 16).unwrap(),
+                usize::from_str_radix(b, 16).unwrap(),
+            );
+            a <= at && at < b
+        })
+        .unwrap();
+    assert!(
+        line.starts_with(&format!("{lo:x}-{hi:x} ")),
+        "{line} vs {lo:x}-{hi:x}"
+    );
+    // Nothing mapped at 0.
+    assert_eq!(stack::mapping_of(0), None);
+}
+
+/// Without PROCMAP_QUERY (Linux < 6.11) the stack's mapping is unknown:
+/// only the allocator's own frames and its caller's, cut short, never a
+/// read of the whole maps file.
+#[test]
+fn without_the_query_a_stack_is_cut_after_the_allocators_caller() {
+    let (flags, frames) = std::thread::spawn(|| {
+        stack::tests_support::NO_QUERY.set(true);
+        let p = sample_here(700);
+        let id = sample_region::slot_id(p).unwrap();
+        let Decoded::Live(r) = decoded(id) else {
+            panic!("not live");
+        };
+        sampled::release(p);
+        (r.flags, r.frames().to_vec())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(flags & (FLAG_TRUNCATED | FLAG_UNWOUND), FLAG_TRUNCATED);
+    let f = sample_here as *const () as usize;
+    assert!(
+        frames.iter().any(|&a| in_function(f, a, 512)),
+        "no frame in sample_here: {frames:x?}"
+    );
 }
 
 #[test]
