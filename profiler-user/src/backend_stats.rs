@@ -8,7 +8,6 @@
 //! consistent and plausible (`backend_stats::decode`), and the address read
 //! is always inside the process's own mapping of the library.
 
-use std::io;
 use std::time::Duration;
 
 use profiler_common::backend_stats::{self as layout, BackendFigures, BlockError, WORDS};
@@ -16,6 +15,7 @@ use thiserror::Error;
 
 use crate::discover::{FileId, MapsEntry};
 use crate::stats::human_bytes;
+use crate::target_memory::{self, LiveThread, TargetMemory};
 
 /// What the backend says of its heap, as of `age` ago.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +80,7 @@ impl BackendHeap {
 #[derive(Debug, Error)]
 pub enum ReadError {
     #[error("reading the process's memory: {0}")]
-    Io(#[from] io::Error),
+    Memory(#[from] target_memory::ReadError),
     #[error("the block is not usable: {0:?}")]
     Block(BlockError),
 }
@@ -102,13 +102,23 @@ pub fn data_address(maps: &[MapsEntry], file: FileId, offset: u64, len: u64) -> 
         })
 }
 
-/// Copies and decodes the block at `address` of process `pid`, trying again
-/// (a few times) while the library is rewriting it.
-pub fn read(pid: u32, address: u64, now_monotonic_ns: u64) -> Result<BackendHeap, ReadError> {
+/// Copies and decodes the block at `address` of `thread`'s process, trying
+/// again (a few times) while the library is rewriting it.
+pub fn read(
+    mem: &TargetMemory,
+    thread: LiveThread,
+    address: u64,
+    now_monotonic_ns: u64,
+) -> Result<BackendHeap, ReadError> {
     let mut last = BlockError::Torn;
+    let copy = || -> Result<[u64; WORDS], ReadError> {
+        let words = mem.read_words(thread, address, WORDS)?;
+        // The block is little-endian words, as this (x86-64) host.
+        Ok(words.try_into().expect("block words"))
+    };
     for _ in 0..4 {
-        let first = copy(pid, address)?;
-        let second = copy(pid, address)?;
+        let first = copy()?;
+        let second = copy()?;
         match layout::decode(&first, &second) {
             Ok(f) => return Ok(heap(f, now_monotonic_ns)),
             Err(BlockError::Torn) => {
@@ -132,32 +142,6 @@ fn heap(f: BackendFigures, now_ns: u64) -> BackendHeap {
         // A clock ahead of ours (another time namespace) reads as fresh.
         age: Duration::from_nanos(now_ns.saturating_sub(f.refreshed_ns)),
     }
-}
-
-fn copy(pid: u32, address: u64) -> io::Result<[u64; WORDS]> {
-    let mut words = [0u64; WORDS];
-    let local = libc::iovec {
-        iov_base: words.as_mut_ptr().cast(),
-        iov_len: layout::BYTES,
-    };
-    let remote = libc::iovec {
-        iov_base: address as *mut libc::c_void,
-        iov_len: layout::BYTES,
-    };
-    // SAFETY: `local` is our own writable buffer of exactly iov_len bytes;
-    // the remote side is only read, by the kernel, in the other process.
-    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if n as usize != layout::BYTES {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "short read of the statistics block",
-        ));
-    }
-    // The block is little-endian words, as this (x86-64) host.
-    Ok(words)
 }
 
 #[cfg(test)]
@@ -190,9 +174,9 @@ mod tests {
     #[test]
     fn our_own_memory_reads_back_and_garbage_is_refused() {
         let mut block = [0u64; WORDS];
-        let pid = std::process::id();
+        let (mem, me) = (TargetMemory::default(), LiveThread::current());
         let addr = block.as_ptr() as u64;
-        let err = read(pid, addr, 0).unwrap_err();
+        let err = read(&mem, me, addr, 0).unwrap_err();
         assert!(matches!(err, ReadError::Block(BlockError::Magic)), "{err}");
         use layout::word;
         block[word::MAGIC] = layout::MAGIC;
@@ -206,7 +190,7 @@ mod tests {
             block[w] = layout::UNKNOWN;
         }
         let addr = std::hint::black_box(block.as_ptr()) as u64;
-        let h = read(pid, addr, 7_000_000_000).unwrap();
+        let h = read(&mem, me, addr, 7_000_000_000).unwrap();
         assert_eq!(h.backend, "mimalloc");
         assert_eq!(h.committed, Some(8 << 20));
         assert_eq!(h.in_use, None);
@@ -231,6 +215,6 @@ mod tests {
             glibc.describe()
         );
         // An address the process does not map.
-        assert!(matches!(read(pid, 8, 0), Err(ReadError::Io(_))));
+        assert!(matches!(read(&mem, me, 8, 0), Err(ReadError::Memory(_))));
     }
 }

@@ -421,6 +421,9 @@ pub struct Process {
     pub tid: u32,
     /// `/proc/PID`, or `/proc/PID/task/TID` when the main thread is gone.
     dir: PathBuf,
+    /// When the process started (clock ticks since boot), from its
+    /// leader's `stat`, zombie or not.
+    started: Option<u64>,
 }
 
 impl Process {
@@ -428,8 +431,14 @@ impl Process {
     pub fn find(pid: u32) -> Option<Process> {
         let dir = PathBuf::from(format!("/proc/{pid}"));
         let stat = read_string(&dir.join("stat"), MAX_SMALL_BYTES).ok()?;
+        let started = stat_start_ticks(&stat);
         if stat_is_live(&stat) {
-            return Some(Process { pid, tid: pid, dir });
+            return Some(Process {
+                pid,
+                tid: pid,
+                dir,
+                started,
+            });
         }
         // The leader exited (pthread_exit); the process lives on while
         // another thread does.
@@ -449,6 +458,7 @@ impl Process {
                     pid,
                     tid,
                     dir: task,
+                    started,
                 });
             }
         }
@@ -461,9 +471,16 @@ impl Process {
         Ok(parse_maps_read(text, MAX_MAPS_BYTES))
     }
 
-    /// When it started, in clock ticks since boot.
+    /// When it started, in clock ticks since boot (the process's start,
+    /// not the live thread's).
     pub fn start_ticks(&self) -> Option<u64> {
-        stat_start_ticks(&read_string(&self.dir.join("stat"), MAX_SMALL_BYTES).ok()?)
+        self.started
+    }
+
+    /// The live thread its memory is read through (`process_vm_readv` of
+    /// the thread-group id fails once the main thread called `pthread_exit`).
+    pub fn thread(&self) -> crate::target_memory::LiveThread {
+        crate::target_memory::LiveThread::found(self.pid, self.tid, self.started.unwrap_or(0))
     }
 
     /// What it has resident now.
@@ -484,7 +501,8 @@ impl Process {
     }
 
     /// The sampling rate it runs with: its `ALLOCPROF_RATE`, read as the
-    /// allocator reads it (absent or malformed means the default).
+    /// allocator reads it (absent or malformed means the default). Reads
+    /// its memory: through `target_memory::TargetMemory` only.
     pub(crate) fn sampling_rate(&self) -> u64 {
         read_bounded(&self.dir.join("environ"), MAX_SMALL_BYTES)
             .map_or(profiler_common::rate::DEFAULT_RATE, |e| rate_in_environ(&e))
@@ -667,11 +685,6 @@ impl Scanner {
             })
             .clone()
     }
-}
-
-/// The sampling rate a process runs with (the default if it is gone).
-pub(crate) fn sampling_rate(pid: u32) -> u64 {
-    Process::find(pid).map_or(profiler_common::rate::DEFAULT_RATE, |p| p.sampling_rate())
 }
 
 #[cfg(test)]

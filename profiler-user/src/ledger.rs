@@ -8,13 +8,13 @@
 //! are checked (`ledger::decode_header`, `decode_record`), reads are bounded
 //! ([`MAX_RECORDS`]), and what fails a check is counted and skipped.
 
-use std::io;
-
 use profiler_common::ledger::{
     self as layout, HEADER_BYTES, HEADER_WORDS, Header, HeaderError, LiveRecord, RECORD_BYTES,
     RECORD_WORDS, Record,
 };
 use thiserror::Error;
+
+use crate::target_memory::{self, LiveThread, TargetMemory, Unreadable};
 
 /// A frame address the session appends to a ledger stack the allocator cut
 /// short (`FLAG_TRUNCATED`: its unwinding budget spent, or deeper than a
@@ -24,8 +24,9 @@ use thiserror::Error;
 pub const CUT_FRAME: u64 = 0xffff_ffff_ffff_ffe0;
 
 /// Most records read from one process: 256 Ki records (78 MiB, copied
-/// twice). Far above what a process holds at the default rate (a 100 GiB
-/// heap is ~200k live samples); the rest are counted as not read.
+/// twice, a chunk at a time). Far above what a process holds at the default
+/// rate (a 100 GiB heap is ~200k live samples); the rest are counted as not
+/// read.
 pub const MAX_RECORDS: u64 = 1 << 18;
 /// Records copied per `process_vm_readv` (1.2 MiB).
 const CHUNK_RECORDS: u64 = 4096;
@@ -40,10 +41,10 @@ pub struct LedgerEntry {
     pub record: LiveRecord,
 }
 
-/// What one read of a ledger found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What one read of a ledger found besides its live records (which go to
+/// the reader's sink as they are copied: a ledger is never held whole).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LedgerRead {
-    pub live: Vec<LedgerEntry>,
     /// Records still being rewritten after a few tries (a block allocated
     /// or freed right then: the kernel's probes see it).
     pub torn: u64,
@@ -69,19 +70,42 @@ pub struct LedgerStatus {
     pub torn: u64,
     pub garbage: u64,
     pub unread: u64,
+    /// Live records from before attach not seeded: past the per-process or
+    /// the session's cap on live samples (their bytes are counted as lost,
+    /// the estimate is a lower bound).
+    pub dropped: u64,
 }
 
 #[derive(Debug, Error)]
 pub enum ReadError {
     #[error("reading the process's memory: {0}")]
-    Io(#[from] io::Error),
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Unreadable(#[from] Unreadable),
     #[error("the ledger header is not usable: {0:?}")]
     Header(HeaderError),
 }
 
-/// Copies and checks the ledger whose header is at `address` in `pid`.
-pub fn read(pid: u32, address: u64) -> Result<LedgerRead, ReadError> {
-    let header = read_header(pid, address)?;
+impl From<target_memory::ReadError> for ReadError {
+    fn from(e: target_memory::ReadError) -> ReadError {
+        match e {
+            target_memory::ReadError::Io(e) => ReadError::Io(e),
+            target_memory::ReadError::Unreadable(e) => ReadError::Unreadable(e),
+        }
+    }
+}
+
+/// Copies and checks the ledger whose header is at `address` in `thread`'s
+/// process, a chunk of records at a time; each live record goes to `live`.
+/// On an error, records already given may be incomplete: the caller drops
+/// what it made of them.
+pub fn read(
+    mem: &TargetMemory,
+    thread: LiveThread,
+    address: u64,
+    live: &mut dyn FnMut(LedgerEntry),
+) -> Result<LedgerRead, ReadError> {
+    let header = read_header(mem, thread, address)?;
     let mut out = LedgerRead::default();
     let mut budget = MAX_RECORDS;
     for (first, used) in header.used_ranges() {
@@ -91,21 +115,20 @@ pub fn read(pid: u32, address: u64) -> Result<LedgerRead, ReadError> {
         let mut index = first;
         while index < first + take {
             let n = CHUNK_RECORDS.min(first + take - index);
-            read_chunk(pid, &header, index, n, &mut out)?;
+            read_chunk(mem, thread, &header, index, n, &mut out, live)?;
             index += n;
         }
     }
     Ok(out)
 }
 
-fn read_header(pid: u32, address: u64) -> Result<Header, ReadError> {
+fn read_header(mem: &TargetMemory, thread: LiveThread, address: u64) -> Result<Header, ReadError> {
     let mut last = HeaderError::Torn;
     for _ in 0..4 {
-        let mut first = [0u64; HEADER_WORDS];
-        let mut second = [0u64; HEADER_WORDS];
-        copy(pid, address, &mut first)?;
-        copy(pid, address, &mut second)?;
-        match layout::decode_header(&first, &second) {
+        let first = mem.read_words(thread, address, HEADER_WORDS)?;
+        let second = mem.read_words(thread, address, HEADER_WORDS)?;
+        let words = |v: &[u64]| -> [u64; HEADER_WORDS] { v.try_into().expect("header words") };
+        match layout::decode_header(&words(&first), &words(&second)) {
             Ok(h) => return Ok(h),
             Err(HeaderError::Torn) => std::thread::yield_now(),
             Err(e) => {
@@ -118,18 +141,18 @@ fn read_header(pid: u32, address: u64) -> Result<Header, ReadError> {
 }
 
 fn read_chunk(
-    pid: u32,
+    mem: &TargetMemory,
+    thread: LiveThread,
     header: &Header,
     index: u64,
     n: u64,
     out: &mut LedgerRead,
+    live: &mut dyn FnMut(LedgerEntry),
 ) -> Result<(), ReadError> {
     let words = n as usize * RECORD_WORDS;
-    let mut first = vec![0u64; words];
-    let mut second = vec![0u64; words];
     let address = header.record_address(index);
-    copy(pid, address, &mut first)?;
-    copy(pid, address, &mut second)?;
+    let first = mem.read_words(thread, address, words)?;
+    let second = mem.read_words(thread, address, words)?;
     for i in 0..n as usize {
         let span = i * RECORD_WORDS..(i + 1) * RECORD_WORDS;
         let a: &[u64; RECORD_WORDS] = first[span.clone()].try_into().expect("record span");
@@ -140,13 +163,15 @@ fn read_chunk(
             if record != Record::Torn {
                 break;
             }
-            let (mut a, mut b) = ([0u64; RECORD_WORDS], [0u64; RECORD_WORDS]);
-            copy(pid, at, &mut a)?;
-            copy(pid, at, &mut b)?;
-            record = layout::decode_record(&a, &b, header);
+            let a = mem.read_words(thread, at, RECORD_WORDS)?;
+            let b = mem.read_words(thread, at, RECORD_WORDS)?;
+            let words = |v: &[u64]| -> [u64; RECORD_WORDS] { v.try_into().expect("record words") };
+            record = layout::decode_record(&words(&a), &words(&b), header);
         }
         match record {
-            Record::Live(record) => out.live.push(LedgerEntry {
+            // A sampled block lies whole in a slot of the sample region.
+            Record::Live(r) if !block_in_region(&r, header) => out.garbage += 1,
+            Record::Live(record) => live(LedgerEntry {
                 address: at,
                 record,
             }),
@@ -158,47 +183,30 @@ fn read_chunk(
     Ok(())
 }
 
+/// Whether the record's whole block lies in the sample region (its pointer
+/// was checked to; its size may still reach past it).
+fn block_in_region(r: &LiveRecord, header: &Header) -> bool {
+    let end = header.region_base.saturating_add(header.region_len);
+    r.ptr.checked_add(r.size).is_some_and(|e| e <= end)
+}
+
 /// The sequence word of each record at `addresses` (none where it cannot
-/// be read: the process is gone or its memory changed).
-pub fn sequences(pid: u32, addresses: &[u64]) -> Vec<Option<u64>> {
+/// be read: the process is gone, its memory changed or is unreadable).
+pub fn sequences(mem: &TargetMemory, thread: LiveThread, addresses: &[u64]) -> Vec<Option<u64>> {
     // IOV_MAX per call.
     const BATCH: usize = 1024;
     let mut out = Vec::with_capacity(addresses.len());
     for batch in addresses.chunks(BATCH) {
-        let mut seqs = vec![0u64; batch.len()];
-        let local: Vec<libc::iovec> = seqs
-            .iter_mut()
-            .map(|s| libc::iovec {
-                iov_base: std::ptr::from_mut(s).cast(),
-                iov_len: 8,
-            })
-            .collect();
-        let remote: Vec<libc::iovec> = batch
+        let ranges = batch
             .iter()
-            .map(|&a| libc::iovec {
-                iov_base: (a + 8 * layout::record::SEQ as u64) as *mut libc::c_void,
-                iov_len: 8,
-            })
+            .map(|&a| (a + 8 * layout::record::SEQ as u64, 1))
             .collect();
-        // SAFETY: every local iovec points at one u64 of `seqs`, alive for
-        // the call; the remote side is only read, in the other process.
-        let n = unsafe {
-            libc::process_vm_readv(
-                pid as libc::pid_t,
-                local.as_ptr(),
-                local.len() as libc::c_ulong,
-                remote.as_ptr(),
-                remote.len() as libc::c_ulong,
-                0,
-            )
+        // A partial read stops at the first remote range that failed.
+        let (seqs, done) = match mem.readv(thread, ranges) {
+            Ok((seqs, n)) => (seqs, n / 8),
+            Err(_) => (Vec::new(), 0),
         };
-        // A partial read stops at the first remote iovec that failed.
-        let done = if n < 0 { 0 } else { n as usize / 8 };
-        out.extend(
-            seqs.iter()
-                .enumerate()
-                .map(|(i, &s)| (i < done).then_some(s)),
-        );
+        out.extend((0..batch.len()).map(|i| (i < done).then(|| seqs[i])));
     }
     out
 }
@@ -211,32 +219,6 @@ pub fn header_address(
     offset: u64,
 ) -> Option<u64> {
     crate::backend_stats::data_address(maps, file, offset, HEADER_BYTES as u64)
-}
-
-fn copy(pid: u32, address: u64, words: &mut [u64]) -> io::Result<()> {
-    let len = words.len() * 8;
-    let local = libc::iovec {
-        iov_base: words.as_mut_ptr().cast(),
-        iov_len: len,
-    };
-    let remote = libc::iovec {
-        iov_base: address as *mut libc::c_void,
-        iov_len: len,
-    };
-    // SAFETY: `local` is our own writable buffer of exactly iov_len bytes;
-    // the remote side is only read, by the kernel, in the other process.
-    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if n as usize != len {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "short read of the ledger",
-        ));
-    }
-    // Little-endian words, as this (x86-64) host.
-    Ok(())
 }
 
 #[cfg(test)]
@@ -290,8 +272,16 @@ mod tests {
         }
     }
 
-    fn me() -> u32 {
-        std::process::id()
+    /// Reads a ledger in our own memory: its live records and the rest.
+    fn read_own(address: u64) -> Result<(Vec<LedgerEntry>, LedgerRead), ReadError> {
+        let mut live = Vec::new();
+        let read = read(
+            &TargetMemory::default(),
+            LiveThread::current(),
+            address,
+            &mut |e| live.push(e),
+        )?;
+        Ok((live, read))
     }
 
     #[test]
@@ -299,27 +289,35 @@ mod tests {
         let mut f = Fake::new(10);
         f.live(1, 100, 500_000);
         f.live(7, 5000, 600_000);
-        let read = read(me(), f.address()).unwrap();
-        let sizes: Vec<u64> = read.live.iter().map(|e| e.record.size).collect();
+        let (live, read) = read_own(f.address()).unwrap();
+        let sizes: Vec<u64> = live.iter().map(|e| e.record.size).collect();
         assert_eq!(sizes, [100, 5000]);
         assert_eq!((read.torn, read.garbage, read.unread), (0, 0, 0));
-        let seqs = sequences(me(), &[read.live[0].address, read.live[1].address, 8]);
+        let mem = TargetMemory::default();
+        let seqs = sequences(
+            &mem,
+            LiveThread::current(),
+            &[live[0].address, live[1].address, 8],
+        );
         assert_eq!(seqs, [Some(2), Some(2), None]);
     }
 
     #[test]
     fn garbage_records_are_counted_and_skipped() {
-        let mut f = Fake::new(4);
-        f.live(0, 100, 500_000);
-        f.live(1, 100, 500_000);
-        f.live(2, 100, 500_000);
-        // A pointer outside the region, a weight below the size, odd flags.
+        let mut f = Fake::new(5);
+        for i in 0..5 {
+            f.live(i, 100, 500_000);
+        }
+        // A pointer outside the region, a weight below the size, odd flags,
+        // a block reaching past the region's end.
         f.table[RECORD_WORDS + record::PTR] = 0x1000;
         f.table[2 * RECORD_WORDS + record::WEIGHT] = 1;
         f.table[3 * RECORD_WORDS + record::FLAGS] = 0xff;
-        let read = read(me(), f.address()).unwrap();
-        assert_eq!(read.live.len(), 1);
-        assert_eq!(read.garbage, 3);
+        f.table[4 * RECORD_WORDS + record::SIZE] = 1 << 20;
+        f.table[4 * RECORD_WORDS + record::WEIGHT] = 1 << 21;
+        let (live, read) = read_own(f.address()).unwrap();
+        assert_eq!(live.len(), 1);
+        assert_eq!(read.garbage, 4);
     }
 
     #[test]
@@ -327,16 +325,16 @@ mod tests {
         let mut f = Fake::new(2);
         f.header[header::CAPACITY] = u64::MAX;
         assert!(matches!(
-            read(me(), f.address()),
+            read_own(f.address()),
             Err(ReadError::Header(HeaderError::Implausible))
         ));
         let mut f = Fake::new(2);
         f.header[header::TABLE] = 0x1000; // nothing mapped there
-        assert!(matches!(read(me(), f.address()), Err(ReadError::Io(_))));
+        assert!(matches!(read_own(f.address()), Err(ReadError::Io(_))));
         let mut f = Fake::new(2);
         f.header[header::MAGIC] = 0;
         assert!(matches!(
-            read(me(), f.address()),
+            read_own(f.address()),
             Err(ReadError::Header(HeaderError::Magic))
         ));
     }

@@ -19,5 +19,6 @@ pub mod report;
 pub mod session;
 pub mod stats;
 pub mod symbolize;
+pub mod target_memory;
 pub mod unwind;
 pub mod usdt;

@@ -159,6 +159,8 @@ async fn run(cli: Cli) -> Result<()> {
     let profile = session
         .complete_profile()
         .context("reading the kernel's maps")?;
+    // What the final reading found (e.g. a process whose memory hung).
+    print_warnings(&mut session);
     output(&profile, &cli)
 }
 

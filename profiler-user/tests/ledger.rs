@@ -15,7 +15,7 @@ use allocprof::{
     session::{Session, Target},
     stats::Totals,
 };
-use common::{Proc, RATE, truth_and_sigma};
+use common::{Proc, RATE, header_address, read_words, truth_and_sigma, write_words};
 
 // heap_before.c's sites.
 const A: (u64, u64) = (4000, 4096);
@@ -183,50 +183,6 @@ fn a_process_exiting_while_its_ledger_is_read_is_no_error() {
     }
 }
 
-/// The ledger header's address in `pid`, found as allocprof finds it.
-fn header_address(pid: u32) -> u64 {
-    let lib = common::preload_library();
-    let notes = allocprof::usdt::notes_in_elf(&std::fs::read(&lib).unwrap()).unwrap();
-    let offset = notes.ledger.expect("liballocprof.so names its ledger");
-    let maps = allocprof::discover::Process::find(pid)
-        .unwrap()
-        .maps()
-        .unwrap();
-    let meta = std::fs::metadata(&lib).unwrap();
-    let id = allocprof::discover::FileId::of(&meta);
-    allocprof::ledger::header_address(&maps, id, offset).expect("the header is mapped")
-}
-
-fn read_words(pid: u32, address: u64, n: usize) -> Vec<u64> {
-    let mut words = vec![0u64; n];
-    let local = libc::iovec {
-        iov_base: words.as_mut_ptr().cast(),
-        iov_len: n * 8,
-    };
-    let remote = libc::iovec {
-        iov_base: address as *mut libc::c_void,
-        iov_len: n * 8,
-    };
-    // SAFETY: reads into our own buffer of exactly iov_len bytes.
-    let got = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
-    assert_eq!(got, (n * 8) as isize);
-    words
-}
-
-fn write_words(pid: u32, address: u64, words: &[u64]) {
-    let local = libc::iovec {
-        iov_base: words.as_ptr().cast_mut().cast(),
-        iov_len: words.len() * 8,
-    };
-    let remote = libc::iovec {
-        iov_base: address as *mut libc::c_void,
-        iov_len: words.len() * 8,
-    };
-    // SAFETY: writes our buffer into the other process (we are root).
-    let put = unsafe { libc::process_vm_writev(pid as i32, &local, 1, &remote, 1, 0) };
-    assert_eq!(put, (words.len() * 8) as isize);
-}
-
 #[test]
 fn a_ledger_filled_with_garbage_is_checked_not_followed() {
     use profiler_common::ledger::{HEADER_WORDS, RECORD_WORDS, header, record};
@@ -297,4 +253,34 @@ fn a_ledger_filled_with_garbage_is_checked_not_followed() {
     );
     drop(w);
     drop(v);
+}
+
+#[test]
+fn the_heap_from_before_attach_is_read_after_the_main_thread_called_pthread_exit() {
+    common::require_bpf();
+    // 2000 blocks of 64 KiB (125 MiB) from main_site, then pthread_exit.
+    const MAIN: (u64, u64) = (2000, 65536);
+    let mut w = Proc::spawn(Command::new(common::compile_c(
+        "leader_exits_heap.c",
+        &["-pthread"],
+    )));
+    common::wait_for_mapping(w.pid(), "liballocprof.so");
+    w.send("go");
+    w.expect("leader-gone");
+    // /proc/PID is a zombie's now, and process_vm_readv of PID fails
+    // (ESRCH): the ledger and the allocator's block are read through a
+    // live thread.
+    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+    let t = assert_live(p, "main_site", MAIN);
+    assert_eq!(t.before_attach_bytes, t.live_bytes);
+    let ledger = p.ledger.expect("its ledger was looked for");
+    assert!(ledger.read && ledger.seeded > 0, "{ledger:?}");
+    assert!(!p.since_attach, "its whole heap is seen");
+    assert!(
+        p.backend_heap.is_some(),
+        "the allocator's own figures are read too"
+    );
+    w.send("exit");
 }

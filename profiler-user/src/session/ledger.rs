@@ -16,6 +16,17 @@
 //! live sample at its pointer. The kernel's maps are never written: the
 //! seeds join each snapshot as aggregates of their own stacks, with their
 //! ages.
+//!
+//! Seeds obey the caps the kernel puts on live samples (`kernel::Limits`),
+//! for the ledger is the process's to forge: per process, live samples
+//! (the kernel's and the seeds, as of the read) and new stacks (the
+//! kernel's burst; past it, the process's overflow stack); for the session,
+//! seeds and seeded stacks in all. A seed past a cap is dropped and counted
+//! with the process's drops, its bytes with its lost live bytes (its
+//! estimate is then a lower bound), and every seed's weight is checked as
+//! the kernel checks a probe's (`weight_check`): the process's weight form,
+//! and so its intervals, account for them. A ledger is read a chunk at a
+//! time, each record seeded or counted as it comes: never held whole.
 
 use std::{
     collections::{HashMap, HashSet, hash_map::Entry},
@@ -23,14 +34,15 @@ use std::{
 };
 
 use profiler_common::{
-    AggKey, LiveKey, LiveSample, StackAgg, ledger::FLAG_TRUNCATED, stack_hash_step, stack_id,
-    stack_seed,
+    AggKey, DROP_REASONS, DropReason, LiveKey, LiveSample, NO_STACK, OVERFLOW_STACK, ProcCounters,
+    SampleDelta, StackAgg, ledger::FLAG_TRUNCATED, stack_hash_step, stack_id, stack_seed,
+    weight_check,
 };
 
 use super::{KernelPort, ProcessPort, Session};
 use crate::{
-    kernel::KernelSnapshot,
-    ledger::{CUT_FRAME, LedgerRead, LedgerStatus},
+    kernel::{KernelSnapshot, Limits},
+    ledger::{CUT_FRAME, LedgerEntry, LedgerStatus, ReadError},
     stats::Totals,
 };
 
@@ -39,12 +51,48 @@ use crate::{
 /// the allocator's, are what merge them in the profile).
 const LEDGER_STACK_TAG: u64 = 0x6c65_6467_6572_0001;
 
+/// The caps seeds share with the kernel's live samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct SeedLimits {
+    /// Live samples of one process: its seeds and the kernel's.
+    pub(super) per_process: u64,
+    /// Seeds of every image together.
+    pub(super) total: u64,
+    /// Distinct seeded stacks of one image (the kernel's burst of new
+    /// stacks: seeds all come at once); 0: no limit.
+    pub(super) stacks_per_image: u64,
+    /// Seeded stacks of every image together.
+    pub(super) total_stacks: u64,
+}
+
+impl From<&Limits> for SeedLimits {
+    fn from(l: &Limits) -> SeedLimits {
+        SeedLimits {
+            per_process: l.max_live_per_process,
+            total: u64::from(l.max_live_samples),
+            stacks_per_image: if l.max_new_stacks_per_second == 0 {
+                0
+            } else {
+                l.new_stacks_burst
+            },
+            total_stacks: u64::from(l.max_stacks),
+        }
+    }
+}
+
+impl Default for SeedLimits {
+    fn default() -> SeedLimits {
+        SeedLimits::from(&Limits::default())
+    }
+}
+
 /// What the session knows of each followed image's ledger.
 #[derive(Default)]
 pub(super) struct Ledgers {
     images: HashMap<u32, LedgerImage>,
     /// Raw frames of the seeded stacks, innermost first.
     frames: HashMap<u64, Arc<[u64]>>,
+    pub(super) limits: SeedLimits,
 }
 
 /// A process image's ledger, as read when the session first followed it.
@@ -55,6 +103,20 @@ pub(super) struct LedgerImage {
     seeds: HashMap<u64, Seed>,
     /// The ids of its seeded stacks (their frames are in `Ledgers::frames`).
     stacks: HashSet<u64>,
+    /// What its seeds add to its process's counters.
+    counters: SeedCounters,
+}
+
+impl LedgerImage {
+    fn new(generation: u32) -> LedgerImage {
+        LedgerImage {
+            generation,
+            status: LedgerStatus::default(),
+            seeds: HashMap::new(),
+            stacks: HashSet::new(),
+            counters: SeedCounters::default(),
+        }
+    }
 }
 
 struct Seed {
@@ -62,6 +124,148 @@ struct Seed {
     address: u64,
     seq: u64,
     sample: LiveSample,
+}
+
+/// What an image's seeds add to its process's kernel counters at each
+/// snapshot: drops and lost live bytes as the kernel counts its own, and
+/// the weight-form counts of `weight_check`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SeedCounters {
+    drops: [u64; DROP_REASONS],
+    lost_live_bytes: u64,
+    min_weight: u64,
+    weights_not_multiple: u64,
+    weights_below_size: u64,
+    weights_invalid: u64,
+}
+
+impl SeedCounters {
+    /// Folds a seed's weight into the form counts, as the kernel folds a
+    /// probe's.
+    fn weigh(&mut self, size: u64, weight: u64) {
+        let c = weight_check(self.min_weight, size, weight);
+        self.min_weight = c.min_weight;
+        self.weights_not_multiple += u64::from(c.not_multiple);
+        self.weights_below_size += u64::from(c.below_size);
+        self.weights_invalid += u64::from(c.invalid);
+    }
+
+    /// A seed not kept: its bytes are missing from the live sums.
+    fn lose(&mut self, size: u64, weight: u64, reason: DropReason) {
+        self.lost_live_bytes += SampleDelta::of(size, weight).bytes;
+        self.drops[reason as usize] += 1;
+    }
+
+    /// Adds these to a process's counters (a snapshot's copy).
+    fn add_to(&self, p: &mut ProcCounters) {
+        if self.min_weight != 0 {
+            // Both sets of weights are multiples of their own minimum; all
+            // of them are multiples of the smaller minimum only if it
+            // divides the larger.
+            let (lo, hi) = if p.min_weight == 0 {
+                (self.min_weight, self.min_weight)
+            } else {
+                (
+                    p.min_weight.min(self.min_weight),
+                    p.min_weight.max(self.min_weight),
+                )
+            };
+            p.weights_not_multiple += u64::from(!hi.is_multiple_of(lo));
+            p.min_weight = lo;
+        }
+        p.weights_not_multiple += self.weights_not_multiple;
+        p.weights_below_size += self.weights_below_size;
+        p.weights_invalid += self.weights_invalid;
+        p.lost_live_bytes += self.lost_live_bytes;
+        for (d, s) in p.drops.iter_mut().zip(self.drops) {
+            *d += s;
+        }
+    }
+}
+
+/// Where a ledger's records are seeded while it is read.
+struct Seeding<'a> {
+    image: &'a mut LedgerImage,
+    /// Frames of every seeded stack (`Ledgers::frames`).
+    frames: &'a mut HashMap<u64, Arc<[u64]>>,
+    limits: SeedLimits,
+    /// Seeds this image may hold (the per-process cap less the kernel's
+    /// live samples of the process).
+    room: u64,
+    /// Seeds of every image, this one's included.
+    total: u64,
+    /// Records allocated from then on were seen by the kernel.
+    seen_from: u64,
+    stack_seed: u64,
+}
+
+impl Seeding<'_> {
+    /// Seeds `entry` if the kernel cannot have seen it and the caps allow.
+    fn offer(&mut self, entry: LedgerEntry, kernel_has: impl Fn(u64) -> bool) {
+        let r = entry.record;
+        let status = &mut self.image.status;
+        if r.time_ns >= self.seen_from || kernel_has(r.ptr) {
+            status.seen += 1;
+            return;
+        }
+        if self.image.seeds.contains_key(&r.ptr) {
+            // Two live records of one block: no allocator writes that.
+            status.garbage += 1;
+            return;
+        }
+        let counters = &mut self.image.counters;
+        counters.weigh(r.size, r.weight);
+        let full = if self.image.seeds.len() as u64 >= self.room {
+            Some(DropReason::ProcessCap)
+        } else if self.total >= self.limits.total {
+            Some(DropReason::LiveMapFull)
+        } else {
+            None
+        };
+        if let Some(reason) = full {
+            counters.lose(r.size, r.weight, reason);
+            status.dropped += 1;
+            return;
+        }
+        let cut = (r.flags & FLAG_TRUNCATED != 0).then_some(CUT_FRAME);
+        let frames = r.frames().iter().copied().chain(cut);
+        let id = stack_id(frames.clone().fold(self.stack_seed, stack_hash_step));
+        let stacks = &mut self.image.stacks;
+        let stack = if stacks.contains(&id) {
+            id
+        } else if self.limits.stacks_per_image != 0
+            && stacks.len() as u64 >= self.limits.stacks_per_image
+        {
+            // As the kernel does past a process's budget of new stacks.
+            counters.drops[DropReason::StackRateLimited as usize] += 1;
+            OVERFLOW_STACK
+        } else if self.frames.len() as u64 >= self.limits.total_stacks {
+            counters.drops[DropReason::StackMapFull as usize] += 1;
+            NO_STACK
+        } else {
+            stacks.insert(id);
+            self.frames.insert(id, frames.collect());
+            id
+        };
+        let sample = LiveSample {
+            stack_id: stack,
+            size: r.size,
+            weight: r.weight,
+            generation: self.image.generation,
+            thin_factor: 1,
+            allocated_ns: r.time_ns,
+        };
+        let seed = Seed {
+            address: entry.address,
+            seq: r.seq,
+            sample,
+        };
+        if let Entry::Vacant(v) = self.image.seeds.entry(r.ptr) {
+            v.insert(seed);
+            status.seeded += 1;
+            self.total += 1;
+        }
+    }
 }
 
 impl Ledgers {
@@ -98,59 +302,53 @@ impl Ledgers {
             image.status.retired += 1;
         }
     }
+
+    /// Seeds of every image.
+    fn seeds(&self) -> u64 {
+        self.images.values().map(|i| i.seeds.len() as u64).sum()
+    }
+
+    /// Forgets what seeding `image` made outside it (its stacks' frames).
+    fn discard(&mut self, image: &LedgerImage) {
+        for id in &image.stacks {
+            self.frames.remove(id);
+        }
+    }
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Reads the ledger of every followed process image not read yet.
     pub(super) fn read_ledgers(&mut self, snapshot: &KernelSnapshot) {
-        let mut due: Vec<(u32, u32)> = self
+        let mut due: Vec<(u32, u32, u64)> = self
             .spaces
             .keys()
             .map(|&pid| {
-                let generation = snapshot.processes.get(&pid).map_or(0, |p| p.generation);
-                (pid, generation)
+                let p = snapshot.processes.get(&pid);
+                (
+                    pid,
+                    p.map_or(0, |p| p.generation),
+                    p.map_or(0, |p| p.live_samples),
+                )
             })
-            .filter(|&(pid, generation)| self.ledgers.status(pid, generation).is_none())
+            .filter(|&(pid, generation, _)| self.ledgers.status(pid, generation).is_none())
             .collect();
         due.sort_unstable();
-        for (pid, generation) in due {
-            self.read_ledger(pid, generation);
+        for (pid, generation, kernel_live) in due {
+            self.read_ledger(pid, generation, kernel_live);
         }
     }
 
-    fn read_ledger(&mut self, pid: u32, generation: u32) {
+    fn read_ledger(&mut self, pid: u32, generation: u32, kernel_live: u64) {
         // In another pid namespace, its host pid is learnt from its first
         // stacks: until then the kernel could not be asked about it.
         let Some(host) = self.pids.host(pid) else {
             return;
         };
-        let mut image = LedgerImage {
-            generation,
-            status: LedgerStatus::default(),
-            seeds: HashMap::new(),
-            stacks: HashSet::new(),
-        };
+        let mut image = LedgerImage::new(generation);
         if let Some((file, address)) = self.processes.ledger_address(pid) {
             // Before the read: a free from now on is reported.
             match self.kernel.watch_unseen_frees(host) {
-                Ok(()) => match self.processes.read_ledger(pid, address) {
-                    Ok(read) => {
-                        let seen_from = self.seen_from_ns(pid, file);
-                        image.status.read = true;
-                        self.seed(host, pid, &mut image, read, seen_from);
-                    }
-                    // Nothing sampled yet: no table, nothing from before.
-                    Err(crate::ledger::ReadError::Header(
-                        profiler_common::ledger::HeaderError::NoTable,
-                    )) => image.status.read = true,
-                    // Turned off (`ALLOCPROF_LEDGER=0`): the user's choice.
-                    Err(crate::ledger::ReadError::Header(
-                        profiler_common::ledger::HeaderError::Off,
-                    )) => {}
-                    Err(e) => self
-                        .warnings
-                        .push(format!("process {pid}: its live-sample ledger: {e}")),
-                },
+                Ok(()) => self.seed(host, pid, file, address, kernel_live, &mut image),
                 Err(e) => self.warnings.push(format!("process {pid}: {e}")),
             }
             if !image.status.read {
@@ -163,50 +361,58 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.check_seeds(pid);
     }
 
-    /// Seeds the live records of `read` the kernel cannot have seen.
+    /// Reads `pid`'s ledger at `address` into `image`, seeding the live
+    /// records the kernel cannot have seen, within the caps.
     fn seed(
         &mut self,
         host: u32,
         pid: u32,
+        file: crate::discover::FileId,
+        address: u64,
+        kernel_live: u64,
         image: &mut LedgerImage,
-        read: LedgerRead,
-        seen_from: u64,
     ) {
-        let status = &mut image.status;
-        status.torn = read.torn;
-        status.garbage = read.garbage;
-        status.unread = read.unread;
-        let seed = stack_seed(pid, image.generation) ^ LEDGER_STACK_TAG;
-        for entry in read.live {
-            let r = entry.record;
-            if r.time_ns >= seen_from || self.kernel.has_live_sample(host, r.ptr) {
-                status.seen += 1;
-                continue;
+        let seen_from = self.seen_from_ns(pid, file);
+        let limits = self.ledgers.limits;
+        let total = self.ledgers.seeds();
+        let mut seeding = Seeding {
+            stack_seed: stack_seed(pid, image.generation) ^ LEDGER_STACK_TAG,
+            image,
+            frames: &mut self.ledgers.frames,
+            limits,
+            room: limits.per_process.saturating_sub(kernel_live),
+            total,
+            seen_from,
+        };
+        let kernel = &self.kernel;
+        let read = self.processes.read_ledger(pid, address, &mut |entry| {
+            seeding.offer(entry, |ptr| kernel.has_live_sample(host, ptr));
+        });
+        match read {
+            Ok(read) => {
+                let status = &mut image.status;
+                status.read = true;
+                status.torn = read.torn;
+                status.garbage += read.garbage;
+                status.unread = read.unread;
+                return;
             }
-            let cut = (r.flags & FLAG_TRUNCATED != 0).then_some(CUT_FRAME);
-            let frames = r.frames().iter().copied().chain(cut);
-            let id = stack_id(frames.clone().fold(seed, stack_hash_step));
-            if image.stacks.insert(id) {
-                self.ledgers.frames.insert(id, frames.collect());
+            // Nothing sampled yet: no table, nothing from before.
+            Err(ReadError::Header(profiler_common::ledger::HeaderError::NoTable)) => {
+                image.status.read = true;
+                return;
             }
-            let sample = LiveSample {
-                stack_id: id,
-                size: r.size,
-                weight: r.weight,
-                generation: image.generation,
-                thin_factor: 1,
-                allocated_ns: r.time_ns,
-            };
-            let seed = Seed {
-                address: entry.address,
-                seq: r.seq,
-                sample,
-            };
-            if let Entry::Vacant(v) = image.seeds.entry(r.ptr) {
-                v.insert(seed);
-                status.seeded += 1;
-            }
+            // Turned off (`ALLOCPROF_LEDGER=0`): the user's choice.
+            Err(ReadError::Header(profiler_common::ledger::HeaderError::Off)) => {}
+            // Said once, by the reader.
+            Err(ReadError::Unreadable(_)) => {}
+            Err(e) => self
+                .warnings
+                .push(format!("process {pid}: its live-sample ledger: {e}")),
         }
+        // Not read whole: nothing of it is used.
+        self.ledgers.discard(image);
+        *image = LedgerImage::new(image.generation);
     }
 
     /// When the kernel started seeing `pid`'s allocations through `file`
@@ -276,8 +482,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Adds the seeds to a snapshot: one aggregate per seeded stack, and
     /// with the live samples, the seeds as live samples (for their ages).
+    /// Their drops, lost bytes and weights join their process's counters.
     pub(super) fn add_seeds(&self, snapshot: &mut KernelSnapshot) {
         for (&pid, image) in &self.ledgers.images {
+            if image.counters != SeedCounters::default() {
+                let counters = snapshot.processes.entry(pid).or_default();
+                image.counters.add_to(counters);
+                for (d, s) in snapshot.drops.iter_mut().zip(image.counters.drops) {
+                    *d += s;
+                }
+            }
             let mut aggs: HashMap<u64, StackAgg> = HashMap::new();
             for (&ptr, seed) in &image.seeds {
                 let s = &seed.sample;

@@ -204,6 +204,7 @@ impl Session {
         }
         let kernel = Kernel::load(limits, target == Target::All)?;
         let mut session = Session::with_ports(kernel, processes, PidMap::detect(), target)?;
+        session.ledgers.limits = ledger::SeedLimits::from(&limits);
         if matches!(session.target, Target::Pids(_)) {
             session.settle_tables(TABLES_AT_START);
         }
@@ -320,6 +321,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         let profile = self.build(&snapshot);
         self.record_oom(&profile);
+        let unreadable = self.processes.take_warnings();
+        self.warnings.extend(unreadable);
         Ok(profile)
     }
 

@@ -15,7 +15,8 @@ use crate::{
     backend_stats::{self, BackendHeap},
     discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
     kernel::{Kernel, KernelError, KernelSnapshot, Scope},
-    ledger::{self, LedgerRead},
+    ledger::{self, LedgerEntry, LedgerRead},
+    target_memory::{LiveThread, TargetMemory, Unreadable},
 };
 
 /// The kernel programs and maps, as the session uses them. Pids here are
@@ -115,14 +116,21 @@ pub trait ProcessPort {
     fn ledger_address(&self, _pid: u32) -> Option<(FileId, u64)> {
         None
     }
-    /// Reads its ledger (see [`crate::ledger::read`]).
-    fn read_ledger(&self, pid: u32, address: u64) -> Result<LedgerRead, ledger::ReadError> {
-        ledger::read(pid, address)
-    }
+    /// Reads its ledger, each live record to `live` (see
+    /// [`crate::ledger::read`]).
+    fn read_ledger(
+        &self,
+        pid: u32,
+        address: u64,
+        live: &mut dyn FnMut(LedgerEntry),
+    ) -> Result<LedgerRead, ledger::ReadError>;
     /// The sequence words of its ledger records at `addresses` (see
     /// [`crate::ledger::sequences`]).
-    fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>> {
-        ledger::sequences(pid, addresses)
+    fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>>;
+    /// What went wrong reading processes' memory since the last call (a
+    /// process marked unreadable, said once).
+    fn take_warnings(&mut self) -> Vec<String> {
+        Vec::new()
     }
 }
 
@@ -222,13 +230,17 @@ pub struct Procfs {
     /// Files seen by a scan that carry a backend-statistics block, with the
     /// block's file offset.
     stats_blocks: HashMap<FileId, u64>,
-    /// Where each process's block is (none: it has none), found once from
-    /// its maps: forgotten when the process is scanned again or the block
-    /// no longer reads as one (an exec, a reused pid).
-    block_addresses: RefCell<HashMap<u32, Option<u64>>>,
+    /// Where each process's block is (none: it has none), and the live
+    /// thread it is read through, found once from its maps: forgotten when
+    /// the process is scanned again or the block no longer reads as one (an
+    /// exec, a reused pid, the thread gone).
+    block_addresses: RefCell<HashMap<u32, Option<(u64, LiveThread)>>>,
     /// Files seen by a scan that carry a live-sample ledger, with its
     /// header's file offset.
     ledger_headers: HashMap<FileId, u64>,
+    /// Every read of a process's memory (`/proc/PID/environ` too) goes
+    /// through it: none may block the session.
+    memory: TargetMemory,
 }
 
 /// Forget every cached block address past this many processes (bounds the
@@ -275,26 +287,32 @@ impl ProcessPort for Procfs {
         let cached = self.block_addresses.borrow().get(&pid).copied();
         match cached {
             Some(None) => return None,
-            Some(Some(address)) => {
-                if let Ok(heap) = backend_stats::read(pid, address, now) {
-                    return Some(heap);
+            Some(Some((address, thread))) => {
+                match backend_stats::read(&self.memory, thread, address, now) {
+                    Ok(heap) => return Some(heap),
+                    Err(backend_stats::ReadError::Memory(
+                        crate::target_memory::ReadError::Unreadable(_),
+                    )) => return None,
+                    // Its thread ended, or an exec: found again.
+                    Err(_) => {}
                 }
             }
             None => {}
         }
-        let address = discover::Process::find(pid)
-            .and_then(|p| p.maps().ok())
-            .and_then(|maps| {
-                self.stats_blocks
-                    .iter()
-                    .find_map(|(&file, &offset)| backend_stats::block_address(&maps, file, offset))
-            });
+        let process = discover::Process::find(pid)?;
+        let address = process.maps().ok().and_then(|maps| {
+            self.stats_blocks
+                .iter()
+                .find_map(|(&file, &offset)| backend_stats::block_address(&maps, file, offset))
+        });
+        let thread = process.thread();
         let mut cache = self.block_addresses.borrow_mut();
         if cache.len() >= MAX_CACHED_BLOCKS {
             cache.clear();
         }
-        cache.insert(pid, address);
-        backend_stats::read(pid, address?, now).ok()
+        cache.insert(pid, address.map(|a| (a, thread)));
+        drop(cache);
+        backend_stats::read(&self.memory, thread, address?, now).ok()
     }
 
     fn start_ticks(&self, pid: u32) -> Option<u64> {
@@ -302,7 +320,14 @@ impl ProcessPort for Procfs {
     }
 
     fn sampling_rate(&self, pid: u32) -> u64 {
-        discover::sampling_rate(pid)
+        // Its environment is its memory (`/proc/PID/environ` reads it).
+        let default = profiler_common::rate::DEFAULT_RATE;
+        let Some(process) = discover::Process::find(pid) else {
+            return default;
+        };
+        self.memory
+            .run(process.thread(), move || process.sampling_rate())
+            .unwrap_or(default)
     }
 
     fn all_pids(&self) -> Vec<u32> {
@@ -317,5 +342,27 @@ impl ProcessPort for Procfs {
         self.ledger_headers
             .iter()
             .find_map(|(&file, &offset)| Some((file, ledger::header_address(&maps, file, offset)?)))
+    }
+
+    fn read_ledger(
+        &self,
+        pid: u32,
+        address: u64,
+        live: &mut dyn FnMut(LedgerEntry),
+    ) -> Result<LedgerRead, ledger::ReadError> {
+        let process = discover::Process::find(pid)
+            .ok_or(Unreadable::NoThread(std::io::ErrorKind::NotFound))?;
+        ledger::read(&self.memory, process.thread(), address, live)
+    }
+
+    fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>> {
+        match discover::Process::find(pid) {
+            Some(process) => ledger::sequences(&self.memory, process.thread(), addresses),
+            None => vec![None; addresses.len()],
+        }
+    }
+
+    fn take_warnings(&mut self) -> Vec<String> {
+        self.memory.take_warnings()
     }
 }

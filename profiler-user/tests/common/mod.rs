@@ -506,3 +506,47 @@ pub fn assert_renamed_sites_within_bounds(p: &allocprof::profile::ProcessProfile
         }
     }
 }
+
+/// The ledger header's address in `pid`, found as allocprof finds it.
+pub fn header_address(pid: u32) -> u64 {
+    let lib = preload_library();
+    let notes = allocprof::usdt::notes_in_elf(&std::fs::read(&lib).unwrap()).unwrap();
+    let offset = notes.ledger.expect("liballocprof.so names its ledger");
+    let maps = allocprof::discover::Process::find(pid)
+        .unwrap()
+        .maps()
+        .unwrap();
+    let meta = std::fs::metadata(&lib).unwrap();
+    let id = allocprof::discover::FileId::of(&meta);
+    allocprof::ledger::header_address(&maps, id, offset).expect("the header is mapped")
+}
+
+pub fn read_words(pid: u32, address: u64, n: usize) -> Vec<u64> {
+    let mut words = vec![0u64; n];
+    let local = libc::iovec {
+        iov_base: words.as_mut_ptr().cast(),
+        iov_len: n * 8,
+    };
+    let remote = libc::iovec {
+        iov_base: address as *mut libc::c_void,
+        iov_len: n * 8,
+    };
+    // SAFETY: reads into our own buffer of exactly iov_len bytes.
+    let got = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
+    assert_eq!(got, (n * 8) as isize);
+    words
+}
+
+pub fn write_words(pid: u32, address: u64, words: &[u64]) {
+    let local = libc::iovec {
+        iov_base: words.as_ptr().cast_mut().cast(),
+        iov_len: words.len() * 8,
+    };
+    let remote = libc::iovec {
+        iov_base: address as *mut libc::c_void,
+        iov_len: words.len() * 8,
+    };
+    // SAFETY: writes our buffer into the other process (we are root).
+    let put = unsafe { libc::process_vm_writev(pid as i32, &local, 1, &remote, 1, 0) };
+    assert_eq!(put, (words.len() * 8) as isize);
+}

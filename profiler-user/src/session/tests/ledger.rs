@@ -188,3 +188,103 @@ fn an_exiting_process_freezes_with_its_seeds_and_stops_being_watched() {
     assert_eq!(p.totals.before_attach_bytes, RATE as f64);
     assert!(world.kernel().watched.is_empty());
 }
+
+#[test]
+fn seeds_obey_the_kernels_caps_and_what_they_drop_is_counted() {
+    use crate::session::ledger::SeedLimits;
+    let world = World::default();
+    world.spawn(10, "forger");
+    world.spawn(11, "other");
+    let (alpha, beta) = (address_in(alpha_site), address_in(beta_site));
+    // Six blocks on four stacks (one of them twice), of weight RATE each.
+    give_ledger(
+        &world,
+        10,
+        vec![
+            record(0x1000, 100, 1, &[alpha]),
+            record(0x2000, 100, 1, &[beta]),
+            record(0x3000, 100, 1, &[alpha, beta]),
+            record(0x4000, 100, 1, &[alpha]),
+            record(0x5000, 100, 1, &[beta, alpha]),
+            record(0x6000, 100, 1, &[beta, beta]),
+        ],
+    );
+    give_ledger(
+        &world,
+        11,
+        (1..=3)
+            .map(|i| record(i * 0x1000, 100, 1, &[alpha]))
+            .collect(),
+    );
+    let mut session = session(&world, Target::Pids(vec![10, 11]));
+    // The kernel holds one live sample of 10 already.
+    world.0.borrow_mut().kernel.procs.insert(
+        10,
+        ProcCounters {
+            live_samples: 1,
+            ..Default::default()
+        },
+    );
+    session.ledgers.limits = SeedLimits {
+        per_process: 5,
+        total: 6,
+        stacks_per_image: 2,
+        total_stacks: 100,
+    };
+    let profile = session.complete_profile().unwrap();
+    let p = images(&profile, 10)[0];
+    let status = p.ledger.unwrap();
+    // 5 live samples per process, of which the kernel holds 1: 4 seeds;
+    // two stacks, then the overflow stack.
+    assert_eq!((status.seeded, status.dropped), (4, 2), "{status:?}");
+    assert_eq!(p.drops[DropReason::ProcessCap as usize], 2);
+    assert_eq!(p.drops[DropReason::StackRateLimited as usize], 1);
+    assert_eq!(p.lost_live_bytes, 2 * RATE);
+    assert_eq!(p.totals.live_bytes, 4.0 * RATE as f64);
+    assert!(
+        p.stacks
+            .iter()
+            .any(|s| s.frames[0].function.to_string().contains("stack flood")),
+        "{:?}",
+        p.stacks
+    );
+    assert_eq!(profile.drops[DropReason::ProcessCap as usize], 2);
+    // The session's total: 6 seeds in all, so 2 for the other process.
+    let q = images(&profile, 11)[0].ledger.unwrap();
+    assert_eq!((q.seeded, q.dropped), (2, 1), "{q:?}");
+    assert_eq!(
+        images(&profile, 11)[0].drops[DropReason::LiveMapFull as usize],
+        1
+    );
+}
+
+#[test]
+fn seeded_weights_decide_the_weight_form_as_the_kernels_do() {
+    let world = World::default();
+    world.spawn(10, "exact");
+    world.spawn(11, "invalid");
+    let alpha = [address_in(alpha_site)];
+    // Every weight equal to its size (p = 1): a variance of 0 if they were
+    // taken as `size / p`; they are what `nsamples × R` weights look like.
+    give_ledger(
+        &world,
+        10,
+        (1..=3)
+            .map(|i| {
+                let mut r = record(i * 0x1000, RATE, 1, &alpha);
+                r.record.weight = RATE;
+                r
+            })
+            .collect(),
+    );
+    // A weight the kernel refuses (2^40): no interval.
+    let mut bad = record(0x1000, 100, 1, &alpha);
+    bad.record.weight = profiler_common::MAX_WEIGHT;
+    give_ledger(&world, 11, vec![bad, record(0x2000, 100, 1, &alpha)]);
+    let mut session = session(&world, Target::Pids(vec![10, 11]));
+    let profile = session.complete_profile().unwrap();
+    let exact = images(&profile, 10)[0];
+    assert!(exact.totals.live_ci95() > 0.0, "{:?}", exact.totals);
+    let invalid = images(&profile, 11)[0];
+    assert!(invalid.totals.live_ci95().is_nan(), "{:?}", invalid.totals);
+}

@@ -391,14 +391,15 @@ impl ProcessPort for FakeProcesses {
         &self,
         pid: u32,
         _address: u64,
+        live: &mut dyn FnMut(crate::ledger::LedgerEntry),
     ) -> Result<crate::ledger::LedgerRead, crate::ledger::ReadError> {
-        let w = self.world.0.borrow();
-        let ledger = w.processes.get(&pid).and_then(|p| p.ledger.clone());
+        let ledger = {
+            let w = self.world.0.borrow();
+            w.processes.get(&pid).and_then(|p| p.ledger.clone())
+        };
         let ledger = ledger.ok_or(std::io::Error::from(std::io::ErrorKind::NotFound))?;
-        Ok(crate::ledger::LedgerRead {
-            live: ledger.live,
-            ..Default::default()
-        })
+        ledger.live.into_iter().for_each(live);
+        Ok(crate::ledger::LedgerRead::default())
     }
 
     fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>> {
