@@ -77,6 +77,14 @@ impl Ledgers {
         self.images.get(&pid).is_some_and(|i| !i.seeds.is_empty())
     }
 
+    /// The generation of `pid`'s image that holds seeds, if one does.
+    pub(super) fn seeded_generation(&self, pid: u32) -> Option<u32> {
+        self.images
+            .get(&pid)
+            .filter(|i| !i.seeds.is_empty())
+            .map(|i| i.generation)
+    }
+
     /// A seeded stack's frames.
     pub(super) fn stack(&self, id: u64) -> Option<&Arc<[u64]>> {
         self.frames.get(&id)
@@ -120,10 +128,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     fn read_ledger(&mut self, pid: u32, generation: u32) {
         // In another pid namespace, its host pid is learnt from its first
-        // stacks: until then the kernel could not be asked about it.
-        let Some(host) = self.pids.host(pid) else {
-            return;
-        };
+        // stacks, which an idle process never has: its ledger is read all
+        // the same. Its records from before attach cannot be the kernel's
+        // samples (checked once it is recognised, `ledger_recognised`), and
+        // their frees show in their sequences until the kernel can report
+        // them.
+        let host = self.pids.host(pid);
         let mut image = LedgerImage {
             generation,
             status: LedgerStatus::default(),
@@ -132,7 +142,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         };
         if let Some((file, address)) = self.processes.ledger_address(pid) {
             // Before the read: a free from now on is reported.
-            match self.kernel.watch_unseen_frees(host) {
+            match host.map_or(Ok(()), |host| self.kernel.watch_unseen_frees(host)) {
                 Ok(()) => match self.processes.read_ledger(pid, address) {
                     Ok(read) => {
                         let seen_from = self.seen_from_ns(pid, file);
@@ -153,7 +163,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 },
                 Err(e) => self.warnings.push(format!("process {pid}: {e}")),
             }
-            if !image.status.read {
+            if !image.status.read
+                && let Some(host) = host
+            {
                 self.kernel.unwatch_unseen_frees(host);
             }
         }
@@ -166,7 +178,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Seeds the live records of `read` the kernel cannot have seen.
     fn seed(
         &mut self,
-        host: u32,
+        host: Option<u32>,
         pid: u32,
         image: &mut LedgerImage,
         read: LedgerRead,
@@ -179,7 +191,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let seed = stack_seed(pid, image.generation) ^ LEDGER_STACK_TAG;
         for entry in read.live {
             let r = entry.record;
-            if r.time_ns >= seen_from || self.kernel.has_live_sample(host, r.ptr) {
+            if r.time_ns >= seen_from || host.is_some_and(|h| self.kernel.has_live_sample(h, r.ptr))
+            {
                 status.seen += 1;
                 continue;
             }
@@ -227,6 +240,33 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             .or_else(|| self.processes.start_ticks(pid))
             .map_or(0, |ticks| monotonic_ns_of_boot_ticks(ticks + 1));
         attached.max(started)
+    }
+
+    /// `pid`'s host pid is now known (see `read_ledger`): the kernel
+    /// reports its unseen frees from now on, and a seed the kernel holds a
+    /// live sample of (allocated as the probes were attached) is the
+    /// kernel's.
+    pub(super) fn ledger_recognised(&mut self, pid: u32, host: u32) {
+        let Some(image) = self.ledgers.images.get(&pid) else {
+            return;
+        };
+        if !image.status.read {
+            return;
+        }
+        let held: Vec<u64> = image
+            .seeds
+            .keys()
+            .copied()
+            .filter(|&ptr| self.kernel.has_live_sample(host, ptr))
+            .collect();
+        if let Err(e) = self.kernel.watch_unseen_frees(host) {
+            self.warnings.push(format!("process {pid}: {e}"));
+        }
+        let image = self.ledgers.images.get_mut(&pid).expect("checked above");
+        for ptr in held {
+            image.seeds.remove(&ptr);
+            image.status.seen += 1;
+        }
     }
 
     /// Retires the seeds the kernel's unseen frees name.
