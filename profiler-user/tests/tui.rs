@@ -253,10 +253,12 @@ fn tui_shows_a_named_process_that_has_sampled_nothing_yet() {
     assert!(!pane.contains("Nothing profiled yet"), "{pane}");
     // Its row in the processes view, at 0 B.
     tmux.keys(&["Tab"]);
-    let label = format!("alloc_sites ({})", workload.id());
-    let pane = tmux.wait_for("its row", |p| p.contains(&label));
-    let row = pane.lines().find(|l| l.contains(&label)).unwrap();
-    assert!(row.contains("0 B"), "{pane}");
+    let pid = workload.id().to_string();
+    let is_row = |l: &str| l.contains("alloc_sites") && l.contains(&pid) && l.contains("live");
+    let pane = tmux.wait_for("its row", |p| p.lines().any(is_row));
+    let row = pane.lines().find(|l| is_row(l)).unwrap();
+    assert!(row.contains("0 B ± 0 B"), "{pane}");
+    assert!(pane.contains("resident "), "its resident memory: {pane}");
     tmux.keys(&["q"]);
     tmux.wait_for("allocprof to exit", |p| p.contains("TUI-TEST-DONE"));
     workload.kill().unwrap();
