@@ -47,6 +47,16 @@ pub async fn record(args: RecordArgs) -> Result<()> {
             None => String::new(),
         }
     );
+    // A device or pipe takes every snapshot in turn (no numbered names
+    // beside /dev/null).
+    let stream = output::is_stream(&args.output);
+    let numbered = |n| {
+        if stream {
+            args.output.clone()
+        } else {
+            cli::numbered(&args.output, n)
+        }
+    };
     let mut written = 0;
     let mut at_deadline = false;
     loop {
@@ -58,7 +68,7 @@ pub async fn record(args: RecordArgs) -> Result<()> {
             }
             Beat::Snapshot => {
                 written += 1;
-                snapshot(&mut session, &cli::numbered(&args.output, written))?;
+                snapshot(&mut session, &numbered(written))?;
             }
             Beat::Refresh => {
                 if !crate::refresh_tick(&mut session)? {
@@ -73,11 +83,11 @@ pub async fn record(args: RecordArgs) -> Result<()> {
         (Some(every), Some(d)) if at_deadline && d.as_nanos() % every.as_nanos() == 0 => {
             let due = u32::try_from(d.as_nanos() / every.as_nanos()).unwrap_or(u32::MAX);
             if written < due {
-                snapshot(&mut session, &cli::numbered(&args.output, written + 1))?;
+                snapshot(&mut session, &numbered(written + 1))?;
             }
         }
         // Otherwise the state at the stop is one more snapshot.
-        (Some(_), _) => snapshot(&mut session, &cli::numbered(&args.output, written + 1))?,
+        (Some(_), _) => snapshot(&mut session, &numbered(written + 1))?,
         (None, _) => snapshot(&mut session, &args.output)?,
     }
     Ok(())

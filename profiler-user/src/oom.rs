@@ -5,7 +5,6 @@
 //! a service left running uses bounded disk).
 
 use std::{
-    collections::HashSet,
     fs,
     path::{Path, PathBuf},
     time::{SystemTime, UNIX_EPOCH},
@@ -16,7 +15,7 @@ use anyhow::{Context, Result};
 use crate::{
     export::pprof,
     output::{self, Existing},
-    profile::{ProcessKey, ProcessState, Profile},
+    profile::{ProcessProfile, Profile},
     report::{self, ReportOptions},
 };
 
@@ -28,7 +27,6 @@ const PREFIX: &str = "oom-";
 pub struct OomRecorder {
     dir: PathBuf,
     keep: usize,
-    written: HashSet<ProcessKey>,
 }
 
 impl OomRecorder {
@@ -41,33 +39,45 @@ impl OomRecorder {
         Ok(OomRecorder {
             dir: dir.to_path_buf(),
             keep: keep.max(1),
-            written: HashSet::new(),
         })
     }
 
-    /// Writes the images of `profile` the OOM killer killed that are not
-    /// written yet; returns the files written.
-    pub fn record(&mut self, profile: &Profile) -> Result<Vec<PathBuf>> {
+    /// Writes `victims`, images the OOM killer killed, each once (the
+    /// session says which are new: a pid, even a pid and generation, may
+    /// be another process's by the next kill), with `profile`'s context;
+    /// returns the files written.
+    pub fn record(
+        &mut self,
+        profile: &Profile,
+        victims: &[ProcessProfile],
+    ) -> Result<Vec<PathBuf>> {
         let mut files = Vec::new();
-        for p in profile
-            .processes
-            .iter()
-            .filter(|p| p.state == ProcessState::OomKilled)
-        {
-            if !self.written.insert(p.key) {
-                continue;
-            }
+        for p in victims {
             let one = Profile {
                 processes: vec![p.clone()],
                 ..profile.clone()
             };
             let now = SystemTime::now();
-            let stem = format!(
+            let mut stem = format!(
                 "{PREFIX}{}-{}-{}",
                 file_safe(&p.name),
                 p.key.pid,
                 humantime::format_rfc3339_seconds(now)
             );
+            // Another victim of that pid within the second keeps its files.
+            let taken = |stem: &str| {
+                self.dir
+                    .join(format!("{stem}.pb.gz"))
+                    .symlink_metadata()
+                    .is_ok()
+            };
+            if taken(&stem) {
+                let base = stem.clone();
+                stem = (2..)
+                    .map(|n| format!("{base}-{n}"))
+                    .find(|s| !taken(s))
+                    .expect("a free name");
+            }
             let nanos = now
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as i64);
@@ -135,7 +145,11 @@ fn file_safe(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{profile::ProcessProfile, profile::StackProfile, stats::Totals, symbolize::Frame};
+    use crate::{
+        profile::{ProcessKey, ProcessState, StackProfile},
+        stats::Totals,
+        symbolize::Frame,
+    };
 
     fn killed(pid: u32, name: &str) -> ProcessProfile {
         let stack = StackProfile {
@@ -161,14 +175,14 @@ mod tests {
     fn each_victim_is_written_once_and_the_oldest_go_past_the_cap() {
         let dir = tempfile::tempdir().unwrap();
         let mut r = OomRecorder::new(dir.path(), 2).unwrap();
-        let mut profile = Profile::default();
+        let profile = Profile::default();
         for pid in 1..=3 {
-            profile.processes.push(killed(pid, "a/../b\u{1b}[2J"));
-            let files = r.record(&profile).unwrap();
+            let files = r
+                .record(&profile, &[killed(pid, "a/../b\u{1b}[2J")])
+                .unwrap();
             assert_eq!(files.len(), 2, "only the new victim");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        assert!(r.record(&profile).unwrap().is_empty(), "none twice");
         let mut names: Vec<String> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -189,6 +203,22 @@ mod tests {
             text.contains("grow_site") && text.contains("oom-killed"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn victims_that_reuse_a_pid_within_a_second_each_keep_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = OomRecorder::new(dir.path(), 10).unwrap();
+        let (first, mut second) = (killed(7, "grow"), killed(7, "grow"));
+        second.stacks[0].totals.live_bytes = 2e6;
+        second.totals.live_bytes = 2e6;
+        let a = r.record(&Profile::default(), &[first]).unwrap();
+        let b = r.record(&Profile::default(), &[second]).unwrap();
+        assert_eq!(a.len() + b.len(), 4, "{a:?} {b:?}");
+        for f in a.iter().chain(&b) {
+            assert!(f.exists(), "{f:?}");
+        }
+        assert_ne!(a[0], b[0]);
     }
 
     #[test]

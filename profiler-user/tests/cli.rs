@@ -302,6 +302,52 @@ fn target_exiting_mid_run_stays_in_the_report() {
     );
 }
 
+#[test]
+fn a_named_process_that_has_sampled_nothing_yet_is_in_the_report_and_json() {
+    common::require_bpf();
+    // At a 1 GiB rate and waiting for "go", it makes no sampled allocation.
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let mut w = common::preloaded(&mut Command::new(exe))
+        .env("ALLOCPROF_RATE", "1g")
+        .spawn()
+        .unwrap();
+    common::wait_for_mapping(w.id(), "liballocprof.so");
+    let json = common::scratch_dir("cli").join(format!("idle-{}.json", w.id()));
+    let profiler = attach(
+        &w,
+        &["-d", "2s", "--format", "json", "-o", json.to_str().unwrap()],
+    );
+    let result = profiler.wait_with_output().unwrap();
+    w.kill().unwrap();
+    w.wait().unwrap();
+    assert!(result.status.success(), "{:?}", result.status);
+    let report = String::from_utf8_lossy(&result.stdout);
+    let label = format!("alloc_sites ({})", w.id());
+    let header = report.lines().next().unwrap_or_default();
+    assert!(header.starts_with("allocprof: 1 process,"), "{report}");
+    assert!(report.contains(&label), "{report}");
+    assert!(!report.contains("no sampled allocations yet"), "{report}");
+    let resident = report
+        .lines()
+        .find(|l| l.contains(&label) && l.contains("resident"))
+        .unwrap_or_else(|| panic!("no resident line: {report}"));
+    assert!(resident.contains("live heap 0 B"), "{resident}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let processes = json["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 1, "{json:#}");
+    let p = &processes[0];
+    assert_eq!(p["pid"], w.id(), "{p:#}");
+    assert_eq!(p["state"], "live", "{p:#}");
+    assert_eq!(p["totals"]["live_bytes"], 0.0, "{p:#}");
+    assert_eq!(p["stacks"].as_array().unwrap().len(), 0, "{p:#}");
+    assert!(
+        p["resident"]["anon_bytes"].as_u64().unwrap() > 0,
+        "its resident memory: {p:#}"
+    );
+}
+
 fn signal(child: &Child, sig: i32) {
     // SAFETY: kill(2) on a child we own.
     assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);

@@ -368,3 +368,38 @@ fn a_process_that_never_sampled_is_pruned_when_it_exits() {
         "the files of an exited process that never sampled are released"
     );
 }
+
+#[test]
+fn an_idle_process_in_a_pid_namespace_shows_its_heap_from_before_attach() {
+    common::require_bpf();
+    let ns = PidNamespace::new();
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let mut w = Proc::spawn(ns.command(&exe));
+    let host_pid = first_child(w.pid());
+    let ns_pid = innermost_pid(host_pid);
+    assert_ne!(ns_pid, host_pid, "the target is not in the namespace");
+    common::wait_for_mapping(host_pid, "liballocprof.so");
+    // Its heap is allocated before allocprof attaches; then it idles, so
+    // the kernel never sees a stack of it.
+    w.send("go");
+    w.expect("ready");
+    let out = ns
+        .command(Path::new(env!("CARGO_BIN_EXE_allocprof")))
+        .args(["--pid", &ns_pid.to_string(), "--duration", "3s"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let label = format!("alloc_sites ({ns_pid})");
+    assert!(report.contains(&label), "no {label} in:\n{report}");
+    // Read from its ledger: the sites it allocated before attach.
+    for site in ["site_small", "site_medium", "site_large"] {
+        assert!(report.contains(site), "{site} missing in:\n{report}");
+    }
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
+}

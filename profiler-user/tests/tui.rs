@@ -231,3 +231,36 @@ fn tui_shows_the_stacks_sorts_helps_exports_and_quits_cleanly() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn tui_shows_a_named_process_that_has_sampled_nothing_yet() {
+    common::require_bpf();
+    // At a 1 GiB rate and waiting for "go", it makes no sampled allocation.
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let mut workload = common::preloaded(&mut Command::new(exe))
+        .env("ALLOCPROF_RATE", "1g")
+        .spawn()
+        .unwrap();
+    common::wait_for_mapping(workload.id(), "liballocprof.so");
+    let script = format!(
+        "{exe} --pid {pid}; echo TUI-TEST-DONE; exec sleep 600",
+        exe = shell_quote(Path::new(env!("CARGO_BIN_EXE_allocprof"))),
+        pid = workload.id(),
+    );
+    let tmux = Tmux::start(120, 40, &script);
+    let pane = tmux.wait_for("the TUI", |p| p.contains("events/s"));
+    assert!(pane.contains("1 process"), "{pane}");
+    assert!(!pane.contains("Nothing profiled yet"), "{pane}");
+    // Its row in the processes view, at 0 B.
+    tmux.keys(&["Tab"]);
+    let pid = workload.id().to_string();
+    let is_row = |l: &str| l.contains("alloc_sites") && l.contains(&pid) && l.contains("live");
+    let pane = tmux.wait_for("its row", |p| p.lines().any(is_row));
+    let row = pane.lines().find(|l| is_row(l)).unwrap();
+    assert!(row.contains("0 B ± 0 B"), "{pane}");
+    assert!(pane.contains("resident "), "its resident memory: {pane}");
+    tmux.keys(&["q"]);
+    tmux.wait_for("allocprof to exit", |p| p.contains("TUI-TEST-DONE"));
+    workload.kill().unwrap();
+    workload.wait().unwrap();
+}

@@ -72,9 +72,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         // From now on the kernel sees every allocation through this file.
         let whom = if self.target == Target::All { 0 } else { pid };
+        let now = self.processes.monotonic_ns();
         self.file_attached_ns
             .entry((whom, file.id()))
-            .or_insert_with(crate::age::monotonic_now_ns);
+            .or_insert(now);
         Ok(replaced)
     }
 

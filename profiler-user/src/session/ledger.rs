@@ -281,6 +281,14 @@ impl Ledgers {
         self.images.get(&pid).is_some_and(|i| !i.seeds.is_empty())
     }
 
+    /// The generation of `pid`'s image that holds seeds, if one does.
+    pub(super) fn seeded_generation(&self, pid: u32) -> Option<u32> {
+        self.images
+            .get(&pid)
+            .filter(|i| !i.seeds.is_empty())
+            .map(|i| i.generation)
+    }
+
     /// A seeded stack's frames.
     pub(super) fn stack(&self, id: u64) -> Option<&Arc<[u64]>> {
         self.frames.get(&id)
@@ -340,18 +348,22 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     fn read_ledger(&mut self, pid: u32, generation: u32, kernel_live: u64) {
         // In another pid namespace, its host pid is learnt from its first
-        // stacks: until then the kernel could not be asked about it.
-        let Some(host) = self.pids.host(pid) else {
-            return;
-        };
+        // stacks, which an idle process never has: its ledger is read all
+        // the same. Its records from before attach cannot be the kernel's
+        // samples (checked once it is recognised, `ledger_recognised`), and
+        // their frees show in their sequences until the kernel can report
+        // them.
+        let host = self.pids.host(pid);
         let mut image = LedgerImage::new(generation);
         if let Some((file, address)) = self.processes.ledger_address(pid) {
             // Before the read: a free from now on is reported.
-            match self.kernel.watch_unseen_frees(host) {
+            match host.map_or(Ok(()), |host| self.kernel.watch_unseen_frees(host)) {
                 Ok(()) => self.seed(host, pid, file, address, kernel_live, &mut image),
                 Err(e) => self.warnings.push(format!("process {pid}: {e}")),
             }
-            if !image.status.read {
+            if !image.status.read
+                && let Some(host) = host
+            {
                 self.kernel.unwatch_unseen_frees(host);
             }
         }
@@ -365,7 +377,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// records the kernel cannot have seen, within the caps.
     fn seed(
         &mut self,
-        host: u32,
+        host: Option<u32>,
         pid: u32,
         file: crate::discover::FileId,
         address: u64,
@@ -386,7 +398,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         };
         let kernel = &self.kernel;
         let read = self.processes.read_ledger(pid, address, &mut |entry| {
-            seeding.offer(entry, |ptr| kernel.has_live_sample(host, ptr));
+            seeding.offer(entry, |ptr| {
+                host.is_some_and(|host| kernel.has_live_sample(host, ptr))
+            });
         });
         match read {
             Ok(read) => {
@@ -433,6 +447,33 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             .or_else(|| self.processes.start_ticks(pid))
             .map_or(0, |ticks| monotonic_ns_of_boot_ticks(ticks + 1));
         attached.max(started)
+    }
+
+    /// `pid`'s host pid is now known (see `read_ledger`): the kernel
+    /// reports its unseen frees from now on, and a seed the kernel holds a
+    /// live sample of (allocated as the probes were attached) is the
+    /// kernel's.
+    pub(super) fn ledger_recognised(&mut self, pid: u32, host: u32) {
+        let Some(image) = self.ledgers.images.get(&pid) else {
+            return;
+        };
+        if !image.status.read {
+            return;
+        }
+        let held: Vec<u64> = image
+            .seeds
+            .keys()
+            .copied()
+            .filter(|&ptr| self.kernel.has_live_sample(host, ptr))
+            .collect();
+        if let Err(e) = self.kernel.watch_unseen_frees(host) {
+            self.warnings.push(format!("process {pid}: {e}"));
+        }
+        let image = self.ledgers.images.get_mut(&pid).expect("checked above");
+        for ptr in held {
+            image.seeds.remove(&ptr);
+            image.status.seen += 1;
+        }
     }
 
     /// Retires the seeds the kernel's unseen frees name.

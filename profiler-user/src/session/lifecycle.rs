@@ -33,6 +33,8 @@ pub(super) struct Frozen {
     pub stacks: Vec<(u64, Totals)>,
     /// Its `STACKS` entries were deleted (all its stacks symbolized).
     pub stacks_reclaimed: bool,
+    /// An OOM victim written by the recorder.
+    pub oom_recorded: bool,
     /// Estimated heap it holds, its stacks' names included once they are
     /// all symbolized.
     pub bytes: u64,
@@ -83,10 +85,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     // The old image's tables would walk the new one wrong.
                     self.forget_tables(pid);
                     // The kernel bumped its generation if it tracks it.
-                    match self.kernel.process(event.pid) {
-                        Some(state) => execed.push((pid, state.generation)),
+                    let seeded = self.ledgers.seeded_generation(pid);
+                    match (self.kernel.process(event.pid), seeded) {
+                        (Some(state), _) => execed.push((pid, state.generation)),
+                        // No kernel sample, but blocks from before attach:
+                        // the old image is frozen as those.
+                        (None, Some(g)) => execed.push((pid, g + 1)),
                         // Nothing to freeze; the old image's files go.
-                        None => self.prune(pid, false),
+                        (None, None) => self.prune(pid, false),
                     }
                     self.rescans.insert(pid, (now, 0));
                 }
@@ -211,6 +217,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 proc,
                 stacks,
                 stacks_reclaimed: false,
+                oom_recorded: false,
                 bytes: 0,
             };
             frozen.bytes = frozen.own_bytes();

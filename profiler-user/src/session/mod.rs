@@ -329,17 +329,32 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Writes the images the OOM killer killed, once each, with their
     /// stacks symbolized (their names are what the files are for).
     fn record_oom(&mut self, profile: &Profile) {
+        if self.oom_recorder.is_none() {
+            return;
+        }
+        // Each frozen victim once: a later victim may have the same pid,
+        // even the same pid and generation.
+        let due =
+            |f: &Frozen| f.state == crate::profile::ProcessState::OomKilled && !f.oom_recorded;
+        if self.frozen.iter().any(|f| due(f) && !f.stacks_reclaimed) {
+            return; // the next refresh has them
+        }
+        let victims: Vec<_> = self
+            .frozen
+            .iter()
+            .filter(|f| due(f))
+            .map(|f| self.frozen_profile(f))
+            .collect();
+        if victims.is_empty() {
+            return;
+        }
+        for f in self.frozen.iter_mut().filter(|f| due(f)) {
+            f.oom_recorded = true;
+        }
         let Some(recorder) = &mut self.oom_recorder else {
             return;
         };
-        let waiting = self
-            .frozen
-            .iter()
-            .any(|f| f.state == crate::profile::ProcessState::OomKilled && !f.stacks_reclaimed);
-        if waiting {
-            return; // the next refresh has them
-        }
-        match recorder.record(profile) {
+        match recorder.record(profile, &victims) {
             Ok(files) => {
                 for pair in files.chunks(2) {
                     self.warnings.push(format!(

@@ -68,7 +68,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // outside our namespace with the same layout) are not told apart.
         for (local, hosts) in matches {
             match hosts.as_slice() {
-                [host] => self.pids.insert(*host, local),
+                [host] => {
+                    self.pids.insert(*host, local);
+                    self.ledger_recognised(local, *host);
+                }
                 _ => {
                     for host in hosts {
                         self.warn_ambiguous(host, &format!("process {local}"));

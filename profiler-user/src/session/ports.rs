@@ -110,6 +110,12 @@ pub trait ProcessPort {
     }
     /// The sampling rate it runs with.
     fn sampling_rate(&self, pid: u32) -> u64;
+    /// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of the kernel's
+    /// and the ledgers' times (a port, so tests set it: on a freshly booted
+    /// machine it reads only minutes).
+    fn monotonic_ns(&self) -> u64 {
+        crate::age::monotonic_now_ns()
+    }
     fn all_pids(&self) -> Vec<u32>;
     /// Where its live-sample ledger's header is: the library file that
     /// names it, and its address (none without one).

@@ -8,7 +8,7 @@ use std::{
 
 use profiler_common::ProcCounters;
 
-use super::{Incarnation, KernelPort, ProcessPort, Session};
+use super::{Incarnation, KernelPort, ProcessPort, Session, lifecycle::Frozen};
 use crate::{
     age,
     kernel::KernelSnapshot,
@@ -94,7 +94,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     pub(super) fn build(&mut self, snapshot: &KernelSnapshot) -> Profile {
         if snapshot.live_read {
-            self.ages = age::by_stack(&snapshot.live, age::monotonic_now_ns(), self.min_age);
+            self.ages = age::by_stack(&snapshot.live, self.processes.monotonic_ns(), self.min_age);
         }
         let ages = &self.ages;
         let mut live: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
@@ -123,6 +123,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             );
             live.entry(pk).or_default().push((key.stack_id, totals));
         }
+        // The processes the user named are shown, sampled or not yet (0 B
+        // beside what they have resident), not "0 processes".
+        if let super::Target::Pids(pids) = &self.target {
+            for &pid in pids {
+                let generation = snapshot.processes.get(&pid).map_or(0, |p| p.generation);
+                let key = ProcessKey { pid, generation };
+                if !live.contains_key(&key) && self.processes.alive(pid) {
+                    live.insert(key, Vec::new());
+                }
+            }
+        }
         let mut processes = Vec::new();
         for (key, stacks) in live {
             let proc = snapshot
@@ -142,15 +153,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             processes.push(self.process_profile(key, image, &proc, &stacks));
         }
         for f in &self.frozen {
-            let image = Image {
-                name: f.name.clone(),
-                rate: f.rate,
-                state: f.state,
-                incarnation: f.incarnation,
-                since_attach: f.since_attach,
-                ledger: f.ledger,
-            };
-            processes.push(self.process_profile(f.key, image, &f.proc, &f.stacks));
+            processes.push(self.frozen_profile(f));
         }
         sort_processes(&mut processes);
         Profile {
@@ -162,6 +165,19 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             attached_at: Some(self.attached_at),
             ran_before_attach: self.ran_before_attach(),
         }
+    }
+
+    /// A gone image as the profile shows it.
+    pub(super) fn frozen_profile(&self, f: &Frozen) -> ProcessProfile {
+        let image = Image {
+            name: f.name.clone(),
+            rate: f.rate,
+            state: f.state,
+            incarnation: f.incarnation,
+            since_attach: f.since_attach,
+            ledger: f.ledger,
+        };
+        self.process_profile(f.key, image, &f.proc, &f.stacks)
     }
 
     fn process_profile(

@@ -288,3 +288,32 @@ fn seeded_weights_decide_the_weight_form_as_the_kernels_do() {
     let invalid = images(&profile, 11)[0];
     assert!(invalid.totals.live_ci95().is_nan(), "{:?}", invalid.totals);
 }
+
+#[test]
+fn an_image_with_only_seeds_is_frozen_when_it_execs() {
+    let world = World::default();
+    world.spawn(10, "service");
+    give_ledger(
+        &world,
+        10,
+        vec![record(0x1000, 100, 1, &[address_in(alpha_site)])],
+    );
+    let mut session = session(&world, Target::Pids(vec![10]));
+    session.refresh().unwrap();
+    // No kernel sample: the kernel does not track it, its ledger alone
+    // knows its heap.
+    assert!(world.kernel().procs.is_empty());
+    world.process(10).ledger = None;
+    world.exec(10, "next");
+    let profile = session.complete_profile().unwrap();
+    let old = only_image(&profile, 10, ProcessState::Replaced);
+    assert_eq!(old.name, "service");
+    assert_eq!(old.totals.live_bytes, RATE as f64);
+    assert_eq!(old.totals.before_attach_bytes, RATE as f64);
+    assert!(
+        old.stacks
+            .iter()
+            .any(|s| s.frames.iter().any(|f| f.function.contains("alpha_site"))),
+        "{old:#?}"
+    );
+}

@@ -14,7 +14,7 @@ use std::{
 
 use profiler_common::{
     AggKey, DROP_REASONS, DropReason, LiveKey, LiveSample, PROC_EVENT_EXEC, PROC_EVENT_EXIT,
-    ProcCounters, ProcEvent, SampleDelta, StackAgg, UsdtSpec,
+    PROC_EVENT_OOM, ProcCounters, ProcEvent, SampleDelta, StackAgg, UsdtSpec,
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -86,11 +86,28 @@ struct FakeLedger {
     seqs: HashMap<u64, u64>,
 }
 
-#[derive(Default)]
 struct WorldState {
     kernel: KernelState,
     processes: BTreeMap<u32, FakeProcess>,
     scans: Vec<u32>,
+    /// `CLOCK_MONOTONIC` as the session reads it (ns): the test moves it.
+    clock_ns: u64,
+}
+
+/// Where the fake clock starts: a machine booted a minute and a half ago,
+/// as CI machines often are. A test that needs older samples moves the
+/// clock on first ([`World::pass`]).
+const BOOTED_FOR: Duration = Duration::from_secs(90);
+
+impl Default for WorldState {
+    fn default() -> Self {
+        WorldState {
+            kernel: KernelState::default(),
+            processes: BTreeMap::new(),
+            scans: Vec::new(),
+            clock_ns: BOOTED_FOR.as_nanos() as u64,
+        }
+    }
 }
 
 /// One world both fakes share, so a test drives it after the session took
@@ -134,9 +151,19 @@ impl World {
         self.sample_aged(pid, stack_id, frames, size, Duration::ZERO);
     }
 
-    /// A live sample allocated `age` ago.
+    /// Time passes: the session's clock moves `d` on.
+    fn pass(&self, d: Duration) {
+        self.0.borrow_mut().clock_ns += d.as_nanos() as u64;
+    }
+
+    /// A live sample allocated `age` ago (no earlier than the boot: move
+    /// the clock on first with [`World::pass`]).
     fn sample_aged(&self, pid: u32, stack_id: u64, frames: &[u64], size: u64, age: Duration) {
         let mut w = self.0.borrow_mut();
+        let allocated_ns = w
+            .clock_ns
+            .checked_sub(age.as_nanos() as u64)
+            .expect("a sample dated before the boot: World::pass first");
         let k = &mut w.kernel;
         k.stacks.insert(stack_id, frames.to_vec());
         let proc = k.procs.entry(pid).or_default();
@@ -163,7 +190,7 @@ impl World {
                 weight,
                 generation: key.generation,
                 thin_factor: 0,
-                allocated_ns: crate::age::monotonic_now_ns().saturating_sub(age.as_nanos() as u64),
+                allocated_ns,
             },
         ));
     }
@@ -186,6 +213,14 @@ impl World {
         w.kernel.events.push(ProcEvent {
             pid,
             kind: PROC_EVENT_EXIT,
+        });
+    }
+
+    /// The OOM killer picks `pid` (its exit follows).
+    fn oom(&self, pid: u32) {
+        self.0.borrow_mut().kernel.events.push(ProcEvent {
+            pid,
+            kind: PROC_EVENT_OOM,
         });
     }
 
@@ -374,6 +409,10 @@ impl ProcessPort for FakeProcesses {
 
     fn sampling_rate(&self, _pid: u32) -> u64 {
         RATE
+    }
+
+    fn monotonic_ns(&self) -> u64 {
+        self.world.0.borrow().clock_ns
     }
 
     fn all_pids(&self) -> Vec<u32> {
@@ -608,6 +647,25 @@ fn with_pid_an_exit_detaches_the_process_s_own_attachments() {
     world.exit(200);
     s.refresh().unwrap();
     assert!(!s.targets_alive());
+}
+
+#[test]
+fn with_pid_a_target_that_sampled_nothing_yet_is_in_the_profile_at_0_b() {
+    let world = World::default();
+    world.spawn(100, "idle");
+    world.spawn(200, "busy");
+    let mut s = session(&world, Target::Pids(vec![100, 200]));
+    world.sample(200, 7, &[address_in(alpha_site)], 1 << 20);
+    let p = s.complete_profile().unwrap();
+    let idle = only_image(&p, 100, ProcessState::Live);
+    assert_eq!(idle.name, "idle");
+    assert_eq!(idle.totals.live_bytes, 0.0);
+    assert!(idle.stacks.is_empty());
+    assert_eq!(p.processes.len(), 2, "{p:#?}");
+    // Gone without a sample: nothing of it to show.
+    world.exit(100);
+    let p = s.complete_profile().unwrap();
+    assert!(images(&p, 100).is_empty(), "{p:#?}");
 }
 
 #[test]
@@ -931,6 +989,7 @@ fn live_bytes_are_split_by_age_and_min_age_keeps_only_the_old() {
     let world = World::default();
     let mut s = session(&world, Target::All);
     world.spawn(100, "leaky");
+    world.pass(Duration::from_secs(700));
     let (leak, cache) = (address_in(alpha_site), address_in(beta_site));
     for _ in 0..3 {
         world.sample_aged(100, 1, &[leak], 1 << 20, Duration::from_secs(700));
@@ -984,6 +1043,7 @@ fn live_samples_are_read_for_their_ages_every_few_seconds_and_whenever_it_matter
     let world = World::default();
     let mut s = session(&world, Target::All);
     world.spawn(100, "leaky");
+    world.pass(Duration::from_secs(1000));
     let leak = address_in(alpha_site);
     world.sample_aged(100, 1, &[leak], 1 << 20, Duration::from_secs(100));
     let oldest = |p: &Profile| images(p, 100)[0].totals.ages.oldest;
@@ -1006,6 +1066,69 @@ fn live_samples_are_read_for_their_ages_every_few_seconds_and_whenever_it_matter
     s.set_min_age(Duration::from_secs(5));
     let now = s.refresh().unwrap();
     assert!(oldest(&now) >= Duration::from_secs(1000));
+}
+
+#[test]
+fn an_oom_victim_that_reuses_an_earlier_victim_s_pid_is_recorded_too() {
+    let world = World::default();
+    let mut s = session(&world, Target::All);
+    let dir = tempfile::tempdir().unwrap();
+    s.record_oom_kills(crate::oom::OomRecorder::new(dir.path(), 10).unwrap());
+    let profiles = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".pb.gz")
+            })
+            .count()
+    };
+    // Two processes in turn with pid 100, both at generation 0, both
+    // killed by the OOM killer.
+    for victims in 1..=2 {
+        world.spawn(100, "grow");
+        world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+        s.refresh().unwrap();
+        world.oom(100);
+        world.exit(100);
+        let p = s.complete_profile().unwrap();
+        let killed: Vec<_> = images(&p, 100)
+            .into_iter()
+            .filter(|p| p.state == ProcessState::OomKilled)
+            .collect();
+        assert_eq!(killed.len(), victims, "{p:#?}");
+        assert!(killed.iter().all(|k| k.key.generation == 0));
+        assert_eq!(profiles(), victims, "{:?}", s.warnings);
+    }
+    // Each once.
+    s.complete_profile().unwrap();
+    assert_eq!(profiles(), 2);
+}
+
+#[test]
+fn an_oom_victim_whose_main_thread_had_exited_is_recorded_as_oom_killed() {
+    let world = World::default();
+    let mut s = session(&world, Target::All);
+    world.spawn(100, "workers");
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    s.refresh().unwrap();
+    // The main thread calls pthread_exit: the kernel reports its exit, the
+    // other threads run on.
+    world.0.borrow_mut().kernel.events.push(ProcEvent {
+        pid: 100,
+        kind: PROC_EVENT_EXIT,
+    });
+    s.refresh().unwrap();
+    // The OOM killer picks the process; its threads die with no exit
+    // event of the main thread left to report.
+    world.oom(100);
+    s.refresh().unwrap();
+    world.0.borrow_mut().processes.remove(&100);
+    let p = s.complete_profile().unwrap();
+    only_image(&p, 100, ProcessState::OomKilled);
 }
 
 mod ledger;
