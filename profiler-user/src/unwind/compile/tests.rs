@@ -464,7 +464,7 @@ fn remembering_many_rules_costs_a_step_per_rule() {
     // 1 µs per 2 bytes here, 80 times a nop's cost).
     let mut cie = cie();
     for r in 17..117 {
-        cie.add_instruction(I::Offset(gimli::Register(r), -8));
+        cie.add_instruction(I::Offset(Register(r), -8));
     }
     for _ in 0..10_000 {
         cie.add_instruction(I::RememberState);
