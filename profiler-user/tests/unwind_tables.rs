@@ -356,7 +356,7 @@ fn compile_real(label: &str, path: &Path) {
     let s = table.stats;
     println!(
         "{label}: {} — {} rows, {} KiB ({} bytes), {} FDEs ({} from .debug_frame, {} skipped, \
-         {} unused), {} KiB read, built in {:.1} ms",
+         {} unused), {} KiB read, {:.2} steps of CFI evaluation per byte read, built in {:.1} ms",
         path.display(),
         s.rows,
         s.rows * 16 / 1024,
@@ -366,7 +366,15 @@ fn compile_real(label: &str, path: &Path) {
         s.skipped_fdes,
         s.unused_fdes,
         s.bytes_read / 1024,
+        s.work as f64 / s.bytes_read as f64,
         took.as_secs_f64() * 1e3
+    );
+    // Real files stay far within the work budget (8 steps per byte of CFI).
+    assert!(
+        s.work <= 4 * s.bytes_read,
+        "{label}: {} steps of CFI evaluation for {} bytes read",
+        s.work,
+        s.bytes_read
     );
     let mut by_rule = [0usize; 5];
     for row in &table.rows {
@@ -433,6 +441,13 @@ fn real_debian_files_compile() {
     match cc1 {
         Some(cc1) => compile_real("cc1", &cc1),
         None => println!("cc1: not installed (/usr/lib/gcc/x86_64-linux-gnu/*/cc1), not measured"),
+    }
+    // The largest CFI at hand (5 MiB), where installed.
+    let llvm = Path::new("/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1");
+    if llvm.exists() {
+        compile_real("libLLVM-15", llvm);
+    } else {
+        println!("libLLVM-15: not installed, not measured");
     }
 }
 

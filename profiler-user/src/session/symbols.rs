@@ -72,7 +72,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .collect();
             let unresolved: Vec<u64> = frames
                 .iter()
-                .filter(|(_, at)| at.is_none())
+                .filter(|(a, at)| at.is_none() && mappable(*a))
                 .map(|(a, _)| *a)
                 .collect();
             // Only a live image's maps can still grow.
@@ -169,6 +169,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             None => placeholder(&format!("[stack {stack_id:016x}, not yet symbolized]")),
         }
     }
+}
+
+/// The lowest address no user mapping can hold: user space ends below 2^47
+/// (2^56 with 5-level paging). Above it are the markers a stack may end in
+/// (the kernel's `TRUNCATED_FRAME`, the ledger's `CUT_FRAME`): no rescan
+/// can ever resolve them, so they must not keep a process rescanned.
+const USER_SPACE_END: u64 = 1 << 56;
+
+/// Whether a later scan of the process could map `addr`.
+fn mappable(addr: u64) -> bool {
+    addr < USER_SPACE_END
 }
 
 fn placeholder(text: &str) -> Arc<[Frame]> {

@@ -6,9 +6,21 @@
 //! is checked against the file's length; gimli parses the CFI with checked
 //! reads. A malformed CIE or FDE skips that FDE (counted in
 //! [`TableStats::skipped_fdes`]); only a file that is not a readable x86-64
-//! ELF, or a table over [`Limits::max_rows`], is an error. (An entry whose
-//! length header is broken ends its section: nothing after it can be found;
-//! it counts as one skipped FDE.)
+//! ELF, a table over [`Limits::max_rows`], or CFI over its work budget is
+//! an error. (An entry whose length header is broken ends its section:
+//! nothing after it can be found; it counts as one skipped FDE.)
+//!
+//! The work budget: gimli runs a CIE's initial instructions again for every
+//! FDE that uses it, so one long CIE shared by many FDEs costs time
+//! quadratic in the section's size (a 1 MiB section of one CIE of 512k
+//! `DW_CFA_nop`s under 22k FDEs took 11.6 s). Before gimli evaluates an FDE,
+//! its steps are counted ([`TableStats::work`]): every instruction of its CIE
+//! (counted once per CIE, charged per FDE) and of its own is a step, and one
+//! that copies or searches the register rules (remembering a state, setting
+//! a rule, a new row) a step more per rule held, since gimli's cost grows
+//! with them (a state remembered with 100 rules costs 80 times a nop). Past [`Limits::work_per_byte`] × the CFI's size (at most
+//! [`Limits::max_work`]) the file is refused. Real files take 1.3–1.6 steps
+//! per byte. A CIE's header is parsed once per CIE, not per FDE.
 //!
 //! How each CFI row becomes an [`UnwindRow`]:
 //! - CFA = rsp + off → [`cfa::RSP`]; rbp + off → [`cfa::RBP`]; the PLT
@@ -34,6 +46,7 @@
 //! Rows at one pc: the last written wins; consecutive rows with the same rule
 //! are merged.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -55,6 +68,11 @@ pub struct Limits {
     pub max_rows: usize,
     /// Bytes read from one file (headers and CFI sections together).
     pub max_read: u64,
+    /// Steps allowed per byte of CFI (see [`TableStats::work`]); more is
+    /// [`ErrorKind::TooMuchWork`].
+    pub work_per_byte: u64,
+    /// Steps allowed in one file, whatever its size.
+    pub max_work: u64,
 }
 
 impl Default for Limits {
@@ -62,9 +80,15 @@ impl Default for Limits {
         Limits {
             max_rows: 1 << 21,
             max_read: 256 << 20,
+            work_per_byte: WORK_PER_BYTE,
+            max_work: 1 << 28,
         }
     }
 }
+
+/// Real files take 1.3–1.6 steps per byte of CFI (python3, libc, libstdc++,
+/// cc1, libLLVM: tests/unwind_tables.rs); this leaves room fivefold.
+const WORK_PER_BYTE: u64 = 8;
 
 /// What building one table cost and found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,6 +106,10 @@ pub struct TableStats {
     pub debug_frame_fdes: usize,
     /// Bytes read from the file.
     pub bytes_read: u64,
+    /// Steps of CFI evaluation (see the module docs): each FDE's and its
+    /// CIE's, again for every FDE (gimli runs the CIE's instructions each
+    /// time).
+    pub work: u64,
 }
 
 /// One `PT_LOAD` segment: how file offsets map to file virtual addresses.
@@ -163,6 +191,11 @@ pub enum ErrorKind {
         size: u64,
         limit: u64,
     },
+    #[error(
+        "its call-frame information would take over {limit} steps to evaluate, for {cfi} \
+         bytes (a CIE's instructions run again for every FDE: a crafted file?)"
+    )]
+    TooMuchWork { limit: u64, cfi: u64 },
     #[error("the table has {rows}{more} rows, over the limit of {limit}", more = if *.at_least { " or more" } else { "" })]
     TooManyRows {
         rows: usize,
@@ -317,6 +350,17 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
     let (eh_frame, debug_frame) = cfi_sections(&mut r, h)?;
 
     let mut stats = TableStats::default();
+    let cfi = [&eh_frame, &debug_frame]
+        .iter()
+        .filter_map(|s| s.as_ref().map(|s| s.data.len() as u64))
+        .sum::<u64>();
+    let mut work = Work {
+        done: 0,
+        limit: cfi
+            .saturating_mul(limits.work_per_byte)
+            .min(limits.max_work),
+        cfi,
+    };
     let mut fdes = Vec::new();
     // Raw rows (24 bytes each) and FDEs kept before merging: bounded (every
     // FDE has a row). Merging rarely removes more than it adds (one gap row
@@ -329,7 +373,15 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
         let mut section = EhFrame::new(&s.data, LittleEndian);
         section.set_address_size(8);
         let bases = BaseAddresses::default().set_eh_frame(s.addr);
-        collect_fdes(&section, &bases, &mut fdes, &mut stats, &mut budget, limits)?;
+        collect_fdes(
+            &section,
+            &bases,
+            &mut fdes,
+            &mut stats,
+            &mut budget,
+            &mut work,
+            limits,
+        )?;
     }
     if let Some(s) = &debug_frame {
         let mut section = DebugFrame::new(&s.data, LittleEndian);
@@ -341,6 +393,7 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
             &mut extra,
             &mut stats,
             &mut budget,
+            &mut work,
             limits,
         )?;
         let mut covered: Vec<(u64, u64)> = fdes.iter().map(|f| (f.start, f.end)).collect();
@@ -388,6 +441,7 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
     }
     stats.rows = rows.len();
     stats.bytes_read = r.read_bytes();
+    stats.work = work.done;
     Ok(UnwindTable {
         rows,
         loads,
@@ -545,15 +599,115 @@ impl Fde {
 
 type R<'a> = EndianSlice<'a, LittleEndian>;
 
+/// The CFI evaluated so far and what the file may cost (module docs).
+struct Work {
+    done: u64,
+    limit: u64,
+    /// Bytes of CFI in the file, for the error.
+    cfi: u64,
+}
+
+impl Work {
+    fn charge(&mut self, bytes: u64) -> Result<(), ErrorKind> {
+        self.done = self.done.saturating_add(bytes);
+        if self.done > self.limit {
+            return Err(ErrorKind::TooMuchWork {
+                limit: self.limit,
+                cfi: self.cfi,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a CFI program costs gimli to run, from the rules held before it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Steps {
+    steps: u64,
+    /// Registers 0–127 with a rule (x86-64's are 0–16 and a few more).
+    low: u128,
+    /// Rules of higher registers: over-estimated (never taken away).
+    high: u64,
+}
+
+impl Steps {
+    /// Rules held (gimli holds at most 192).
+    fn rules(&self) -> u64 {
+        (u64::from(self.low.count_ones()) + self.high).min(192)
+    }
+
+    /// Counts `program` on (a malformed instruction ends it, as it ends
+    /// gimli's run).
+    fn of(mut self, mut program: gimli::CallFrameInstructionIter<'_, R<'_>>) -> Steps {
+        use gimli::CallFrameInstruction as I;
+        // States remembered in this program (gimli keeps at most 4 rows).
+        let mut saved: Vec<(u128, u64)> = Vec::new();
+        while let Ok(Some(instruction)) = program.next() {
+            self.steps += match instruction {
+                I::Nop
+                | I::DefCfa { .. }
+                | I::DefCfaSf { .. }
+                | I::DefCfaRegister { .. }
+                | I::DefCfaOffset { .. }
+                | I::DefCfaOffsetSf { .. }
+                | I::DefCfaExpression { .. }
+                | I::ArgsSize { .. } => 1,
+                // The rules are looked up (a new row), copied (a state
+                // remembered), dropped (restored) or searched (set).
+                _ => 1 + self.rules(),
+            };
+            match instruction {
+                I::RememberState if saved.len() < 4 => saved.push((self.low, self.high)),
+                I::RestoreState => {
+                    if let Some((low, high)) = saved.pop() {
+                        (self.low, self.high) = (low, high);
+                    }
+                }
+                I::Undefined { register } if register.0 < 128 => {
+                    self.low &= !(1 << register.0);
+                }
+                I::SameValue { register }
+                | I::Offset { register, .. }
+                | I::OffsetExtendedSf { register, .. }
+                | I::ValOffset { register, .. }
+                | I::ValOffsetSf { register, .. }
+                | I::Register {
+                    dest_register: register,
+                    ..
+                }
+                | I::Expression { register, .. }
+                | I::ValExpression { register, .. }
+                | I::Restore { register } => {
+                    if register.0 < 128 {
+                        self.low |= 1 << register.0;
+                    } else {
+                        self.high += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        self
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn collect_fdes<'a, S: UnwindSection<R<'a>>>(
     section: &S,
     bases: &BaseAddresses,
     out: &mut Vec<Fde>,
     stats: &mut TableStats,
     budget: &mut usize,
+    work: &mut Work,
     limits: &Limits,
 ) -> Result<(), ErrorKind> {
     let mut ctx = Box::new(UnwindContext::new());
+    // Each CIE parsed once (its header, e.g. a long augmentation string,
+    // would otherwise be scanned again for every FDE).
+    let mut cies: HashMap<usize, gimli::Result<gimli::CommonInformationEntry<R<'a>>>> =
+        HashMap::new();
+    // Each CIE's steps and the rules it leaves, counted once.
+    let mut cie_steps: HashMap<usize, Steps> = HashMap::new();
     let mut entries = section.entries(bases);
     loop {
         let partial = match entries.next() {
@@ -567,7 +721,11 @@ fn collect_fdes<'a, S: UnwindSection<R<'a>>>(
                 break;
             }
         };
-        let Ok(fde) = partial.parse(|s, b, o| s.cie_from_offset(b, o)) else {
+        let Ok(fde) = partial.parse(|s, b, o| {
+            cies.entry(gimli::UnwindOffset::into(o))
+                .or_insert_with(|| s.cie_from_offset(b, o))
+                .clone()
+        }) else {
             stats.skipped_fdes += 1;
             continue;
         };
@@ -587,6 +745,17 @@ fn collect_fdes<'a, S: UnwindSection<R<'a>>>(
             *budget -= 1;
             rows.push((start, UNKNOWN));
         } else {
+            // Before gimli runs the CIE's instructions again.
+            let cie = *cie_steps
+                .entry(fde.cie().offset())
+                .or_insert_with(|| Steps::default().of(fde.cie().instructions(section, bases)));
+            // And the initial rules saved, and the last row.
+            let fde_steps = Steps {
+                steps: 2 * (1 + cie.rules()),
+                ..cie
+            }
+            .of(fde.instructions(section, bases));
+            work.charge(cie.steps.saturating_add(fde_steps.steps))?;
             let Ok(mut table) = fde.rows(section, bases, &mut ctx) else {
                 stats.skipped_fdes += 1;
                 continue;

@@ -315,5 +315,48 @@ fn an_image_with_only_seeds_is_frozen_when_it_execs() {
             .iter()
             .any(|s| s.frames.iter().any(|f| f.function.contains("alpha_site"))),
         "{old:#?}"
+
+#[test]
+fn stacks_ending_in_a_marker_do_not_keep_their_process_rescanned() {
+    // Stacks that end in each marker: the ledger's (a record the allocator
+    // cut short) and the kernel's (a walk cut short for want of a rule).
+    // Neither address can ever be mapped, so no rescan can resolve it.
+    let world = World::default();
+    world.spawn(10, "service");
+    world.process(10).code_size = Some(1000);
+    let alpha = [address_in(alpha_site)];
+    let mut cut = record(0x1000, 100, 1, &alpha);
+    cut.record.flags |= FLAG_TRUNCATED;
+    give_ledger(&world, 10, vec![cut]);
+    let mut session = session(&world, Target::Pids(vec![10]));
+    world.sample(
+        10,
+        7,
+        &[
+            address_in(alpha_site),
+            profiler_common::unwind::TRUNCATED_FRAME,
+        ],
+        1 << 20,
+    );
+    let profile = session.complete_profile().unwrap();
+    let last: Vec<String> = profile.processes[0]
+        .stacks
+        .iter()
+        .map(|s| s.frames.last().unwrap().function.to_string())
+        .collect();
+    assert!(
+        last.iter().any(|f| f == "[cut short by the allocator]")
+            && last.iter().any(|f| f.starts_with("[truncated")),
+        "one stack ends in each marker: {last:?}"
+    );
+    assert!(session.unresolved.is_empty(), "{:?}", session.unresolved);
+    let scans = world.scans_of(10);
+    for _ in 0..5 {
+        session.refresh().unwrap();
+    }
+    assert_eq!(
+        world.scans_of(10),
+        scans,
+        "nothing changed in the process: its maps are not read again"
     );
 }

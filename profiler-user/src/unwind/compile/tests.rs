@@ -396,6 +396,105 @@ fn hostile_files_fail_cleanly() {
     assert!(table.rows.is_empty());
 }
 
+/// One CIE of `steps` instructions (`DW_CFA_def_cfa_offset 8`, 2 bytes
+/// each) shared by `fdes` FDEs of 16 bytes of code: gimli runs the CIE's
+/// steps again for each FDE, `steps × fdes` in all.
+fn long_cie(steps: usize, fdes: u64) -> Vec<u8> {
+    let mut cie = cie();
+    for _ in 0..steps {
+        cie.add_instruction(I::CfaOffset(8));
+    }
+    let fdes = (0..fdes).map(|i| (TEXT + 0x10 * i, 0x10, vec![])).collect();
+    elf(&[(".eh_frame", &eh_frame(cie, fdes))])
+}
+
+#[test]
+fn a_long_cie_shared_by_many_fdes_is_refused_within_its_work_budget() {
+    // 128 KiB of CIE under 4096 FDEs: 256 KiB of CFI, 268 million steps.
+    let data = long_cie(64 * 1024, 4096);
+    let cfi = 64 * 1024 * 2 + 4096 * 24;
+    let err = compile_elf(&data, Path::new("/usr/lib/crafted.so"), &Limits::default()).unwrap_err();
+    let ErrorKind::TooMuchWork { limit, cfi: size } = err.kind else {
+        panic!("{err}");
+    };
+    // Refused at 8 steps per byte of CFI: about 32 FDEs run the CIE
+    // (8 × 256 KiB / 64k steps), not 4096.
+    assert!(size.abs_diff(cfi) < 1024, "{size} bytes of CFI");
+    assert_eq!(limit, 8 * size);
+    let message = err.to_string();
+    assert!(
+        message.contains("/usr/lib/crafted.so") && message.contains("would take over"),
+        "{message}"
+    );
+
+    // What is counted, for each FDE: its CIE's 1002 instructions (setting
+    // the RA rule searches 1 rule: a step more), the initial rules saved
+    // and the last row (1 + 1 each).
+    let generous = Limits {
+        work_per_byte: u64::MAX,
+        max_work: u64::MAX,
+        ..Limits::default()
+    };
+    let small = long_cie(1000, 100);
+    let table = compile_elf(&small, Path::new("x"), &generous).unwrap();
+    assert_eq!(table.stats.fdes, 100);
+    // (Plus the DW_CFA_nops that pad the entries to 8 bytes.)
+    let work = table.stats.work;
+    assert!(
+        (100 * (1003 + 4)..=100 * (1003 + 4 + 14)).contains(&work),
+        "{work}"
+    );
+    // The hard cap, whatever the file's size.
+    let capped = Limits {
+        max_work: table.stats.work - 1,
+        ..generous
+    };
+    assert!(matches!(
+        compile_elf(&small, Path::new("x"), &capped)
+            .unwrap_err()
+            .kind,
+        ErrorKind::TooMuchWork { .. }
+    ));
+}
+
+#[test]
+fn remembering_many_rules_costs_a_step_per_rule() {
+    // No CIE shared: one FDE whose CIE sets 100 rules, then remembers and
+    // restores them 10,000 times (gimli copies every rule each time: about
+    // 1 µs per 2 bytes here, 80 times a nop's cost).
+    let mut cie = cie();
+    for r in 17..117 {
+        cie.add_instruction(I::Offset(Register(r), -8));
+    }
+    for _ in 0..10_000 {
+        cie.add_instruction(I::RememberState);
+        cie.add_instruction(I::RestoreState);
+    }
+    let data = elf(&[(".eh_frame", &eh_frame(cie, vec![(TEXT, 0x10, vec![])]))]);
+    let err = compile_elf(&data, Path::new("x"), &Limits::default()).unwrap_err();
+    assert!(matches!(err.kind, ErrorKind::TooMuchWork { .. }), "{err}");
+}
+
+#[test]
+fn ordinary_cfi_costs_about_twice_its_size() {
+    // The usual short CIE under functions with a few rows each: far within
+    // the budget.
+    let fdes = (0..1000)
+        .map(|i| {
+            let instructions = vec![(1, I::CfaOffset(16)), (5, I::CfaOffset(32))];
+            (TEXT + 0x40 * i, 0x40, instructions)
+        })
+        .collect();
+    let data = elf(&[(".eh_frame", &eh_frame(cie(), fdes))]);
+    let table = compile_ok(&data);
+    let cfi = data.len() as u64; // over the section's size: headers too
+    assert!(
+        table.stats.work <= 3 * cfi,
+        "{} for {cfi}",
+        table.stats.work
+    );
+}
+
 #[test]
 fn bias_comes_from_the_segment_holding_the_offset() {
     let table = UnwindTable {
