@@ -70,9 +70,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .into_iter()
                 .map(|a| (a, space.and_then(|s| s.normalize(a))))
                 .collect();
+            // Walked before its process's tables were in: only the frames
+            // that can be vouched for (a live image's waits for its files'
+            // tables to compile).
+            let Some(frames) = self.vouch_for(frames, wait_for_maps) else {
+                continue;
+            };
             let unresolved: Vec<u64> = frames
                 .iter()
-                .filter(|(_, at)| at.is_none())
+                .filter(|(a, at)| at.is_none() && !is_before_tables_marker(*a))
                 .map(|(a, _)| *a)
                 .collect();
             // Only a live image's maps can still grow.
@@ -169,6 +175,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             None => placeholder(&format!("[stack {stack_id:016x}, not yet symbolized]")),
         }
     }
+}
+
+/// The markers of a stack walked before its tables (see
+/// [`Session::vouch_for`]): no mapping will ever hold them.
+fn is_before_tables_marker(addr: u64) -> bool {
+    use profiler_common::unwind::{DEPTH_CUT_FRAME, NO_TABLES_FRAME};
+    addr == NO_TABLES_FRAME || addr == DEPTH_CUT_FRAME
 }
 
 fn placeholder(text: &str) -> Arc<[Frame]> {
