@@ -266,7 +266,7 @@ mod tests {
             let got = member_offset(&data[..cut], "task", "tgid");
             assert!(got.is_none() || got == Some(8), "{cut}: {got:?}");
         }
-        let mut bad = data.clone();
+        let mut bad = data;
         bad[0] = 0;
         assert_eq!(member_offset(&bad, "task", "tgid"), None);
     }
