@@ -309,7 +309,7 @@ pub enum DropReason {
     LiveMapFull = 0,
     /// The process reached its cap of live samples.
     ProcessCap = 1,
-    /// `bpf_get_stack` failed.
+    /// The user stack could not be taken.
     StackFailed = 2,
     /// The stack table is full.
     StackMapFull = 3,
@@ -338,9 +338,19 @@ pub enum DropReason {
     /// call-frame information, or whose table did not fit the kernel's):
     /// the sample is kept, its stack ends in a truncation marker.
     StackTruncated = 12,
+    /// The sample came before its process's unwind tables were in (a new
+    /// or just exec'ed process): walked by frame pointers, its stack is cut
+    /// after the first frame in a file not known to keep them, where the
+    /// walk could have gone astray; the sample is kept, its stack ends in a
+    /// marker. Counted by user space, which makes that cut.
+    StackBeforeTables = 13,
+    /// The stack was deeper than [`MAX_STACK_DEPTH`] frames: the sample is
+    /// kept, its stack ends in a marker in place of its last frame. Counted
+    /// by user space, from the kernel's marker.
+    StackTooDeep = 14,
 }
 
-pub const DROP_REASONS: usize = 13;
+pub const DROP_REASONS: usize = 15;
 
 impl DropReason {
     pub const ALL: [DropReason; DROP_REASONS] = [
@@ -357,6 +367,8 @@ impl DropReason {
         DropReason::ScratchBusy,
         DropReason::StackRateLimited,
         DropReason::StackTruncated,
+        DropReason::StackBeforeTables,
+        DropReason::StackTooDeep,
     ];
 
     pub const fn describe(self) -> &'static str {
@@ -377,6 +389,12 @@ impl DropReason {
             }
             DropReason::StackTruncated => {
                 "stack cut short: code without unwind info (kept, ends in a marker)"
+            }
+            DropReason::StackBeforeTables => {
+                "stack cut short: taken before the process's unwind tables were in (kept, ends in a marker)"
+            }
+            DropReason::StackTooDeep => {
+                "stack deeper than 127 frames (kept, cut there, ends in a marker)"
             }
         }
     }

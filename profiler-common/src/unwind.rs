@@ -94,6 +94,23 @@ impl Default for ProcUnwind {
 /// the file of the frame before it. No user-space code lives this high.
 pub const TRUNCATED_FRAME: u64 = 0xffff_ffff_ffff_fff0;
 
+/// The frame address the kernel writes in place of a stack's 127th frame
+/// when the stack goes deeper ([`crate::MAX_STACK_DEPTH`]): user space shows
+/// a marker saying the stack was cut there.
+pub const DEPTH_CUT_FRAME: u64 = 0xffff_ffff_ffff_ffd0;
+
+/// The frame address the kernel appends to a stack walked by frame pointers
+/// because its process had no unwind tables yet (a new process, or one just
+/// exec'ed): a return address is only sure while every frame below it kept
+/// a frame pointer, so user space keeps the frames up to the first one in a
+/// function not known to keep one, and ends the stack there in a marker
+/// (all sure: the stack is whole, the marker goes).
+pub const NO_TABLES_FRAME: u64 = 0xffff_ffff_ffff_ffc0;
+
+/// As [`NO_TABLES_FRAME`], for such a walk that was also cut at
+/// [`crate::MAX_STACK_DEPTH`] (126 frames and this).
+pub const NO_TABLES_DEPTH_FRAME: u64 = 0xffff_ffff_ffff_ffb0;
+
 /// Index of the last row whose `pc` is at or below `pc`, in rows sorted by
 /// `pc` (what the kernel's binary search computes; `None` below the first).
 pub fn find_row(rows: &[UnwindRow], pc: u64) -> Option<usize> {

@@ -117,6 +117,18 @@ pub static MAX_EVENT_RATE: u64 = 0;
 #[unsafe(no_mangle)]
 pub static REPORT_ALL_EXECS: u8 = 0;
 
+/// Set by user space at load time: unwind tables are on (not
+/// `--max-unwind-rows 0`), so a process without them is one whose tables
+/// are not in yet, and its frame-pointer walks are marked (see
+/// `unwind::walk_without_tables`).
+#[unsafe(no_mangle)]
+pub static UNWIND_TABLES: u8 = 1;
+
+/// Set by user space at load time: the offset of `tgid` in the kernel's
+/// `struct task_struct` (from its BTF), for the OOM tracepoint; 0: unknown.
+#[unsafe(no_mangle)]
+pub static TASK_TGID_OFFSET: u64 = 0;
+
 #[inline(always)]
 pub fn max_live_per_process() -> u64 {
     // SAFETY: a plain read of a global; volatile so the compiler doesn't fold
@@ -146,4 +158,16 @@ pub fn new_stacks_burst() -> u64 {
 pub fn max_event_rate() -> u64 {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&MAX_EVENT_RATE) }
+}
+
+#[inline(always)]
+pub fn task_tgid_offset() -> u64 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&TASK_TGID_OFFSET) }
+}
+
+#[inline(always)]
+pub fn unwind_tables_on() -> bool {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&UNWIND_TABLES) != 0 }
 }

@@ -7,10 +7,10 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        generated::bpf_get_attach_cookie, generated::bpf_get_prandom_u32, generated::bpf_get_stack,
+        generated::bpf_get_attach_cookie, generated::bpf_get_prandom_u32,
     },
     macros::uprobe,
     programs::ProbeContext,
@@ -349,32 +349,16 @@ impl ClaimCounter for MapCounter<'_> {
 }
 
 fn take_stack_claimed(ctx: &ProbeContext, pid: u32, generation: u32) -> Result<u64, DropReason> {
-    // With unwind tables, the walk writes the scratch's frames itself.
-    let walked = crate::unwind::walk(ctx, pid);
+    // Either walk writes the scratch's frames itself.
+    let len = match crate::unwind::walk(ctx, pid) {
+        Some(len) => len.min(MAX_STACK_DEPTH),
+        None => crate::unwind::walk_without_tables(ctx).ok_or(DropReason::StackFailed)?,
+    };
     let scratch = STACK_SCRATCH
         .get_ptr_mut(0)
         .ok_or(DropReason::StackFailed)?;
     // SAFETY: a per-CPU map value, ours alone while this program runs.
     let trace: &mut StackTrace = unsafe { &mut *scratch };
-    let size = size_of_val(&trace.frames) as u32;
-    let len = match walked {
-        Some(len) => len.min(MAX_STACK_DEPTH),
-        None => {
-            // SAFETY: the helper writes at most `size` bytes into `frames`.
-            let written = unsafe {
-                bpf_get_stack(
-                    ctx.as_ptr(),
-                    trace.frames.as_mut_ptr().cast(),
-                    size,
-                    u64::from(BPF_F_USER_STACK),
-                )
-            };
-            if written <= 0 {
-                return Err(DropReason::StackFailed);
-            }
-            (written as usize / 8).min(MAX_STACK_DEPTH)
-        }
-    };
     trace.len = len as u64;
     let mut hash = stack_seed(pid, generation);
     for i in 0..MAX_STACK_DEPTH {

@@ -2,13 +2,13 @@
 //! we track (or of every process when profiling system-wide).
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
-    macros::{raw_tracepoint, tracepoint},
-    programs::{RawTracePointContext, TracePointContext},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    macros::raw_tracepoint,
+    programs::RawTracePointContext,
 };
 use profiler_common::{PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_OOM, ProcEvent};
 
-use crate::maps::{PROC_EVENTS, PROCS, report_all_execs};
+use crate::maps::{PROC_EVENTS, PROCS, report_all_execs, task_tgid_offset};
 
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
@@ -44,19 +44,25 @@ pub fn sched_process_exec(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// `pid` in the `oom:mark_victim` record (its format file).
-const MARK_VICTIM_PID: usize = 8;
-
-/// The OOM killer picked a victim: user space writes its final profile. The
-/// record names the victim task (the process's leader, or a thread of it:
-/// only a leader is recognised).
-#[tracepoint(category = "oom", name = "mark_victim")]
-pub fn oom_mark_victim(ctx: TracePointContext) -> i32 {
-    // SAFETY: a read at the field's offset in the tracepoint's record.
-    let Ok(pid) = (unsafe { ctx.read_at::<i32>(MARK_VICTIM_PID) }) else {
+/// The OOM killer picked a victim: user space writes its final profile.
+/// A raw tracepoint (no tracefs needed): its first argument is the
+/// victim task (`TP_PROTO(struct task_struct *task, uid_t uid)`), a thread
+/// of the process; the process is its `tgid`, at the offset user space
+/// read from the kernel's BTF. The OOM killer may run on another task's
+/// behalf, so the current task says nothing.
+#[raw_tracepoint(tracepoint = "mark_victim")]
+pub fn oom_mark_victim(ctx: RawTracePointContext) -> i32 {
+    let offset = task_tgid_offset();
+    if offset == 0 {
+        return 0; // not given: user space does not attach it
+    }
+    let task: u64 = ctx.arg(0);
+    // SAFETY: the helper reads kernel memory and reports a fault instead of
+    // taking it.
+    let Ok(tgid) = (unsafe { bpf_probe_read_kernel((task + offset) as *const i32) }) else {
         return 0;
     };
-    let pid = pid as u32;
+    let pid = tgid as u32;
     if PROCS.get_ptr(pid).is_some() {
         send(pid, PROC_EVENT_OOM);
     }

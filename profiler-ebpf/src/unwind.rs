@@ -3,7 +3,9 @@
 //! code built without frame pointers unwinds whole. A pc outside every
 //! table falls back to one frame-pointer step (never two in a row); a pc
 //! whose rule cannot be applied ends the walk with `TRUNCATED_FRAME`, never
-//! with garbage.
+//! with garbage. A process without tables (yet) is walked by frame
+//! pointers, its stack ending in `NO_TABLES_FRAME` for user space to check.
+//! A stack deeper than `MAX_STACK_DEPTH` ends in a depth marker.
 
 use aya_ebpf::{
     cty::c_void,
@@ -13,12 +15,14 @@ use aya_ebpf::{
 use profiler_common::{
     DropReason, MAX_STACK_DEPTH,
     unwind::{
-        FRAME_POINTERS, MAX_UNWIND_MAPPINGS, ProcUnwind, TRUNCATED_FRAME, UnwindMapping, UnwindRow,
-        cfa, rbp,
+        DEPTH_CUT_FRAME, FRAME_POINTERS, MAX_UNWIND_MAPPINGS, NO_TABLES_DEPTH_FRAME,
+        NO_TABLES_FRAME, ProcUnwind, TRUNCATED_FRAME, UnwindMapping, UnwindRow, cfa, rbp,
     },
 };
 
-use crate::maps::{BLOCK, BLOCK_WORDS, STACK_BLOCK, STACK_SCRATCH, UNWIND_PROCS, UNWIND_ROWS};
+use crate::maps::{
+    BLOCK, BLOCK_WORDS, STACK_BLOCK, STACK_SCRATCH, UNWIND_PROCS, UNWIND_ROWS, unwind_tables_on,
+};
 
 /// Binary search steps over a process's mappings (2^9 > MAX_UNWIND_MAPPINGS).
 const MAPPING_STEPS: usize = 9;
@@ -48,6 +52,7 @@ pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
         bp: regs.rbp,
         len: 0,
         block: NO_BLOCK,
+        limit: MAX_STACK_DEPTH as u64,
     };
     // SAFETY: the callback is a BPF subprogram taking (index, &mut Walk);
     // `walk` outlives the call.
@@ -60,6 +65,73 @@ pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
         )
     };
     Some(walk.len as usize)
+}
+
+/// Walks the current user stack by frame pointers into `STACK_SCRATCH`,
+/// for a process without tables; returns its length. With unwind tables on
+/// (the process's are not in yet: a new or just exec'ed process), the
+/// stack ends in `NO_TABLES_FRAME` (`NO_TABLES_DEPTH_FRAME` if cut at the
+/// depth limit): in code built without frame pointers rbp is a general
+/// register, and user space keeps only the frames it can vouch for. Each
+/// step must find its frame above the last one on the stack (see
+/// `frame_pointer_step`), so a garbage rbp mostly ends the walk at once
+/// instead of making up frames (and stacks, which each cost a stack-table
+/// entry).
+#[inline(always)]
+pub fn walk_without_tables(ctx: &ProbeContext) -> Option<usize> {
+    // A load-time constant: the verifier explores one of the two.
+    let mark = unwind_tables_on();
+    // Room for the marker.
+    let limit = if mark {
+        MAX_STACK_DEPTH - 1
+    } else {
+        MAX_STACK_DEPTH
+    };
+    // SAFETY: the context of a uprobe is its pt_regs; constant-offset reads.
+    let regs = unsafe { &*ctx.regs };
+    let mut walk = Walk {
+        proc: core::ptr::null(),
+        pid: 0,
+        fell_back: 0,
+        pc: regs.rip,
+        sp: regs.rsp,
+        bp: regs.rbp,
+        len: 0,
+        block: NO_BLOCK,
+        limit: limit as u64,
+    };
+    // SAFETY: as in `walk`.
+    unsafe {
+        bpf_loop(
+            limit as u32,
+            frame_pointer_walk_step as *mut c_void,
+            (&raw mut walk).cast(),
+            0,
+        )
+    };
+    let cut = walk.fell_back != 0;
+    let trace = STACK_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: a per-CPU map value, ours under the scratch claim.
+    let trace = unsafe { &mut *trace };
+    let len = walk.len as usize;
+    let (at, marker) = match (mark, cut) {
+        (true, false) => (len, NO_TABLES_FRAME),
+        (true, true) => (len, NO_TABLES_DEPTH_FRAME),
+        // Deeper than the stack table holds: the last frame gives way.
+        (false, true) => (len.wrapping_sub(1), DEPTH_CUT_FRAME),
+        (false, false) => return Some(len.min(MAX_STACK_DEPTH)),
+    };
+    // Reloaded, so the bound is checked on the register the store indexes
+    // by (see `unwind_step`).
+    // SAFETY: a read of a local.
+    let slot = unsafe { core::ptr::read_volatile(&at) };
+    match trace.frames.get_mut(slot) {
+        Some(frame) => {
+            *frame = marker;
+            Some(slot + 1)
+        }
+        None => Some(len.min(MAX_STACK_DEPTH)),
+    }
 }
 
 /// The state of a walk, carried between `bpf_loop` iterations.
@@ -79,6 +151,8 @@ struct Walk {
     /// The address of the user stack block held in `STACK_BLOCK`, or
     /// `NO_BLOCK` (see `read_user`).
     block: u64,
+    /// Frames a walk without tables takes at most (its `bpf_loop` count).
+    limit: u64,
 }
 
 const CONTINUE: i64 = 0;
@@ -137,6 +211,12 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
         },
     };
     match step {
+        // Deeper than the stack table holds: the last frame gives way to
+        // the depth marker.
+        Step::Caller { pc, .. } if pc != 0 && i + 1 >= MAX_STACK_DEPTH => {
+            trace.frames[i] = DEPTH_CUT_FRAME;
+            STOP
+        }
         Step::Caller { pc, sp, bp } if pc != 0 => {
             (walk.pc, walk.sp, walk.bp) = (pc, sp, bp);
             CONTINUE
@@ -173,6 +253,40 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
             }
             STOP
         }
+    }
+}
+
+/// One frame of a walk without tables: records `pc`, then steps by frame
+/// pointer; `fell_back` says the walk reached `limit` with callers left.
+#[inline(never)]
+extern "C" fn frame_pointer_walk_step(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `walk_without_tables` passed its own `Walk` as the context.
+    let walk = unsafe { &mut *ctx.cast::<Walk>() };
+    let Some(trace) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return STOP;
+    };
+    // SAFETY: a per-CPU map value, claimed by the caller for this walk.
+    let trace = unsafe { &mut *trace };
+    let i = index as usize;
+    if i >= MAX_STACK_DEPTH {
+        return STOP;
+    }
+    trace.frames[i] = walk.pc;
+    walk.len = index + 1;
+    // A zero rbp marks the outermost frame (`_start` clears it).
+    if walk.bp == 0 {
+        return STOP;
+    }
+    match frame_pointer_step(walk) {
+        Step::Caller { pc, .. } if pc != 0 && index + 1 >= walk.limit => {
+            walk.fell_back = 1;
+            STOP
+        }
+        Step::Caller { pc, sp, bp } if pc != 0 => {
+            (walk.pc, walk.sp, walk.bp) = (pc, sp, bp);
+            CONTINUE
+        }
+        _ => STOP,
     }
 }
 
@@ -216,8 +330,10 @@ fn apply(row: &UnwindRow, walk: &mut Walk) -> Step {
     }
 }
 
-/// Code without a table (JIT code, a file whose table did not fit): one
-/// step by frame pointer, if rbp looks like one.
+/// One step by frame pointer, if rbp looks like one: a frame above the
+/// last (the stack grows down), within `MAX_FRAME_SPAN`, aligned. Code
+/// without a table (JIT code, a file whose table did not fit) gets one;
+/// a process without tables gets one per frame.
 #[inline(always)]
 fn frame_pointer_step(walk: &mut Walk) -> Step {
     let (sp, bp) = (walk.sp, walk.bp);

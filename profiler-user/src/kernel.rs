@@ -11,7 +11,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, IterableMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        RawTracePoint, TracePoint, UProbe,
+        RawTracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
@@ -25,40 +25,6 @@ use thiserror::Error;
 
 use crate::discover::{FileId, OpenFile, ProbeKind, ProbeSite};
 use crate::map_batch;
-
-/// Where the kernel's tracefs is mounted when nothing has mounted it: the
-/// first of the two places aya looks for it.
-const TRACEFS: &std::ffi::CStr = c"/sys/kernel/tracing";
-
-/// Mounts tracefs where aya looks for it, unless it is mounted already (many
-/// machines, ours among them, boot without it). This is what perf does
-/// (libapi's `tracefs__mount`); the mount outlives allocprof, as perf's does.
-fn ensure_tracefs() -> Result<(), String> {
-    let tracefs = TRACEFS.to_str().expect("an ASCII path");
-    let mounted = |dir: &str| Path::new(dir).join("events").is_dir();
-    if mounted(tracefs) || mounted("/sys/kernel/debug/tracing") {
-        return Ok(());
-    }
-    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-    // SAFETY: every pointer is a NUL-terminated literal; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            c"tracefs".as_ptr(),
-            TRACEFS.as_ptr(),
-            c"tracefs".as_ptr(),
-            flags,
-            std::ptr::null(),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "tracefs is not mounted and mounting it at {tracefs} failed: {}",
-            std::io::Error::last_os_error()
-        ))
-    }
-}
 
 /// The kernel object, built by build.rs (from source, or the committed one).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/allocprof-ebpf"));
@@ -229,6 +195,11 @@ impl Kernel {
         let report_all = u8::from(report_all_execs);
         // aya-log's levels: 0 off, 2 warnings (what the unwinder logs).
         let log_level: u8 = if limits.diagnostics { 2 } else { 0 };
+        // The OOM tracepoint reads the victim's process from its task: where
+        // the kernel's BTF does not say where that is, it stays unattached.
+        let tgid_offset = crate::btf::kernel_member_offset("task_struct", "tgid");
+        let tgid_at = tgid_offset.as_ref().map_or(0, |&o| u64::from(o));
+        let unwind_tables = u8::from(limits.max_unwind_rows > 0);
         let mut ebpf = EbpfLoader::new()
             .override_global("AYA_LOG_LEVEL", &log_level, true)
             .map_max_entries(names::LIVE, limits.max_live_samples)
@@ -245,6 +216,8 @@ impl Kernel {
             )
             .override_global("NEW_STACKS_BURST", &limits.new_stacks_burst, true)
             .override_global("MAX_EVENT_RATE", &limits.max_event_rate, true)
+            .override_global("TASK_TGID_OFFSET", &tgid_at, true)
+            .override_global("UNWIND_TABLES", &unwind_tables, true)
             .load(object)
             .map_err(classify_load_error)?;
         for kind in ProbeKind::ALL {
@@ -257,13 +230,18 @@ impl Kernel {
             prog.attach(tp).map_err(classify_load_error)?;
         }
         // Optional: without it (a kernel without the tracepoint), OOM kills
-        // read as plain exits. A classic tracepoint is found through tracefs.
-        let oom: &mut TracePoint = program(&mut ebpf, "oom_mark_victim")?;
+        // read as plain exits. A raw tracepoint: no tracefs is needed, so a
+        // profile mounts nothing on the host.
+        let oom: &mut RawTracePoint = program(&mut ebpf, "oom_mark_victim")?;
         let oom_victims = oom
             .load()
             .map_err(|e| e.to_string())
-            .and_then(|()| ensure_tracefs())
-            .and_then(|()| oom.attach("oom", "mark_victim").map_err(|e| e.to_string()))
+            .and_then(|()| tgid_offset.map(drop))
+            .and_then(|()| {
+                oom.attach("mark_victim")
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            })
             .err();
         let specs = Array::try_from(take(&mut ebpf, names::USDT_SPECS)?)
             .map_err(map_err(names::USDT_SPECS))?;

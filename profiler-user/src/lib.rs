@@ -4,6 +4,7 @@
 
 pub mod age;
 pub mod backend_stats;
+pub mod btf;
 pub mod discover;
 pub mod export;
 pub mod inert;

@@ -17,7 +17,9 @@ use blazesym::symbolize::{
     source::{Elf, Source},
 };
 
-use profiler_common::unwind::TRUNCATED_FRAME;
+use profiler_common::unwind::{
+    DEPTH_CUT_FRAME, NO_TABLES_DEPTH_FRAME, NO_TABLES_FRAME, TRUNCATED_FRAME,
+};
 
 use crate::{
     discover::OpenFile,
@@ -271,6 +273,15 @@ pub(crate) fn heap_bytes(frames: &[Frame]) -> usize {
     2 * size_of::<usize>() + size_of_val(frames) + BLOCK + names
 }
 
+/// The frame that ends a stack taken before its process's unwind tables
+/// were in, past the frames that could be vouched for (see
+/// `profiler_common::unwind::NO_TABLES_FRAME`).
+pub const BEFORE_TABLES_MARKER: &str = "[stack before unwind tables were loaded]";
+
+/// The frame that ends a stack deeper than the kernel keeps, in place of its
+/// 127th frame (`profiler_common::unwind::DEPTH_CUT_FRAME`).
+pub const DEPTH_CUT_MARKER: &str = "[stack cut at 127 frames]";
+
 /// The frame that ends a walk the kernel could not continue: which file's
 /// code had no unwind rule it could apply.
 fn truncation_marker(last: Option<&FileAddr>) -> Frame {
@@ -357,6 +368,16 @@ pub(crate) fn symbolize_stack(
         }
         if *addr == crate::ledger::CUT_FRAME {
             out.push(Frame::named("[cut short by the allocator]"));
+            continue;
+        }
+        if *addr == DEPTH_CUT_FRAME {
+            out.push(Frame::named(DEPTH_CUT_MARKER));
+            continue;
+        }
+        // (The session has vouched for such a stack's frames before it
+        // came here: see `Session::vouch_for`.)
+        if *addr == NO_TABLES_FRAME || *addr == NO_TABLES_DEPTH_FRAME {
+            out.push(Frame::named(BEFORE_TABLES_MARKER));
             continue;
         }
         previous = at.as_ref();

@@ -658,7 +658,7 @@ struct Estimates {
     live_before_attach_bytes: f64,
 }
 
-const DROP_KEYS: [&str; 13] = [
+const DROP_KEYS: [&str; 15] = [
     "live_map_full",
     "process_cap",
     "stack_failed",
@@ -672,6 +672,8 @@ const DROP_KEYS: [&str; 13] = [
     "scratch_busy",
     "stack_rate_limited",
     "stack_truncated",
+    "stack_before_tables",
+    "stack_too_deep",
 ];
 
 #[test]

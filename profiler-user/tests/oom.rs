@@ -2,6 +2,9 @@
 //! liballocprof.so grows one stack in a memory cgroup limited to 64 MiB
 //! until the kernel's OOM killer kills it; `allocprof --oom-dir` writes
 //! its heap at that moment, which attributes the growth to that stack.
+//! allocprof runs in a mount namespace of its own without tracefs, as on
+//! machines that boot without it: the OOM tracepoint needs none, and a
+//! profile, with or without `--oom-dir`, mounts nothing.
 
 mod common;
 
@@ -61,6 +64,74 @@ impl Drop for MemoryCgroup {
     }
 }
 
+/// `cmd` (allocprof) in a new mount namespace (private: nothing it mounts
+/// reaches the host's) from which tracefs is unmounted first; once it
+/// exits, the namespace's mount table is written to `mountinfo`.
+fn without_tracefs(cmd: &Command, mountinfo: &Path) -> Command {
+    let script = r#"
+        for i in 1 2 3 4; do
+            for d in /sys/kernel/tracing /sys/kernel/debug/tracing; do
+                umount -l "$d" 2>/dev/null
+            done
+        done
+        if grep -q ' - tracefs ' /proc/self/mountinfo; then
+            echo "tracefs could not be unmounted in the test's namespace" >&2
+            exit 99
+        fi
+        out="$1"; shift
+        "$@"; rc=$?
+        cat /proc/self/mountinfo > "$out"
+        exit $rc
+    "#;
+    let mut wrapped = Command::new("unshare");
+    wrapped
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(mountinfo)
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    wrapped
+}
+
+/// The tracefs mounts of a mount table written by [`without_tracefs`].
+fn tracefs_mounts(mountinfo: &Path) -> Vec<String> {
+    fs::read_to_string(mountinfo)
+        .unwrap_or_else(|e| panic!("{}: {e}", mountinfo.display()))
+        .lines()
+        .filter(|l| l.contains(" - tracefs "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_profile_without_oom_dir_mounts_nothing() {
+    common::require_bpf();
+    let mut w = common::Workload::c(&[]);
+    let out = common::scratch_dir(&format!("no-tracefs-{}", std::process::id()));
+    let mountinfo = out.join("mountinfo");
+    let mut allocprof = Command::new(env!("CARGO_BIN_EXE_allocprof"));
+    allocprof
+        .args(["--pid", &w.pid().to_string(), "-d", "1s", "-o"])
+        .arg(out.join("report.txt"));
+    let mut profiler =
+        common::spawn_attached(without_tracefs(&allocprof, &mountinfo).stdout(Stdio::null()));
+    w.allocate();
+    let status = profiler.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let report = fs::read_to_string(out.join("report.txt")).unwrap();
+    assert!(report.contains("alloc_sites"), "{report}");
+    let mounts = tracefs_mounts(&mountinfo);
+    assert!(mounts.is_empty(), "allocprof mounted tracefs: {mounts:?}");
+    w.exit();
+}
+
 #[test]
 fn an_oom_killed_process_leaves_its_heap_in_the_oom_dir() {
     common::require_bpf();
@@ -77,22 +148,23 @@ fn an_oom_killed_process_leaves_its_heap_in_the_oom_dir() {
         .arg(&exe);
     let mut w = Proc::spawn(cmd);
     w.expect("started");
-    let mut profiler = common::spawn_attached(
-        Command::new(env!("CARGO_BIN_EXE_allocprof"))
-            .args([
-                "--pid",
-                &w.pid().to_string(),
-                "-d",
-                "120s",
-                "-f",
-                "json",
-                "-o",
-            ])
-            .arg(out.join("final.json"))
-            .arg("--oom-dir")
-            .arg(&out)
-            .stdout(Stdio::null()),
-    );
+    let mountinfo = out.join("mountinfo");
+    let mut allocprof = Command::new(env!("CARGO_BIN_EXE_allocprof"));
+    allocprof
+        .args([
+            "--pid",
+            &w.pid().to_string(),
+            "-d",
+            "120s",
+            "-f",
+            "json",
+            "-o",
+        ])
+        .arg(out.join("final.json"))
+        .arg("--oom-dir")
+        .arg(&out);
+    let mut profiler =
+        common::spawn_attached(without_tracefs(&allocprof, &mountinfo).stdout(Stdio::null()));
     w.send("go");
     let status = w.child.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
@@ -148,5 +220,8 @@ fn an_oom_killed_process_leaves_its_heap_in_the_oom_dir() {
     );
     let json = fs::read_to_string(out.join("final.json")).unwrap();
     assert!(json.contains("\"oom_killed\""), "{json}");
+    // Recorded without tracefs, and none was mounted.
+    let mounts = tracefs_mounts(&mountinfo);
+    assert!(mounts.is_empty(), "allocprof mounted tracefs: {mounts:?}");
     drop(w);
 }

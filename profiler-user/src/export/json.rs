@@ -247,6 +247,8 @@ pub(crate) fn drop_name(reason: DropReason) -> &'static str {
         DropReason::ScratchBusy => "scratch_busy",
         DropReason::StackRateLimited => "stack_rate_limited",
         DropReason::StackTruncated => "stack_truncated",
+        DropReason::StackBeforeTables => "stack_before_tables",
+        DropReason::StackTooDeep => "stack_too_deep",
     }
 }
 

@@ -65,9 +65,10 @@ const RESCAN_EVERY: Duration = FULL_SCAN_EVERY;
 /// Exited and replaced images kept, so a long system-wide run over
 /// short-lived processes holds bounded memory; the oldest go first.
 const MAX_FROZEN_IMAGES: usize = 10_000;
-/// With `--pid`, how long the start waits for the targets' unwind tables,
-/// so that their samples are walked whole from the first (until its
-/// tables are in, a process is walked by frame pointers).
+/// With `--pid`, how long the start waits for the targets' unwind tables
+/// before it attaches, so that their samples are walked whole from the
+/// first (until its tables are in, a process is walked by frame pointers
+/// and its stacks cut where they cannot be vouched for).
 const TABLES_AT_START: Duration = Duration::from_secs(5);
 /// What gone images (with their symbolized stacks) may hold by default:
 /// a process with deep stacks takes megabytes of names.
@@ -205,9 +206,6 @@ impl Session {
         let kernel = Kernel::load(limits, target == Target::All)?;
         let mut session = Session::with_ports(kernel, processes, PidMap::detect(), target)?;
         session.ledgers.limits = ledger::SeedLimits::from(&limits);
-        if matches!(session.target, Target::Pids(_)) {
-            session.settle_tables(TABLES_AT_START);
-        }
         Ok(session)
     }
 }
@@ -265,6 +263,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         };
         match target {
             Target::Pids(pids) => {
+                // The targets' unwind tables before their probes: their
+                // samples are then walked with them from the first.
+                for &pid in &pids {
+                    session.want_tables_of(pid);
+                }
+                session.settle_tables(TABLES_AT_START);
                 for pid in pids {
                     let attached = session.scan(pid)?;
                     if attached == 0 {

@@ -6,7 +6,7 @@ use std::{
     sync::Arc,
 };
 
-use profiler_common::ProcCounters;
+use profiler_common::{DROP_REASONS, DropReason, ProcCounters};
 
 use super::{Incarnation, KernelPort, ProcessPort, Session, lifecycle::Frozen};
 use crate::{
@@ -156,9 +156,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             processes.push(self.frozen_profile(f));
         }
         sort_processes(&mut processes);
+        // The stacks user space cut (see `with_cut_stacks`), of the images shown.
+        let mut drops = snapshot.drops;
+        for p in &processes {
+            for reason in [DropReason::StackBeforeTables, DropReason::StackTooDeep] {
+                drops[reason as usize] += p.drops[reason as usize];
+            }
+        }
         Profile {
             processes,
-            drops: snapshot.drops,
+            drops,
             elapsed: self.started.elapsed(),
             unwind: self.unwind.status(),
             min_age: self.min_age,
@@ -197,14 +204,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .entry(self.frames(image.incarnation, *id))
                 .or_default() += totals.with_weight_form(weight_form);
         }
-        let stacks = merged
+        let stacks: Vec<StackProfile> = merged
             .into_iter()
             .map(|(frames, totals)| StackProfile { frames, totals })
             .collect();
         ProcessProfile {
             alloc_events: proc.alloc_events,
             free_events: proc.free_events,
-            drops: proc.drops,
+            drops: with_cut_stacks(proc.drops, &stacks),
             lost_live_bytes: proc.lost_live_bytes,
             contracts: proc.contracts,
             weight_form,
@@ -229,4 +236,20 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }
+}
+
+/// The process's drops, with its samples whose stacks end in a marker user
+/// space put there: taken before its unwind tables were in and cut where
+/// they could not be vouched for, or deeper than the kernel keeps (the
+/// kernel marks those, user space counts them with the marker's name).
+fn with_cut_stacks(mut drops: [u64; DROP_REASONS], stacks: &[StackProfile]) -> [u64; DROP_REASONS] {
+    for s in stacks {
+        let reason = match s.frames.last().map(|f| &*f.function) {
+            Some(crate::symbolize::BEFORE_TABLES_MARKER) => DropReason::StackBeforeTables,
+            Some(crate::symbolize::DEPTH_CUT_MARKER) => DropReason::StackTooDeep,
+            _ => continue,
+        };
+        drops[reason as usize] += s.totals.alloc_samples;
+    }
+    drops
 }

@@ -70,6 +70,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .into_iter()
                 .map(|a| (a, space.and_then(|s| s.normalize(a))))
                 .collect();
+            // Walked before its process's tables were in: only the frames
+            // that can be vouched for (a live image's waits for its files'
+            // tables to compile).
+            let Some(frames) = self.vouch_for(frames, wait_for_maps) else {
+                continue;
+            };
             let unresolved: Vec<u64> = frames
                 .iter()
                 .filter(|(a, at)| at.is_none() && mappable(*a))
@@ -173,7 +179,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
 /// The lowest address no user mapping can hold: user space ends below 2^47
 /// (2^56 with 5-level paging). Above it are the markers a stack may end in
-/// (the kernel's `TRUNCATED_FRAME`, the ledger's `CUT_FRAME`): no rescan
+/// (the kernel's `TRUNCATED_FRAME`, `DEPTH_CUT_FRAME` and `NO_TABLES_FRAME`, the ledger's `CUT_FRAME`): no rescan
 /// can ever resolve them, so they must not keep a process rescanned.
 const USER_SPACE_END: u64 = 1 << 56;
 

@@ -5,11 +5,14 @@
 
 use std::collections::HashSet;
 
-use profiler_common::unwind::{MAX_UNWIND_MAPPINGS, ProcUnwind};
+use profiler_common::unwind::{
+    DEPTH_CUT_FRAME, MAX_UNWIND_MAPPINGS, NO_TABLES_DEPTH_FRAME, NO_TABLES_FRAME, ProcUnwind,
+};
 
 use super::{KernelPort, ProcessPort, Session};
 use crate::{
     discover::FileId,
+    normalize::FileAddr,
     unwind::tables::{RowSink, TablesStatus},
 };
 
@@ -49,6 +52,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
         }
         self.give_tables(pid);
+    }
+
+    /// With `--pid`, before attaching: reads `pid`'s maps and asks for the
+    /// tables of its files (as a scan would, without attaching).
+    pub(super) fn want_tables_of(&mut self, pid: u32) {
+        let Ok(scan) = self.processes.scan(pid) else {
+            return; // gone: the attach says so
+        };
+        if !scan.probes.is_empty() {
+            self.spaces.insert(pid, scan.space);
+            self.unwind_process(pid);
+        }
     }
 
     /// Builds `pid`'s kernel entry from the tables ready now. A process's
@@ -91,6 +106,59 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return;
         }
         self.unwound.insert(pid, table);
+    }
+
+    /// The frames of a stack the kernel walked by frame pointers before its
+    /// process had tables (it ends in `NO_TABLES_FRAME` or
+    /// `NO_TABLES_DEPTH_FRAME`; any other stack comes back as it is). A
+    /// return address read through a frame pointer is sure while every
+    /// frame below it is in a function that keeps a frame pointer (its
+    /// file's table's `frame_pointer_runs`); so the stack keeps its frames
+    /// up to and including the first that is not (or lies in no file), then
+    /// `NO_TABLES_FRAME`, which user space shows as a marker. A stack whose
+    /// every frame is vouched for is whole (cut at the depth limit, it ends
+    /// in `DEPTH_CUT_FRAME`). `None`: a file's table is still compiling,
+    /// and `wait` says to ask again later rather than cut there.
+    pub(super) fn vouch_for(
+        &self,
+        mut frames: Vec<(u64, Option<FileAddr>)>,
+        wait: bool,
+    ) -> Option<Vec<(u64, Option<FileAddr>)>> {
+        let last = match frames.last() {
+            Some((a, _)) if *a == NO_TABLES_FRAME || *a == NO_TABLES_DEPTH_FRAME => *a,
+            _ => return Some(frames),
+        };
+        frames.pop();
+        let mut sure = frames.len();
+        for (i, (_, at)) in frames.iter().enumerate() {
+            // A return address points after its call: the call's function
+            // is the one whose frame matters (the first frame is the probe
+            // site itself).
+            let keeps = match at.as_ref().and_then(|a| Some((a.file.open.as_ref()?, a))) {
+                Some((file, at)) => {
+                    let offset = at.file_offset.saturating_sub(u64::from(i > 0));
+                    self.unwind.keeps_frame_pointer_at(file.id, offset)
+                }
+                None => Some(false),
+            };
+            match keeps {
+                Some(true) => {}
+                None if wait => return None,
+                _ => {
+                    sure = i;
+                    break;
+                }
+            }
+        }
+        if sure == frames.len() {
+            if last == NO_TABLES_DEPTH_FRAME {
+                frames.push((DEPTH_CUT_FRAME, None));
+            }
+        } else {
+            frames.truncate(sure + 1);
+            frames.push((NO_TABLES_FRAME, None));
+        }
+        Some(frames)
     }
 
     /// Loads what the table thread finished; processes get the new tables.

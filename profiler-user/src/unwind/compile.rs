@@ -134,7 +134,18 @@ pub struct UnwindTable {
     /// CFA = rbp + 16 with rbp saved at CFA − 16, exactly the frame-pointer
     /// step (see `Fde::keeps_frame_pointer` for the FDEs exempt).
     pub frame_pointers: bool,
+    /// Where a return address is one frame-pointer step from its caller's:
+    /// the runs of consecutive functions (file virtual addresses, sorted)
+    /// that keep a frame pointer, at most [`MAX_FRAME_POINTER_RUNS`] (a
+    /// file with more, mostly without frame pointers, lists none). Stacks
+    /// walked by frame pointers before a process's tables were in are
+    /// vouched for with it (see `session::unwinding`).
+    pub frame_pointer_runs: Vec<(u64, u64)>,
 }
+
+/// Runs of functions with frame pointers listed per file at most (16 bytes
+/// each).
+pub const MAX_FRAME_POINTER_RUNS: usize = 4096;
 
 impl UnwindTable {
     /// The bias of a mapping of this file at `start` with file offset
@@ -431,6 +442,7 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
     stats.fdes = fdes.len();
 
     let frame_pointers = !fdes.is_empty() && fdes.iter().all(Fde::keeps_frame_pointer);
+    let frame_pointer_runs = frame_pointer_runs(&mut fdes);
     let rows = assemble(fdes);
     if rows.len() > limits.max_rows {
         return Err(ErrorKind::TooManyRows {
@@ -447,7 +459,33 @@ fn compile(mut r: Reader_<'_>, limits: &Limits) -> Result<UnwindTable, ErrorKind
         loads,
         stats,
         frame_pointers,
+        frame_pointer_runs,
     })
+}
+
+/// The runs of consecutive FDEs (by address) that keep a frame pointer;
+/// none past [`MAX_FRAME_POINTER_RUNS`].
+fn frame_pointer_runs(fdes: &mut [Fde]) -> Vec<(u64, u64)> {
+    fdes.sort_unstable_by_key(|f| f.start);
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut open = false;
+    for f in fdes.iter() {
+        if !f.keeps_frame_pointer() {
+            open = false;
+            continue;
+        }
+        match runs.last_mut() {
+            Some(run) if open => run.1 = run.1.max(f.end),
+            _ => {
+                if runs.len() == MAX_FRAME_POINTER_RUNS {
+                    return Vec::new();
+                }
+                runs.push((f.start, f.end));
+                open = true;
+            }
+        }
+    }
+    runs
 }
 
 fn unsupported(what: &'static str, value: impl Into<u64>) -> ErrorKind {

@@ -52,12 +52,15 @@ enum FileTable {
         written: usize,
         loads: Vec<LoadSegment>,
         frame_pointers: bool,
+        runs: Vec<(u64, u64)>,
     },
     Ready {
         start: u32,
         len: u32,
         loads: Vec<LoadSegment>,
         frame_pointers: bool,
+        /// `UnwindTable::frame_pointer_runs`.
+        runs: Vec<(u64, u64)>,
     },
     /// Not built or did not fit: said once, not tried again.
     Unavailable,
@@ -259,6 +262,7 @@ impl UnwindTables {
                     len: 0,
                     loads: c.loads,
                     frame_pointers: false,
+                    runs: Vec::new(),
                 },
                 Ok(c) => match u32::try_from(c.rows.len())
                     .ok()
@@ -270,6 +274,7 @@ impl UnwindTables {
                         written: 0,
                         loads: c.loads,
                         frame_pointers: c.frame_pointers,
+                        runs: c.frame_pointer_runs,
                     },
                     None => {
                         let why = format!(
@@ -293,6 +298,7 @@ impl UnwindTables {
                 written,
                 loads,
                 frame_pointers,
+                runs,
             } = table
             else {
                 continue;
@@ -321,6 +327,7 @@ impl UnwindTables {
                     len: rows.len() as u32,
                     loads: std::mem::take(loads),
                     frame_pointers: *frame_pointers,
+                    runs: std::mem::take(runs),
                 };
                 ready = true;
             }
@@ -344,6 +351,7 @@ impl UnwindTables {
             len,
             loads,
             frame_pointers,
+            ..
         } = self.files.get(&file.id)?
         else {
             return None;
@@ -357,6 +365,32 @@ impl UnwindTables {
             flags: if *frame_pointers { FRAME_POINTERS } else { 0 },
             _pad: 0,
         })
+    }
+
+    /// Whether the code at `file_offset` of file `id` keeps a frame
+    /// pointer (its function is in one of the table's
+    /// `frame_pointer_runs`), so that a return address read through its
+    /// frame is sure; `None` while the table is being compiled. Code in a
+    /// file without a table (unavailable, or never asked for) is not known
+    /// to.
+    pub fn keeps_frame_pointer_at(&self, id: FileId, file_offset: u64) -> Option<bool> {
+        let (loads, runs) = match self.files.get(&id) {
+            Some(FileTable::Compiling) => return None,
+            Some(FileTable::Writing { loads, runs, .. } | FileTable::Ready { loads, runs, .. }) => {
+                (loads, runs)
+            }
+            Some(FileTable::Unavailable) | None => return Some(false),
+        };
+        let Some(vaddr) = loads
+            .iter()
+            .filter(|l| l.executable)
+            .find(|l| file_offset >= l.offset && file_offset - l.offset < l.filesz)
+            .map(|l| file_offset - l.offset + l.vaddr)
+        else {
+            return Some(false);
+        };
+        let i = runs.partition_point(|&(start, _)| start <= vaddr);
+        Some(i > 0 && vaddr < runs[i - 1].1)
     }
 
     /// Whether the table of a mapping's file is still being built or loaded.

@@ -315,6 +315,8 @@ fn an_image_with_only_seeds_is_frozen_when_it_execs() {
             .iter()
             .any(|s| s.frames.iter().any(|f| f.function.contains("alpha_site"))),
         "{old:#?}"
+    );
+}
 
 #[test]
 fn stacks_ending_in_a_marker_do_not_keep_their_process_rescanned() {
