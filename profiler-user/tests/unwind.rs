@@ -690,7 +690,7 @@ fn stacks_cut_short_do_not_keep_their_process_s_maps_read_at_every_refresh() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("strace counts the profiler's reads of /proc/PID/maps (apt-get install strace)");
-    let mut stderr = std::io::BufReader::new(allocprof.stderr.take().unwrap());
+    let mut stderr = BufReader::new(allocprof.stderr.take().unwrap());
     let mut said = String::new();
     loop {
         let mut line = String::new();
