@@ -54,12 +54,13 @@ pub const WORDS: usize = 10;
 pub const BYTES: usize = WORDS * 8;
 
 /// A figure the backend does not keep (mimalloc's release build does not
-/// count bytes in use, glibc does not tell reserved from committed).
+/// count bytes in use; glibc keeps none it gives cheaply).
 pub const UNKNOWN: u64 = u64::MAX;
 
 /// mimalloc: reserved and committed from its own statistics.
 pub const BACKEND_MIMALLOC: u64 = 1;
-/// glibc's malloc: `mallinfo2`.
+/// glibc's malloc: every figure [`UNKNOWN`] (glibc gives them only by
+/// walking its heap under its arena locks, too costly for a sampled `malloc`).
 pub const BACKEND_GLIBC: u64 = 2;
 
 /// Largest figure taken as real: 2^47 bytes (128 TiB), the x86-64 user

@@ -111,7 +111,9 @@ pub const RECORD_BYTES: usize = RECORD_WORDS * 8;
 
 /// The block is live (allocated and not yet freed).
 pub const FLAG_LIVE: u64 = 1;
-/// The stack had more than [`FRAMES`] frames: the outermost are cut.
+/// The stack is not whole: it had more than [`FRAMES`] frames (the
+/// outermost are cut), or the allocator's unwinder stopped early (JIT code,
+/// CFI it does not model, its budget, no `_dl_find_object`).
 pub const FLAG_TRUNCATED: u64 = 2;
 /// The stack was taken by the CFI unwinder (code without frame pointers)
 /// rather than by following frame pointers.
