@@ -543,6 +543,7 @@ struct Report {
     gone_totals: Estimates,
     dropped: u64,
     drops: BTreeMap<String, u64>,
+    unmatched_frees: u64,
     lost_live_bytes: u64,
     processes: Vec<Process>,
     unwind: Unwind,
@@ -572,6 +573,7 @@ struct Process {
     free_events: u64,
     dropped: u64,
     drops: BTreeMap<String, u64>,
+    unmatched_frees: u64,
     lost_live_bytes: u64,
     contracts: Vec<String>,
     weight_form: Option<String>,
@@ -658,14 +660,13 @@ struct Estimates {
     live_before_attach_bytes: f64,
 }
 
-const DROP_KEYS: [&str; 13] = [
+const DROP_KEYS: [&str; 12] = [
     "live_map_full",
     "process_cap",
     "stack_failed",
     "stack_map_full",
     "agg_map_full",
     "arg_read_failed",
-    "unmatched_free",
     "replaced_live",
     "proc_map_full",
     "unplaced",
@@ -684,7 +685,7 @@ fn json_follows_the_documented_schema() {
     w.exit();
 
     let r: Report = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    assert_eq!(r.schema_version, 2);
+    assert_eq!(r.schema_version, 3);
     assert!(r.generator.starts_with("allocprof "));
     assert_eq!(r.confidence_level, 0.95);
     assert!(r.elapsed_seconds >= 2.5, "{}", r.elapsed_seconds);
