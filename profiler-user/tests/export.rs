@@ -694,6 +694,8 @@ fn json_follows_the_documented_schema() {
     expected.sort_unstable();
     assert_eq!(keys, expected);
     assert_eq!(r.dropped, r.drops.values().sum::<u64>());
+    // Frees that matched no live sample lose nothing: apart from the drops.
+    assert!(r.unmatched_frees >= r.processes.iter().map(|p| p.unmatched_frees).sum::<u64>());
     // The workload's files (itself, liballocprof.so, libc, the loader...)
     // have their unwind tables, none missing.
     let u = &r.unwind;

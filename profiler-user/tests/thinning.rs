@@ -48,14 +48,14 @@ fn run(seed: u64) -> Run {
     let start = 1_000_000_000 + splitmix64(&mut rng) % 100_000_000;
     let mut now = start;
     while now < start + SECONDS * 1_000_000_000 {
-        let rate = if (now / 50_000_000) % 2 == 0 {
-            200_000
+        let rate: f64 = if (now / 50_000_000).is_multiple_of(2) {
+            200e3
         } else {
-            400_000
+            400e3
         };
         // Exponential gaps: a Poisson stream at `rate`.
         let u = ((splitmix64(&mut rng) >> 11) + 1) as f64 / (1u64 << 53) as f64;
-        now += (-u.ln() * 1e9 / rate as f64) as u64 + 1;
+        now += (-u.ln() * 1e9 / rate) as u64 + 1;
         // Sampled allocations of 16 B – 64 KiB, weighted as the allocator.
         let size = 16 + splitmix64(&mut rng) % (64 << 10);
         let w = weight(size, R);
