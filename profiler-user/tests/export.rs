@@ -797,7 +797,13 @@ fn json_follows_the_documented_schema() {
     assert_eq!(large.totals.live_bytes, LARGE as f64);
     assert_eq!(large.totals.live_objects, 8.0);
     assert_eq!(large.totals.live_samples, 8);
-    assert_eq!(large.totals.live_bytes_ci95, Some(0.0), "sampled surely");
+    // Sampled surely (an HT term of 0): only the unseen mass's ± 3.9R.
+    let floor = allocprof::stats::Z95 * (allocprof::stats::UNSEEN_SAMPLES).sqrt() * RATE as f64;
+    let ci = large.totals.live_bytes_ci95.unwrap();
+    assert!(
+        (ci - floor).abs() < 1e-6 * floor,
+        "sampled surely: {ci} vs {floor}"
+    );
     let leaf = &large.frames[0];
     assert!(
         leaf.file
