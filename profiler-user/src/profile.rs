@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use profiler_common::{DROP_REASONS, NO_STACK, OVERFLOW_STACK, WeightForm};
+use profiler_common::{DROP_REASONS, DropReason, NO_STACK, OVERFLOW_STACK, WeightForm};
 
 use crate::{stats::Totals, symbolize::Frame, unwind::tables::TablesStatus};
 
@@ -13,6 +13,23 @@ pub(crate) const STACK_UNAVAILABLE: &str = "[stack unavailable]";
 /// The one frame of a process's overflow stack: its samples past its budget
 /// of new stacks (drop `stack_rate_limited`).
 pub const STACK_FLOOD: &str = "[stack flood: new stacks over the per-process limit]";
+
+/// The drop causes that are losses, shown as DROPPED EVENTS: all but a
+/// free that matched no live sample, which loses nothing (its block was
+/// sampled before allocprof could see it, or its alloc was itself dropped
+/// and counted as such): it is counted apart, as an unmatched free.
+pub fn is_loss(reason: DropReason) -> bool {
+    reason != DropReason::UnmatchedFree
+}
+
+/// Of `drops`, those that lost something (see [`is_loss`]).
+pub fn losses(drops: &[u64; DROP_REASONS]) -> u64 {
+    DropReason::ALL
+        .iter()
+        .filter(|&&r| is_loss(r))
+        .map(|&r| drops[r as usize])
+        .sum()
+}
 
 /// The synthetic frame of a reserved stack id, which has no frames.
 pub(crate) fn synthetic_stack(stack_id: u64) -> Option<&'static str> {
@@ -154,8 +171,14 @@ impl ProcessProfile {
         format!("{} ({})", self.name, self.key.pid)
     }
 
+    /// Its sampled events lost (see [`is_loss`]).
     pub fn dropped(&self) -> u64 {
-        self.drops.iter().sum()
+        losses(&self.drops)
+    }
+
+    /// Its frees that matched no live sample: nothing lost.
+    pub fn unmatched_frees(&self) -> u64 {
+        self.drops[DropReason::UnmatchedFree as usize]
     }
 }
 
@@ -238,6 +261,16 @@ impl Profile {
             .filter(|p| p.state != ProcessState::Live)
             .map(|p| p.totals)
             .sum()
+    }
+
+    /// Sampled events lost, over all processes (see [`is_loss`]).
+    pub fn dropped(&self) -> u64 {
+        losses(&self.drops)
+    }
+
+    /// Frees that matched no live sample, over all processes: nothing lost.
+    pub fn unmatched_frees(&self) -> u64 {
+        self.drops[DropReason::UnmatchedFree as usize]
     }
 
     /// Over all processes: see [`ProcessProfile::lost_live_bytes`].

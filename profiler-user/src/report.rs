@@ -7,7 +7,7 @@ use profiler_common::{DropReason, WeightForm};
 
 use crate::{
     inert::inert,
-    profile::{ProcessState, Profile, StackProfile},
+    profile::{ProcessState, Profile, StackProfile, is_loss},
     stats::{Totals, human_bytes, human_ci, human_count},
     symbolize::{Frame, is_library_frame},
 };
@@ -30,7 +30,7 @@ impl Default for ReportOptions {
 pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     let mut out = String::new();
     let total = profile.totals();
-    let dropped: u64 = profile.drops.iter().sum();
+    let dropped = profile.dropped();
     // Files whose code the kernel walks with unwind tables, of those mapped
     // executable; the rest (loading, or unavailable: could not be built or
     // did not fit) is walked by frame pointers.
@@ -196,12 +196,20 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     }
     if dropped > 0 {
         out.push_str("\nDROPPED EVENTS\n");
-        for reason in DropReason::ALL {
+        for reason in DropReason::ALL.into_iter().filter(|&r| is_loss(r)) {
             let n = profile.drops[reason as usize];
             if n > 0 {
                 let _ = writeln!(out, "  {n:>9}  {}", reason.describe());
             }
         }
+    }
+    let unmatched = profile.unmatched_frees();
+    if unmatched > 0 {
+        let _ = writeln!(
+            out,
+            "\n{unmatched} {} matched no live sample (blocks sampled before allocprof could see them, or whose alloc was dropped): nothing lost",
+            if unmatched == 1 { "free" } else { "frees" }
+        );
     }
     if profile.processes.len() > 1 {
         let merged = profile.merged_stacks();
@@ -519,7 +527,7 @@ mod tests {
         p.mapped_bytes = 3 << 20;
         p.mmap_events = 1;
         for s in &mut p.stacks {
-            s.totals = s.totals.with_weight_form(WeightForm::Unrecognized);
+            s.totals = s.totals.with_weight_form(WeightForm::Unrecognized, 0, 1);
         }
         p.totals = p.stacks.iter().map(|s| s.totals).sum();
         let text = render(&profile, ReportOptions::default());

@@ -543,6 +543,7 @@ struct Report {
     gone_totals: Estimates,
     dropped: u64,
     drops: BTreeMap<String, u64>,
+    unmatched_frees: u64,
     lost_live_bytes: u64,
     processes: Vec<Process>,
     unwind: Unwind,
@@ -572,6 +573,7 @@ struct Process {
     free_events: u64,
     dropped: u64,
     drops: BTreeMap<String, u64>,
+    unmatched_frees: u64,
     lost_live_bytes: u64,
     contracts: Vec<String>,
     weight_form: Option<String>,
@@ -658,14 +660,13 @@ struct Estimates {
     live_before_attach_bytes: f64,
 }
 
-const DROP_KEYS: [&str; 15] = [
+const DROP_KEYS: [&str; 14] = [
     "live_map_full",
     "process_cap",
     "stack_failed",
     "stack_map_full",
     "agg_map_full",
     "arg_read_failed",
-    "unmatched_free",
     "replaced_live",
     "proc_map_full",
     "unplaced",
@@ -686,7 +687,7 @@ fn json_follows_the_documented_schema() {
     w.exit();
 
     let r: Report = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    assert_eq!(r.schema_version, 2);
+    assert_eq!(r.schema_version, 3);
     assert!(r.generator.starts_with("allocprof "));
     assert_eq!(r.confidence_level, 0.95);
     assert!(r.elapsed_seconds >= 2.5, "{}", r.elapsed_seconds);
@@ -695,6 +696,8 @@ fn json_follows_the_documented_schema() {
     expected.sort_unstable();
     assert_eq!(keys, expected);
     assert_eq!(r.dropped, r.drops.values().sum::<u64>());
+    // Frees that matched no live sample lose nothing: apart from the drops.
+    assert!(r.unmatched_frees >= r.processes.iter().map(|p| p.unmatched_frees).sum::<u64>());
     // The workload's files (itself, liballocprof.so, libc, the loader...)
     // have their unwind tables, none missing.
     let u = &r.unwind;
@@ -796,7 +799,13 @@ fn json_follows_the_documented_schema() {
     assert_eq!(large.totals.live_bytes, LARGE as f64);
     assert_eq!(large.totals.live_objects, 8.0);
     assert_eq!(large.totals.live_samples, 8);
-    assert_eq!(large.totals.live_bytes_ci95, Some(0.0), "sampled surely");
+    // Sampled surely (an HT term of 0): only the unseen mass's ± 3.9R.
+    let floor = allocprof::stats::Z95 * (allocprof::stats::UNSEEN_SAMPLES).sqrt() * RATE as f64;
+    let ci = large.totals.live_bytes_ci95.unwrap();
+    assert!(
+        (ci - floor).abs() < 1e-6 * floor,
+        "sampled surely: {ci} vs {floor}"
+    );
     let leaf = &large.frames[0];
     assert!(
         leaf.file

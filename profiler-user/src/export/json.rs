@@ -16,7 +16,9 @@ use crate::{
 /// 2: `*_ci95` may be null (unavailable); `contracts`, `weight_form`,
 /// `weight_interval_bytes`, `mapped_bytes` added; top-level `totals` are the
 /// live processes' (gone images are in `gone_totals`).
-pub const SCHEMA_VERSION: u32 = 2;
+/// 3: `drops` and `dropped` count losses only: a free that matched no live
+/// sample is no drop but `unmatched_frees`.
+pub const SCHEMA_VERSION: u32 = 3;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -37,6 +39,9 @@ pub struct Report {
     /// that could not be tied to a process).
     pub dropped: u64,
     pub drops: BTreeMap<String, u64>,
+    /// Frees that matched no live sample, over all processes: nothing lost
+    /// (version 3; before, drop `unmatched_free`).
+    pub unmatched_frees: u64,
     /// Over all processes: see `Process::lost_live_bytes`.
     pub lost_live_bytes: u64,
     /// Largest live bytes first.
@@ -80,6 +85,8 @@ pub struct Process {
     pub free_events: u64,
     pub dropped: u64,
     pub drops: BTreeMap<String, u64>,
+    /// Its frees that matched no live sample (version 3).
+    pub unmatched_frees: u64,
     /// Unbiased bytes of samples missing from the live sums; when nonzero,
     /// `totals.live_bytes` is a lower bound, short by at most this.
     pub lost_live_bytes: u64,
@@ -252,9 +259,12 @@ pub(crate) fn drop_name(reason: DropReason) -> &'static str {
     }
 }
 
+/// The losses by cause (every cause that is one: see
+/// [`crate::profile::is_loss`]).
 fn drops(counts: &[u64; DROP_REASONS]) -> BTreeMap<String, u64> {
     DropReason::ALL
         .iter()
+        .filter(|&&r| crate::profile::is_loss(r))
         .map(|&r| (drop_name(r).to_string(), counts[r as usize]))
         .collect()
 }
@@ -298,6 +308,7 @@ pub fn report(profile: &Profile) -> Report {
             free_events: p.free_events,
             dropped: p.dropped(),
             drops: drops(&p.drops),
+            unmatched_frees: p.unmatched_frees(),
             lost_live_bytes: p.lost_live_bytes,
             contracts: crate::discover::contract_names(p.contracts)
                 .into_iter()
@@ -363,8 +374,9 @@ pub fn report(profile: &Profile) -> Report {
         confidence_level: 0.95,
         totals: (&profile.live_totals()).into(),
         gone_totals: (&profile.held_at_exit()).into(),
-        dropped: profile.drops.iter().sum(),
+        dropped: profile.dropped(),
         drops: drops(&profile.drops),
+        unmatched_frees: profile.unmatched_frees(),
         lost_live_bytes: profile.lost_live_bytes(),
         processes,
         unwind: Unwind {
@@ -408,9 +420,12 @@ mod tests {
             p.totals.live_bytes_ci95,
             Some(profile.processes[0].totals.live_ci95())
         );
-        assert_eq!(p.drops["unmatched_free"], 3);
-        assert_eq!(p.dropped, 3);
-        assert_eq!(r.drops.len(), DROP_REASONS);
+        // A free that matched nothing lost nothing: apart from the drops.
+        assert_eq!(p.unmatched_frees, 3);
+        assert!(!p.drops.contains_key("unmatched_free"));
+        assert_eq!(p.dropped, 0);
+        assert_eq!(r.drops.len(), DROP_REASONS - 1);
+        assert_eq!(r.dropped, r.drops.values().sum::<u64>());
         let a = p.allocator.as_ref().expect("the backend's figures");
         assert_eq!(a.backend, "glibc");
         assert_eq!(

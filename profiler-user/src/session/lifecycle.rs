@@ -189,16 +189,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.request_symbols_where(snapshot, is_gone, false);
         for (key, stacks) in images {
             let exited = gone.get(&key.pid).is_some_and(Option::is_none);
-            // Counters are per pid, not per image: an exec'ed image keeps none.
-            let proc = if exited {
-                snapshot
-                    .processes
-                    .get(&key.pid)
-                    .copied()
-                    .unwrap_or_default()
-            } else {
-                ProcCounters::default()
-            };
+            // Counters are per pid: the image's are those since the last
+            // image frozen by exec; its weight form is the pid's.
+            let now = snapshot
+                .processes
+                .get(&key.pid)
+                .copied()
+                .unwrap_or_default();
+            let proc = self.image_counters(key.pid, &now);
+            if !exited {
+                self.exec_counters.insert(key.pid, now);
+            }
             let (name, rate) = self.identity(key.pid);
             let mut frozen = Frozen {
                 key,
@@ -230,6 +231,27 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             .filter_map(|(pid, below)| Some((self.pids.host(*pid)?, *below)))
             .collect();
         self.kernel.forget_images(&hosts, &keys, live_samples > 0);
+    }
+
+    /// The counters of `pid`'s current image: the kernel's (`now`, per pid)
+    /// less those of its images frozen by exec. The weight form, the
+    /// contracts and the back-pressure state stay the pid's.
+    pub(super) fn image_counters(&self, pid: u32, now: &ProcCounters) -> ProcCounters {
+        let Some(before) = self.exec_counters.get(&pid) else {
+            return *now;
+        };
+        let mut c = *now;
+        c.alloc_events = now.alloc_events.saturating_sub(before.alloc_events);
+        c.free_events = now.free_events.saturating_sub(before.free_events);
+        c.lost_live_bytes = now.lost_live_bytes.saturating_sub(before.lost_live_bytes);
+        c.thinned_events = now.thinned_events.saturating_sub(before.thinned_events);
+        c.mmap_events = now.mmap_events.saturating_sub(before.mmap_events);
+        // Wrapping in the kernel too (read as signed).
+        c.mapped_bytes = now.mapped_bytes.wrapping_sub(before.mapped_bytes);
+        for (d, b) in c.drops.iter_mut().zip(before.drops) {
+            *d = d.saturating_sub(b);
+        }
+        c
     }
 
     /// Keeps at most `max_frozen` frozen images, taking at most
@@ -284,6 +306,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         self.starts.remove(&pid);
         self.execed_since_attach.remove(&pid);
+        self.exec_counters.remove(&pid);
         self.pids.remove_local(pid);
         self.rescans.remove(&pid);
         self.oom_victims.remove(&pid);

@@ -143,6 +143,9 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     /// When the live samples were last read, and the ages they gave.
     live_read_at: Option<Instant>,
     ages: HashMap<profiler_common::AggKey, crate::age::StackAges>,
+    /// The kernel's counters of a pid when its last image replaced by exec
+    /// was frozen: they are per pid, so each image's are the difference.
+    exec_counters: HashMap<u32, profiler_common::ProcCounters>,
     /// Processes whose image was replaced by an exec since we attached:
     /// their current image is seen whole.
     execed_since_attach: HashSet<u32>,
@@ -238,6 +241,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             names: HashMap::new(),
             starts: HashMap::new(),
             execed_since_attach: HashSet::new(),
+            exec_counters: HashMap::new(),
             live_read_at: None,
             ages: HashMap::new(),
             attach_ticks: boot_ticks_now(),

@@ -141,6 +141,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .get(&key.pid)
                 .copied()
                 .unwrap_or_default();
+            let proc = self.image_counters(key.pid, &proc);
             let (name, rate) = self.identity(key.pid);
             let image = Image {
                 name,
@@ -202,7 +203,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         for (id, totals) in stacks {
             *merged
                 .entry(self.frames(image.incarnation, *id))
-                .or_default() += totals.with_weight_form(weight_form);
+                .or_default() += totals.with_weight_form(weight_form, image.rate, proc.thin_factor);
         }
         let stacks: Vec<StackProfile> = merged
             .into_iter()

@@ -64,6 +64,8 @@ pub struct Node {
     /// (all a node needs of their totals: a tree can have 100k's of nodes).
     pub live_bytes: f64,
     pub live_var: f64,
+    /// The largest `Totals::unseen_var` of those stacks (a sum's).
+    pub unseen_var: f64,
     /// Σ max(0, growth since the baseline) over those stacks.
     pub growth: f64,
     pub stacks: usize,
@@ -78,6 +80,7 @@ impl Node {
     pub fn live_ci95(&self) -> f64 {
         Totals {
             live_var: self.live_var,
+            unseen_var: self.unseen_var,
             ..Totals::default()
         }
         .live_ci95()
@@ -121,6 +124,7 @@ impl Tree {
                 module: None,
                 live_bytes: 0.0,
                 live_var: 0.0,
+                unseen_var: 0.0,
                 growth: 0.0,
                 stacks: 0,
                 parent: None,
@@ -197,6 +201,7 @@ impl Tree {
             module,
             live_bytes: 0.0,
             live_var: 0.0,
+            unseen_var: 0.0,
             growth: 0.0,
             stacks: 0,
             parent: Some(parent),
@@ -230,6 +235,7 @@ impl Tree {
             let n = &mut self.nodes[id];
             n.live_bytes += stack.totals.live_bytes;
             n.live_var += stack.totals.live_var;
+            n.unseen_var = n.unseen_var.max(stack.totals.unseen_var);
             n.growth += growth;
             n.stacks += 1;
         }

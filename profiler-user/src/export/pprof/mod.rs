@@ -278,11 +278,20 @@ fn comments(profile: &Profile) -> Vec<String> {
             p.dropped()
         ));
     }
-    for reason in DropReason::ALL {
+    for reason in DropReason::ALL
+        .into_iter()
+        .filter(|&r| crate::profile::is_loss(r))
+    {
         let n = profile.drops[reason as usize];
         if n > 0 {
             out.push(format!("dropped: {n} ({})", reason.describe()));
         }
+    }
+    if profile.unmatched_frees() > 0 {
+        out.push(format!(
+            "unmatched frees: {} (blocks sampled before allocprof saw them: nothing lost)",
+            profile.unmatched_frees()
+        ));
     }
     out
 }

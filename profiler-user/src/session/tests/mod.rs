@@ -576,6 +576,56 @@ fn an_exec_keeps_the_old_image_apart_and_rescans_the_new_one() {
 }
 
 #[test]
+fn an_image_replaced_by_exec_keeps_its_weight_form_lost_bytes_and_drops() {
+    let world = World::default();
+    world.spawn(100, "emitter");
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    {
+        // Weights of no known form, a sample it could not track, a drop.
+        let mut w = world.0.borrow_mut();
+        let proc = w.kernel.procs.get_mut(&100).unwrap();
+        proc.min_weight = 3;
+        proc.weights_not_multiple = 2;
+        proc.weights_below_size = 1;
+        proc.lost_live_bytes = 5 << 20;
+        proc.drops[DropReason::Unplaced as usize] = 1;
+    }
+    let before = s.complete_profile().unwrap();
+    let live = only_image(&before, 100, ProcessState::Live);
+    assert_eq!(live.weight_form, profiler_common::WeightForm::Unrecognized);
+    assert_eq!(live.totals.live_ci95_known(), None);
+
+    world.exec(100, "emitter");
+    // Frozen at the poll that sees the exec; the new image samples after.
+    s.complete_profile().unwrap();
+    world.sample(100, 8, &[address_in(beta_site)], 2 << 20);
+    let after = s.complete_profile().unwrap();
+    let old = only_image(&after, 100, ProcessState::Replaced);
+    assert_eq!(old.weight_form, profiler_common::WeightForm::Unrecognized);
+    assert_eq!(
+        old.totals.live_ci95_known(),
+        None,
+        "no interval after the exec either"
+    );
+    assert_eq!(old.lost_live_bytes, 5 << 20, "still a lower bound");
+    assert_eq!(old.drops[DropReason::Unplaced as usize], 1);
+    assert_eq!(old.alloc_events, 1);
+    // The new image's counters are its own: nothing counted twice.
+    let new = only_image(&after, 100, ProcessState::Live);
+    assert_eq!(new.lost_live_bytes, 0);
+    assert_eq!(new.dropped(), 0);
+    assert_eq!(new.alloc_events, 1);
+    assert_eq!(after.lost_live_bytes(), 5 << 20);
+    // And when it exits, its own again.
+    world.exit(100);
+    let gone = s.complete_profile().unwrap();
+    let exited = only_image(&gone, 100, ProcessState::Exited);
+    assert_eq!((exited.lost_live_bytes, exited.alloc_events), (0, 1));
+    assert_eq!(gone.lost_live_bytes(), 5 << 20);
+}
+
+#[test]
 fn a_reused_pid_is_another_process_with_its_own_figures_and_names() {
     let world = World::default();
     world.spawn(100, "first");

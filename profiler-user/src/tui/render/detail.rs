@@ -278,7 +278,10 @@ fn process_detail(p: &ProcessProfile, attached: Option<&str>) -> Vec<Line<'stati
             human_count(p.mmap_events as f64)
         )));
     }
-    for reason in DropReason::ALL {
+    for reason in DropReason::ALL
+        .into_iter()
+        .filter(|&r| allocprof::profile::is_loss(r))
+    {
         let n = p.drops[reason as usize];
         if n > 0 {
             lines.push(Line::styled(
@@ -286,6 +289,15 @@ fn process_detail(p: &ProcessProfile, attached: Option<&str>) -> Vec<Line<'stati
                 Style::new().fg(GROWING),
             ));
         }
+    }
+    if p.unmatched_frees() > 0 {
+        lines.push(Line::styled(
+            format!(
+                "  {} frees matched no live sample (sampled before allocprof saw them): nothing lost",
+                p.unmatched_frees()
+            ),
+            DIM,
+        ));
     }
     lines.push(Line::styled("top stacks (Enter: all of them):", DIM));
     for s in p.stacks.iter().take(5) {

@@ -116,7 +116,7 @@ pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {
         .history()
         .events_per_second(profile.elapsed)
         .map_or("–".into(), human_count);
-    let dropped: u64 = profile.drops.iter().sum();
+    let dropped = profile.dropped();
     let drop_style = if dropped > 0 {
         Style::new().fg(GROWING).add_modifier(Modifier::BOLD)
     } else {

@@ -434,7 +434,7 @@ fn the_process_detail_names_its_contract_and_unavailable_intervals() {
     for s in &mut p.stacks {
         s.totals = s
             .totals
-            .with_weight_form(profiler_common::WeightForm::Unrecognized);
+            .with_weight_form(profiler_common::WeightForm::Unrecognized, 0, 1);
     }
     p.totals = p.stacks.iter().map(|s| s.totals).sum();
     app.update(AppEvent::Profile(profile));
