@@ -11,6 +11,7 @@ use common::Workload;
 use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
     time::{Duration, Instant},
 };
 
@@ -23,8 +24,11 @@ struct Tmux {
 
 impl Tmux {
     fn start(width: u16, height: u16, script: &str) -> Tmux {
+        // One server per test: the tests of this file run in parallel.
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let tmux = Tmux {
-            socket: format!("allocprof-tui-test-{}", std::process::id()),
+            socket: format!("allocprof-tui-test-{}-{n}", std::process::id()),
         };
         let status = tmux
             .command()
