@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{BACKENDS, Backend, apply, c_program, preloaded, run_ok};
+use common::{BACKENDS, Backend, apply, c_program, field, preloaded, run_ok};
 
 const RATES: [Option<&str>; 4] = [None, Some("1"), Some("4k"), Some("0")];
 
@@ -149,14 +149,6 @@ fn libc_entry_points_mix_with_the_standard_names() {
             }
         }
     }
-}
-
-/// `name=<number>` in a program's output.
-fn field(text: &str, name: &str) -> u64 {
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name}= in {text}"))
 }
 
 /// A malloc from a `.preinit_array` function runs before libc has set up

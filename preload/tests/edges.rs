@@ -5,10 +5,11 @@
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::{
-    BACKENDS, Backend, Bpftrace, apply, c_program, library, preloaded, require_tool, run_ok,
+    BACKENDS, Backend, Bpftrace, apply, c_program, field, library, preloaded, require_tool, run_ok,
+    stdout,
 };
 
 fn edges(mode: &str, backend: Backend, rate: Option<&'static str>) -> Command {
@@ -16,18 +17,6 @@ fn edges(mode: &str, backend: Backend, rate: Option<&'static str>) -> Command {
     cmd.arg(mode);
     apply(&mut cmd, preloaded(backend, rate));
     cmd
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `name=<u64>` from a stats line.
-fn field(text: &str, name: &str) -> u64 {
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{name}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name}= in {text:?}"))
 }
 
 /// Like glibc: a second free of a sampled block aborts with a one-line

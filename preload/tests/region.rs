@@ -8,27 +8,18 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use common::{BACKENDS, Backend, apply, c_program, preloaded, require_tool, run_ok, scratch_dir};
+use common::{
+    BACKENDS, Backend, apply, c_program, field, preloaded, require_tool, run_ok, scratch_dir,
+    stdout,
+};
 
 fn region(args: &[&str], backend: Backend, rate: Option<&'static str>) -> Command {
     let mut cmd = Command::new(c_program("region", "region"));
     cmd.args(args);
     apply(&mut cmd, preloaded(backend, rate));
     cmd
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `name=<u64>` from a result line.
-fn field(text: &str, name: &str) -> u64 {
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{name}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name}= in {text:?}"))
 }
 
 /// A loop of malloc, memset and free of one big block: at the default rate

@@ -308,3 +308,16 @@ impl Bpftrace {
         panic!("bpftrace did not stop on SIGINT within a minute");
     }
 }
+
+/// A program's standard output as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `name=<u64>` in a program's output.
+pub fn field(text: &str, name: &str) -> u64 {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}= in {text:?}"))
+}
