@@ -9,7 +9,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{BACKENDS, apply, c_program, output_within, preloaded, require_tool};
+use common::{BACKENDS, Backend, apply, c_program, output_within, preloaded, require_tool};
 
 /// Generous: a run takes well under a second; only a hang reaches it.
 const HANG: Duration = Duration::from_secs(60);
@@ -22,6 +22,27 @@ fn field(out: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no `{name}` in {out:?}"))
 }
 
+/// Runs `cmd` under `backend`'s library at `rate`, failing the test if it
+/// does not finish within `limit` (a hang) or does not exit 0; its stdout.
+fn run_preloaded(
+    mut cmd: Command,
+    backend: Backend,
+    rate: &'static str,
+    limit: Duration,
+    what: &str,
+) -> String {
+    apply(&mut cmd, preloaded(backend, Some(rate)));
+    let out = output_within(&mut cmd, limit, what);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 /// libgcc 12's `_Unwind_Find_FDE` mallocs (sorting a registered object's
 /// FDEs) while it holds its `object_mutex`; a sampled malloc there used to
 /// call `_Unwind_Backtrace`, which took the mutex again: a hang in 6 of 6
@@ -31,17 +52,8 @@ fn a_program_that_registers_frames_never_hangs_in_malloc() {
     let exe = c_program("register_frame", "register_frame");
     for backend in BACKENDS {
         for run in 0..20 {
-            let mut cmd = Command::new(&exe);
-            apply(&mut cmd, preloaded(backend, Some("64")));
             let what = format!("register_frame under {backend:?}, run {run}");
-            let out = output_within(&mut cmd, HANG, &what);
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "{what}: {}\n{text}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let text = run_preloaded(Command::new(&exe), backend, "64", HANG, &what);
             // The unwinds inside malloc had something to sample.
             assert!(field(&text, "sampled") > 0, "{what}: {text}");
         }
@@ -67,15 +79,8 @@ fn llvms_jit_that_registers_frames_never_hangs_in_malloc() {
         for run in 0..5 {
             let mut cmd = Command::new(&lli);
             cmd.arg(&ir);
-            apply(&mut cmd, preloaded(backend, Some("64")));
             let what = format!("lli under {backend:?}, run {run}");
-            let out = output_within(&mut cmd, HANG, &what);
-            assert!(
-                out.status.success(),
-                "{what}: {}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
+            run_preloaded(cmd, backend, "64", HANG, &what);
         }
     }
 }
@@ -149,16 +154,13 @@ define i32 @main() {
 fn the_first_sample_of_a_thread_costs_nothing_per_mapping() {
     let exe = c_program("many_maps", "many_maps");
     for backend in BACKENDS {
-        let mut cmd = Command::new(&exe);
-        apply(&mut cmd, preloaded(backend, Some("1")));
         let what = format!("many_maps under {backend:?}");
-        let out = output_within(&mut cmd, Duration::from_secs(300), &what);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{what}: {}\n{text}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
+        let text = run_preloaded(
+            Command::new(&exe),
+            backend,
+            "1",
+            Duration::from_secs(300),
+            &what,
         );
         println!("{backend:?}: {text}");
         let (maps, rchar) = (field(&text, "maps"), field(&text, "rchar"));
@@ -176,16 +178,13 @@ fn the_first_sample_of_a_thread_costs_nothing_per_mapping() {
 fn a_siglongjmp_out_of_the_slow_path_does_not_stop_sampling() {
     let exe = c_program("siglongjmp", "siglongjmp");
     for backend in BACKENDS {
-        let mut cmd = Command::new(&exe);
-        apply(&mut cmd, preloaded(backend, Some("1")));
         let what = format!("siglongjmp under {backend:?}");
-        let out = output_within(&mut cmd, Duration::from_secs(300), &what);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{what}: {}\n{text}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
+        let text = run_preloaded(
+            Command::new(&exe),
+            backend,
+            "1",
+            Duration::from_secs(300),
+            &what,
         );
         assert_eq!(field(&text, "jumps"), 3000, "{what}: {text}");
     }
