@@ -81,9 +81,9 @@ fn read_words<const N: usize>(pid: u32, addr: u64) -> [u64; N] {
     out
 }
 
-/// The ledger of `pid` (preloaded with `lib`): its header and every record
-/// of its used ranges, decoded.
-fn ledger(pid: u32, lib: &Path) -> (Header, Vec<(u64, Record)>) {
+/// The ledger header of `pid` (preloaded with `lib`), read twice as a
+/// reader from outside does, and decoded.
+fn read_header(pid: u32, lib: &Path) -> Result<Header, profiler_common::ledger::HeaderError> {
     let canonical = lib.canonicalize().unwrap();
     let base = maps(pid)
         .into_iter()
@@ -91,11 +91,16 @@ fn ledger(pid: u32, lib: &Path) -> (Header, Vec<(u64, Record)>) {
         .expect("the library is mapped")
         .0;
     let at = base + header_address(lib);
-    let h = decode_header(
+    decode_header(
         &read_words::<HEADER_WORDS>(pid, at),
         &read_words::<HEADER_WORDS>(pid, at),
     )
-    .expect("a header");
+}
+
+/// The ledger of `pid` (preloaded with `lib`): its header and every record
+/// of its used ranges, decoded.
+fn ledger(pid: u32, lib: &Path) -> (Header, Vec<(u64, Record)>) {
+    let h = read_header(pid, lib).expect("a header");
     let mut records = Vec::new();
     for (first, n) in h.used_ranges() {
         for id in first..first + n {
@@ -357,17 +362,8 @@ fn ledger_off_leaves_no_table() {
         line.clear();
         assert!(out.read_line(&mut line).unwrap() > 0);
     }
-    let pid = child.id();
-    let canonical = lib.canonicalize().unwrap();
-    let base = maps(pid)
-        .into_iter()
-        .find(|(_, _, off, path)| *off == 0 && Path::new(path) == canonical)
-        .unwrap()
-        .0;
-    let at = base + header_address(lib);
-    let h = read_words::<HEADER_WORDS>(pid, at);
     assert_eq!(
-        decode_header(&h, &h),
+        read_header(child.id(), lib),
         Err(profiler_common::ledger::HeaderError::Off)
     );
     drop(child.stdin.take());
@@ -399,16 +395,8 @@ fn ledger_off_holds_when_the_first_sample_is_taken_before_the_environment_is_set
             assert!(out.read_line(&mut line).unwrap() > 0, "{printed}");
             printed.push_str(&line);
         }
-        let pid = child.id();
-        let canonical = lib.canonicalize().unwrap();
-        let base = maps(pid)
-            .into_iter()
-            .find(|(_, _, off, path)| *off == 0 && Path::new(path) == canonical)
-            .unwrap()
-            .0;
-        let h = read_words::<HEADER_WORDS>(pid, base + header_address(lib));
         assert_eq!(
-            decode_header(&h, &h),
+            read_header(child.id(), lib),
             Err(profiler_common::ledger::HeaderError::Off),
             "{backend:?}: {printed}"
         );
