@@ -29,14 +29,14 @@ pub struct Cli {
     pub targets: TargetArgs,
 
     /// Stop after this long (e.g. 30s, 2m) and report.
-    #[arg(short, long, value_parser = parse_duration)]
+    #[arg(short, long, value_name = "D", value_parser = parse_duration)]
     pub duration: Option<Duration>,
 
-    /// How often to read the kernel's aggregates.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    /// How often to read the kernel's aggregates (and refresh the live view).
+    #[arg(long, value_name = "D", default_value = "1s", value_parser = parse_duration)]
     pub interval: Duration,
 
-    /// Output format.
+    /// Output format; in the live view, what its export key writes.
     #[arg(short, long, default_value = "report", value_parser = choice(&Format::ALL, Format::name, Format::summary))]
     pub format: Format,
 
@@ -49,7 +49,7 @@ pub struct Cli {
     pub value: Quantity,
 
     /// Stacks shown per process in the report.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
 }
 
@@ -73,13 +73,15 @@ pub struct TargetArgs {
     pub probe_file: Vec<PathBuf>,
 
     /// Cap on live samples kept in the kernel, over all processes (the
-    /// table is preallocated: about 100 bytes of kernel memory each).
-    #[arg(long, default_value_t = Limits::default().max_live_samples,
+    /// table is preallocated: about 100 bytes of kernel memory each);
+    /// samples over it are counted as drops.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_live_samples,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIVE_SAMPLES)))]
     pub max_live_samples: u32,
 
-    /// Cap on live samples kept in the kernel per process.
-    #[arg(long, default_value_t = Limits::default().max_live_per_process,
+    /// Cap on live samples kept in the kernel per process; samples over it
+    /// are counted as drops.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_live_per_process,
           value_parser = clap::value_parser!(u64).range(1..=u64::from(MAX_LIVE_SAMPLES)))]
     pub max_live_per_process: u64,
 
@@ -106,9 +108,10 @@ pub struct TargetArgs {
     pub max_event_rate: u64,
 
     /// Rows of unwind tables the kernel holds for all files (16 bytes each,
-    /// preallocated). 0 turns unwind tables off: stacks are walked by frame
-    /// pointers only, cheaper per sample for programs built with them, but
-    /// code built without them loses its callers.
+    /// preallocated); a file whose table does not fit is named in a warning
+    /// and walked by frame pointers. 0 turns unwind tables off: stacks are
+    /// walked by frame pointers only, cheaper per sample for programs built
+    /// with them, but code built without them loses its callers.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_unwind_rows,
           value_parser = clap::value_parser!(u32).range(0..=1 << 24))]
     pub max_unwind_rows: u32,
@@ -131,7 +134,7 @@ pub struct TargetArgs {
     #[arg(long, value_name = "DIR")]
     pub oom_dir: Option<PathBuf>,
 
-    /// Profiles --oom-dir keeps (the oldest are removed).
+    /// Profiles --oom-dir keeps: the newest N (the oldest are removed).
     #[arg(long, value_name = "N", default_value_t = allocprof::oom::DEFAULT_KEEP,
           value_parser = clap::value_parser!(u64).range(1..=100_000).map(|n| n as usize))]
     pub oom_keep: usize,
@@ -197,12 +200,13 @@ pub struct RecordArgs {
 
     /// Stop after this long (e.g. 30s, 2m); otherwise at Ctrl-C, SIGTERM, or
     /// when every --pid target has exited.
-    #[arg(short, long, value_parser = parse_duration)]
+    #[arg(short, long, value_name = "D", value_parser = parse_duration)]
     pub duration: Option<Duration>,
 
     /// Write a snapshot this often, numbered: -o heap.pb.gz writes
-    /// heap.0001.pb.gz, heap.0002.pb.gz, ... and one at the stop.
-    #[arg(long, value_parser = parse_duration)]
+    /// heap.0001.pb.gz, heap.0002.pb.gz, ... and one at the stop; no longer
+    /// than --duration.
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub interval: Option<Duration>,
 
     /// The pprof file to write (gzip'd profile.proto).
@@ -550,5 +554,257 @@ mod tests {
     fn cli_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    /// One row of an option table in docs/usage.md, or one clap argument
+    /// written as such a row: `-f, --format report|collapsed` | `report`.
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+    struct OptionRow {
+        /// The long name, or for a positional argument its value name.
+        name: String,
+        short: Option<char>,
+        /// The value's name, or its possible values joined by `|`.
+        value: String,
+        /// Default values joined by `,`; empty when there is none.
+        default: String,
+    }
+
+    /// A table's cells: split at `|` but not at `\|`, which is unescaped.
+    fn cells(line: &str) -> Vec<String> {
+        let mut cells = vec![String::new()];
+        let mut chars = line.trim().chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if chars.peek() == Some(&'|') => {
+                    cells.last_mut().unwrap().push('|');
+                    chars.next();
+                }
+                '|' => cells.push(String::new()),
+                c => cells.last_mut().unwrap().push(c),
+            }
+        }
+        // The empty text before the first and after the last `|`.
+        cells.remove(0);
+        cells.pop();
+        cells.iter().map(|c| c.trim().to_string()).collect()
+    }
+
+    fn code(cell: &str) -> Option<&str> {
+        cell.strip_prefix('`')?
+            .strip_suffix('`')
+            .filter(|c| !c.contains('`'))
+    }
+
+    /// `-f, --format A|B` `report` → its row; panics with the line otherwise.
+    fn parse_row(line: &str) -> OptionRow {
+        let cells = cells(line);
+        assert_eq!(cells.len(), 3, "not an option row: {line}");
+        let option =
+            code(&cells[0]).unwrap_or_else(|| panic!("the option is not one code span: {line}"));
+        let default = if cells[1].is_empty() {
+            ""
+        } else {
+            code(&cells[1]).unwrap_or_else(|| panic!("the default is not code: {line}"))
+        };
+        let (mut long, mut short, mut value) = (None, None, vec![]);
+        for token in option.split_whitespace() {
+            let token = token.trim_end_matches(',');
+            if let Some(l) = token.strip_prefix("--") {
+                assert!(long.replace(l.to_string()).is_none(), "two longs: {line}");
+            } else if let Some(s) = token.strip_prefix('-') {
+                let mut s = s.chars();
+                let (Some(c), None) = (s.next(), s.next()) else {
+                    panic!("a short option is one character: {line}");
+                };
+                assert!(short.replace(c).is_none(), "two shorts: {line}");
+            } else {
+                value.push(token);
+            }
+        }
+        let value = value.join(" ");
+        OptionRow {
+            name: long.unwrap_or_else(|| value.clone()),
+            short,
+            value,
+            default: default.to_string(),
+        }
+    }
+
+    /// The rows of docs/usage.md's option tables, by command: a table
+    /// belongs to every command its heading names (`allocprof`,
+    /// `allocprof record`). Tables under other headings are not options.
+    fn documented_options(doc: &str) -> std::collections::BTreeMap<String, Vec<OptionRow>> {
+        let mut tables = std::collections::BTreeMap::<String, Vec<OptionRow>>::new();
+        let mut commands: Vec<String> = vec![];
+        for line in doc.lines() {
+            if line.starts_with('#') {
+                commands = line
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .filter(|c| *c == "allocprof" || c.starts_with("allocprof "))
+                    .map(String::from)
+                    .collect();
+                for c in &commands {
+                    tables.entry(c.clone()).or_default();
+                }
+            } else if line.starts_with('|') && !commands.is_empty() {
+                let first = cells(line).into_iter().next().unwrap_or_default();
+                if first == "option" || first.starts_with("---") {
+                    continue;
+                }
+                let row = parse_row(line);
+                for c in &commands {
+                    tables.get_mut(c).unwrap().push(row.clone());
+                }
+            }
+        }
+        tables
+    }
+
+    /// clap's arguments of `cmd`, written as the table writes them.
+    fn clap_options(cmd: &clap::Command) -> Vec<OptionRow> {
+        use clap::ArgAction;
+        cmd.get_arguments()
+            .filter(|a| {
+                !matches!(
+                    a.get_action(),
+                    ArgAction::Help
+                        | ArgAction::HelpShort
+                        | ArgAction::HelpLong
+                        | ArgAction::Version
+                )
+            })
+            .map(|a| {
+                let takes_values = a.get_action().takes_values();
+                let possible: Vec<_> = a
+                    .get_possible_values()
+                    .iter()
+                    .map(|v| v.get_name().to_string())
+                    .collect();
+                let value = if !takes_values {
+                    String::new()
+                } else if !possible.is_empty() {
+                    possible.join("|")
+                } else {
+                    let names = a.get_value_names().unwrap_or_default();
+                    names
+                        .iter()
+                        .map(|n| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                let default = if takes_values {
+                    let d: Vec<_> = a
+                        .get_default_values()
+                        .iter()
+                        .map(|v| v.to_string_lossy().into_owned())
+                        .collect();
+                    d.join(",")
+                } else {
+                    String::new()
+                };
+                OptionRow {
+                    name: a.get_long().map_or_else(|| value.clone(), String::from),
+                    short: a.get_short(),
+                    value,
+                    default,
+                }
+            })
+            .collect()
+    }
+
+    /// What differs between the documented rows and clap's, as a message.
+    fn table_differences(
+        documented: &std::collections::BTreeMap<String, Vec<OptionRow>>,
+    ) -> Vec<String> {
+        let mut root = Cli::command();
+        root.build();
+        let mut commands = vec![("allocprof".to_string(), clap_options(&root))];
+        for sub in root.get_subcommands().filter(|s| s.get_name() != "help") {
+            commands.push((format!("allocprof {}", sub.get_name()), clap_options(sub)));
+        }
+        let mut problems = vec![];
+        for name in documented.keys() {
+            if !commands.iter().any(|(c, _)| c == name) {
+                problems.push(format!(
+                    "docs/usage.md has options of `{name}`, no such command"
+                ));
+            }
+        }
+        for (name, clap_rows) in commands {
+            let Some(doc_rows) = documented.get(&name) else {
+                problems.push(format!("docs/usage.md has no option table of `{name}`"));
+                continue;
+            };
+            for row in &clap_rows {
+                match doc_rows.iter().find(|d| d.name == row.name) {
+                    None => problems.push(format!("`{name}`: {row:?} is not in the table")),
+                    Some(d) if d != row => {
+                        problems.push(format!("`{name}`: the table has {d:?}, clap {row:?}"));
+                    }
+                    Some(_) => {}
+                }
+            }
+            for d in doc_rows {
+                if !clap_rows.iter().any(|r| r.name == d.name) {
+                    problems.push(format!("`{name}`: {d:?} in the table is no option of it"));
+                }
+            }
+            let mut names: Vec<_> = doc_rows.iter().map(|d| &d.name).collect();
+            names.sort();
+            names.dedup();
+            if names.len() != doc_rows.len() {
+                problems.push(format!("`{name}`: an option is in the table twice"));
+            }
+        }
+        problems
+    }
+
+    const USAGE: &str = include_str!("../../docs/usage.md");
+
+    #[test]
+    fn the_option_tables_of_docs_usage_are_clap_s_options() {
+        let documented = documented_options(USAGE);
+        let problems = table_differences(&documented);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    /// The check itself: a row taken out, a bogus row, or a wrong default
+    /// is found.
+    #[test]
+    fn the_option_table_check_finds_missing_bogus_and_wrong_rows() {
+        let doc = USAGE;
+        let without_top = doc.replace(
+            "| `--top N` | `10` | stacks shown per process in the report |\n",
+            "",
+        );
+        assert_ne!(without_top, doc, "the --top row moved: update this test");
+        let problems = table_differences(&documented_options(&without_top));
+        assert!(
+            problems.len() == 1
+                && problems[0].contains("\"top\"")
+                && problems[0].contains("not in the table"),
+            "{problems:?}"
+        );
+
+        let bogus = doc.replace(
+            "| `--top N` |",
+            "| `--bogus` | | no such option |\n| `--top N` |",
+        );
+        let problems = table_differences(&documented_options(&bogus));
+        assert!(
+            problems.len() == 1
+                && problems[0].contains("bogus")
+                && problems[0].contains("no option"),
+            "{problems:?}"
+        );
+
+        let wrong = doc.replace("| `--top N` | `10` |", "| `--top N` | `20` |");
+        let problems = table_differences(&documented_options(&wrong));
+        assert!(
+            problems.len() == 1 && problems[0].contains("\"20\""),
+            "{problems:?}"
+        );
     }
 }
