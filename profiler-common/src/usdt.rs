@@ -67,6 +67,13 @@ pub struct UsdtSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<UsdtArg>(), 16);
+        assert_eq!(size_of::<UsdtSpec>(), 16 * MAX_USDT_ARGS + 8);
+    }
 
     #[test]
     fn normalize_truncates_and_sign_extends() {
