@@ -1,6 +1,7 @@
 /* The sample region under real programs, one mode per run (argv[1]):
  *   churn MIB N     N x (malloc MIB MiB, memset, free): minor faults per
- *                   iteration (getrusage) after a warm-up
+ *                   iteration (getrusage) after a warm-up, and how often
+ *                   the block was not where the last one was
  *   bound           16 x 16 MiB live and written, then all freed: what
  *                   stays resident (the warm big slots' bound)
  *   core            a live 32 MiB block filled with a pattern, then abort()
@@ -70,7 +71,10 @@ static double now(void) {
 
 static int churn(size_t mib, long n) {
     size_t size = mib << 20;
-    for (int i = 0; i < 3; i++) { /* warm-up: first faults of whatever is reused */
+    /* Warm-up: first faults of whatever is reused, until one block was
+     * sampled (so the region has a slot of this size), or 64 rounds. */
+    struct stats w = get_stats();
+    for (int i = 0; i < 3 || (get_stats().sampled == w.sampled && i < 64); i++) {
         char *p = malloc(size);
         CHECK(p != NULL);
         memset(p, i + 1, size);
@@ -79,17 +83,23 @@ static int churn(size_t mib, long n) {
     struct stats s0 = get_stats();
     long f0 = minflt();
     double t0 = now();
+    /* Switches: iterations whose block is not where the last one was (the
+     * loop then writes two buffers in turn). */
+    long switches = 0;
+    char *last = NULL;
     for (long i = 0; i < n; i++) {
         char *p = malloc(size);
         CHECK(p != NULL);
         memset(p, (int)i, size);
+        switches += last != NULL && p != last;
+        last = p;
         free(p);
     }
     double t = now() - t0;
     long f = minflt() - f0;
     struct stats s1 = get_stats();
-    printf("churn mib=%zu faults_per_iter=%ld pages=%zu sampled=%lu ms=%.1f\n", mib, f / n,
-           size / 4096, (unsigned long)(s1.sampled - s0.sampled), t * 1e3);
+    printf("churn mib=%zu faults_per_iter=%ld pages=%zu sampled=%lu switches=%ld ms=%.1f\n", mib,
+           f / n, size / 4096, (unsigned long)(s1.sampled - s0.sampled), switches, t * 1e3);
     return 0;
 }
 
