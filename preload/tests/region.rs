@@ -401,3 +401,48 @@ fn calloc_clears_every_usable_byte() {
         assert!(field(&text, "reused") >= 3, "{backend:?}: {text}");
     }
 }
+
+/// Big unsampled blocks take the warm slot a sampled one left, whatever
+/// entry point asks (`malloc`, `calloc`, `posix_memalign`,
+/// `aligned_alloc`, the `__libc_*` names), and behave as heap blocks: their
+/// usable size, calloc's zeroes over every usable byte of a dirty slot,
+/// realloc out of the region (growing, shrinking, by either family), free
+/// by either family. The program checks each one (tests/c/region.c).
+#[test]
+fn unsampled_big_blocks_share_the_warm_slot_through_every_entry_point() {
+    for backend in BACKENDS {
+        let out = run_ok(
+            &mut region(&["unsampled"], backend, Some("4m")),
+            "unsampled",
+        );
+        let text = stdout(&out);
+        println!("{backend:?}: {}", text.trim());
+        assert!(text.contains("unsampled ok"), "{backend:?}: {text}");
+        assert!(field(&text, "unsampled") >= 9, "{backend:?}: {text}");
+        assert_eq!(field(&text, "unplaced"), 0, "{backend:?}: {text}");
+    }
+}
+
+/// A second free of an unsampled block in the region is caught as one of a
+/// sampled block is: the slot is not pushed twice.
+#[test]
+fn an_unsampled_block_freed_twice_aborts() {
+    for backend in BACKENDS {
+        let out = region(&["unsampled-double-free"], backend, Some("4m"))
+            .output()
+            .unwrap();
+        let (so, se) = (stdout(&out), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGABRT),
+            "{backend:?}: {}\nstdout: {so}\nstderr: {se}",
+            out.status
+        );
+        let block = so
+            .lines()
+            .find_map(|l| l.strip_prefix("freeing ")?.strip_suffix(" again"))
+            .unwrap_or_else(|| panic!("{backend:?}: {so}"));
+        let expected = format!("allocprof: free(): double free of sampled block {block}\n");
+        assert!(se.contains(&expected), "{backend:?}: stderr {se:?}");
+    }
+}
