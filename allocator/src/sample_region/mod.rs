@@ -60,6 +60,11 @@
 //!   `madvise(MADV_DONTNEED)` when the warm stack was full (read as zero);
 //! * a bump index of never-used slots (zero).
 //!
+//! A warm slot may also take a big *unsampled* block ([`alloc_unsampled`]:
+//! never a cold or fresh slot), so that a churn of big blocks writes one
+//! buffer whether or not each block is sampled; its state marks it
+//! unsampled, and `free` gives it back without probe or ledger record.
+//!
 //! So a sample costs syscalls only when its class's warm cache overflows,
 //! and then exactly one `madvise`, or when it grows its class's open
 //! prefix. Both stacks are ABA-tagged and share the
@@ -70,8 +75,8 @@
 //! release compares them (likewise the big classes' resident bytes and
 //! their budget).
 //!
-//! Double free: each slot has a live/free state that `free` flips with a
-//! CAS, so freeing a block twice is caught before its slot could be pushed
+//! Double free: each slot has a live/unsampled/free state that `free` flips
+//! with one swap, so freeing a block twice is caught before its slot could be pushed
 //! twice (which would link the stack to itself and hand the same pointer to
 //! two callers); the caller aborts, as glibc does.
 //!
