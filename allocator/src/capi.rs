@@ -14,6 +14,7 @@ use core::ptr;
 
 use crate::backend::Backend;
 use crate::sample_region::{self, PAGE};
+use crate::sampler::BIG_BLOCK;
 use crate::{backend_stats, sampled, thread_state};
 
 /// glibc's MALLOC_ALIGNMENT on x86_64.
@@ -174,13 +175,14 @@ pub unsafe fn malloc_usable_size<B: Backend>(p: *mut c_void) -> usize {
     }
 }
 
-/// A sampled block is freed (from `free` and the C entry points that
-/// free).
+/// A block in the sample region is freed (from `free` and the C entry
+/// points that free): a sample, or a big unsampled block.
 #[cold]
 #[inline(never)]
 fn release_sampled<B: Backend>(p: *mut c_void) {
-    sampled::release(p.cast());
-    backend_stats::refresh::<B>();
+    if sampled::release(p.cast()) {
+        backend_stats::refresh::<B>();
+    }
 }
 
 /// The rest of `malloc` once its assembly entry (`export_c_allocator!`)
@@ -207,7 +209,9 @@ pub unsafe extern "C" fn free_sampled<B: Backend>(p: *mut c_void) {
 /// Countdown expired on an allocation: sample it (if the sampler says so)
 /// or fall back to the backend. A sample the region cannot take is served
 /// by the backend and announced with a null pointer, so its weight is
-/// counted as dropped rather than lost.
+/// counted as dropped rather than lost. Every big block (`BIG_BLOCK` and
+/// up) comes here; an unsampled one takes a warm slot of the region if
+/// there is one ([`unsampled_big`]).
 #[cold]
 #[inline(never)]
 unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut c_void {
@@ -219,6 +223,8 @@ unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut 
         if !p.is_null() {
             return p.cast();
         }
+    } else if let Some(p) = unsampled_big(size, align, zero) {
+        return p;
     }
     // SAFETY: forwarded with the caller's contract; align is a power of two.
     let p = unsafe {
@@ -233,9 +239,23 @@ unsafe fn alloc_slow<B: Backend>(size: usize, align: usize, zero: bool) -> *mut 
     sampled::served_by_backend(p, size, weight)
 }
 
-/// realloc where the old block is sampled or the new size's countdown
-/// expired: the block is re-sampled on its new size, moving between the
-/// region and the backend as needed. On failure the old block is intact.
+/// An unsampled block of `size` bytes in a warm slot of the sample region
+/// (`sample_region::alloc_unsampled`), for big blocks only: the smaller
+/// ones' slow paths (a countdown that ran out short of a sample) keep to
+/// the backend.
+#[inline(always)]
+fn unsampled_big(size: usize, align: usize, zero: bool) -> Option<*mut c_void> {
+    if size < BIG_BLOCK {
+        return None;
+    }
+    sample_region::alloc_unsampled(size, align, zero).map(|p| p.cast())
+}
+
+/// realloc where the old block is in the region or the new size's
+/// countdown expired: the block is re-sampled on its new size, moving
+/// between the region and the backend as needed (an unsampled block that
+/// leaves the region may take a warm slot there again, as in `malloc`).
+/// On failure the old block is intact.
 #[cold]
 #[inline(never)]
 unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -> *mut c_void {
@@ -244,7 +264,7 @@ unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -
     } else {
         0
     };
-    let old_sampled = in_region(p);
+    let old_in_region = in_region(p);
     let q = if weight != 0 {
         let q = sampled::place(size, MIN_ALIGN, weight, false).cast::<c_void>();
         backend_stats::refresh::<B>();
@@ -254,9 +274,17 @@ unsafe fn realloc_slow<B: Backend>(p: *mut c_void, size: usize, expired: bool) -
     };
     let q = if !q.is_null() {
         q
-    } else if old_sampled {
-        // SAFETY: plain backend allocation.
-        let q = sampled::served_by_backend(unsafe { B::malloc(size) }, size, weight);
+    } else if old_in_region {
+        let warm = if weight == 0 {
+            unsampled_big(size, MIN_ALIGN, false)
+        } else {
+            None // a sample the region could not take: announced below
+        };
+        let q = match warm {
+            Some(q) => q,
+            // SAFETY: plain backend allocation.
+            None => sampled::served_by_backend(unsafe { B::malloc(size) }, size, weight),
+        };
         if q.is_null() {
             return ptr::null_mut();
         }

@@ -90,11 +90,18 @@ fn unplaced(size: usize, weight: u64) {
 /// preserved (free must not change it; the region may call madvise). A
 /// block freed twice (or a pointer into the middle of a slot) aborts the
 /// process, as glibc does, before the slot's free stack could be corrupted.
+/// An unsampled block (`sample_region::alloc_unsampled`) only gives its
+/// slot back: it fired no alloc probe and has no ledger record. Returns
+/// whether the block was a sample.
 #[cold]
 #[inline(never)]
-pub fn release(p: *mut u8) {
+pub fn release(p: *mut u8) -> bool {
     let size = match sample_region::claim(p) {
-        Ok(size) => size,
+        Ok(c) if c.sampled => c.size,
+        Ok(_) => {
+            errno::preserving(|| sample_region::release(p));
+            return false;
+        }
         Err(BadFree::DoubleFree) => fatal(b"double free of sampled block", p),
         Err(BadFree::InvalidPointer) => fatal(b"invalid pointer in the sample region", p),
     };
@@ -110,6 +117,7 @@ pub fn release(p: *mut u8) {
     errno::preserving(|| sample_region::release(p));
     LIVE_PAGES.fetch_sub(sample_region::pages_for(size) as u64, Ordering::Relaxed);
     FREED.fetch_add(1, Ordering::Relaxed);
+    true
 }
 
 /// `allocprof: free(): <what> 0x<p>` on stderr, then abort. No allocation

@@ -49,7 +49,8 @@ const _: () = assert!(
     core::mem::offset_of!(ThreadState, sampler) == 0
         && core::mem::offset_of!(Sampler, remaining) == 0
 );
-const TLS_BYTES: usize = 64;
+// 128: with the sampler's held distance the state no longer fits in 64.
+const TLS_BYTES: usize = 128;
 
 core::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
@@ -57,9 +58,9 @@ core::arch::global_asm!(
     ".globl __allocprof_thread_state",
     ".hidden __allocprof_thread_state",
     ".type __allocprof_thread_state,@tls_object",
-    ".size __allocprof_thread_state,64",
+    ".size __allocprof_thread_state,128",
     "__allocprof_thread_state:",
-    ".zero 64",
+    ".zero 128",
     ".popsection",
 );
 

@@ -404,3 +404,45 @@ fn ledger_off_holds_when_the_first_sample_is_taken_before_the_environment_is_set
         assert!(child.wait().unwrap().success());
     }
 }
+
+/// A big unsampled block in the region's warm slot (tests/c/region.c
+/// `unsampled wait`, at ALLOCPROF_RATE=4m) has no live record: the slot's
+/// record stays the retired one of the sample that left it, and the
+/// ledger's live blocks are samples only.
+#[test]
+fn an_unsampled_block_in_the_region_has_no_live_record() {
+    for backend in BACKENDS {
+        let lib = library(backend);
+        let mut cmd = Command::new(common::c_program("region", "region"));
+        apply(&mut cmd, preloaded(backend, Some("4m")));
+        let mut child = cmd
+            .args(["unsampled", "wait"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let (mut line, mut printed) = (String::new(), String::new());
+        while !line.starts_with("ready") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "{printed}");
+            printed.push_str(&line);
+        }
+        let held = printed
+            .lines()
+            .find_map(|l| l.strip_prefix("held 0x"))
+            .map(|h| u64::from_str_radix(h, 16).unwrap())
+            .unwrap_or_else(|| panic!("{printed}"));
+        let (_, records) = ledger(child.id(), lib);
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success(), "{backend:?}");
+        let live = live_by_ptr(&records);
+        assert!(
+            !live.contains_key(&held),
+            "{backend:?}: a live record for the unsampled block {held:#x}: {:?}",
+            live[&held]
+        );
+        // The slot was a sample's: its class's records are in use.
+        assert!(!records.is_empty(), "{backend:?}: no record in use");
+    }
+}

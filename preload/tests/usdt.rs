@@ -6,8 +6,8 @@ mod common;
 use std::{process::Command, time::Duration};
 
 use common::{
-    BACKENDS, Backend, Bpftrace, apply, c_program, library, output_within, preloaded, require_tool,
-    run_ok,
+    BACKENDS, Backend, Bpftrace, apply, c_program, field, library, output_within, preloaded,
+    require_tool, run_ok,
 };
 
 struct Probe {
@@ -277,5 +277,58 @@ fn fork_children_of_a_traced_process_survive_their_samples() {
             count("a") >= 21 * 1000 && count("f") >= 21 * 1000,
             "{backend:?}: events {counts}"
         );
+    }
+}
+
+/// Big unsampled blocks served from the region's warm slot fire no probe:
+/// every alloc event is a sample the program counted, every free event a
+/// sampled block it freed, and at the slot alloc and free events pair up,
+/// while more unsampled blocks than sampled ones came and went there.
+#[test]
+fn unsampled_blocks_in_the_region_fire_no_probe() {
+    for backend in BACKENDS {
+        let lib = library(backend);
+        let exe_name = "usdt_unsampled";
+        let exe = c_program("region", exe_name);
+        let script = format!(
+            "usdt:{lib}:otel_memory:alloc /comm == \"{exe_name}\"/ {{ printf(\"A %lu\\n\", arg0); }}\n\
+             usdt:{lib}:otel_memory:free /comm == \"{exe_name}\"/ {{ printf(\"F %lu\\n\", arg0); }}\n",
+            lib = lib.display()
+        );
+        let bt = Bpftrace::attach(&script);
+        let mut cmd = Command::new(&exe);
+        cmd.arg("unsampled");
+        apply(&mut cmd, preloaded(backend, Some("4m")));
+        let text = String::from_utf8_lossy(&run_ok(&mut cmd, "unsampled").stdout).into_owned();
+        let events = bt.stop();
+        assert!(text.contains("unsampled ok"), "{backend:?}: {text}");
+        let slot = field(&text, "slot");
+        let (mut allocs, mut frees, mut at_slot) = (0, 0, (0, 0));
+        for line in events.lines() {
+            match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+                ["A", p] => {
+                    allocs += 1;
+                    at_slot.0 += u64::from(p.parse::<u64>().unwrap() == slot);
+                }
+                ["F", p] => {
+                    frees += 1;
+                    at_slot.1 += u64::from(p.parse::<u64>().unwrap() == slot);
+                }
+                _ => {}
+            }
+        }
+        println!(
+            "{backend:?}: {allocs} alloc and {frees} free events, {at_slot:?} at the slot; {}",
+            text.trim()
+        );
+        assert!(!events.contains("Lost"), "{backend:?}: {events}");
+        assert_eq!(allocs, field(&text, "sampled"), "{backend:?}: {text}");
+        assert_eq!(frees, field(&text, "freed"), "{backend:?}: {text}");
+        assert_eq!(at_slot.0, at_slot.1, "{backend:?}: {text}");
+        assert!(
+            at_slot.0 >= field(&text, "sampled_big"),
+            "{backend:?}: {text}"
+        );
+        assert!(field(&text, "unsampled") >= 9, "{backend:?}: {text}");
     }
 }

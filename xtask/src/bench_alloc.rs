@@ -791,7 +791,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
 }
 
 /// Block sizes of the big-block section, MiB.
-const BIG_MIB: [u64; 5] = [1, 2, 4, 16, 64];
+const BIG_MIB: [u64; 6] = [1, 2, 4, 8, 16, 64];
 /// The big-block target: at the default rate, at most this times the same
 /// library with sampling off.
 const BIG_TARGET: f64 = 1.05;

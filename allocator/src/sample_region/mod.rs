@@ -60,6 +60,11 @@
 //!   `madvise(MADV_DONTNEED)` when the warm stack was full (read as zero);
 //! * a bump index of never-used slots (zero).
 //!
+//! A warm slot may also take a big *unsampled* block ([`alloc_unsampled`]:
+//! never a cold or fresh slot), so that a churn of big blocks writes one
+//! buffer whether or not each block is sampled; its state marks it
+//! unsampled, and `free` gives it back without probe or ledger record.
+//!
 //! So a sample costs syscalls only when its class's warm cache overflows,
 //! and then exactly one `madvise`, or when it grows its class's open
 //! prefix. Both stacks are ABA-tagged and share the
@@ -70,8 +75,8 @@
 //! release compares them (likewise the big classes' resident bytes and
 //! their budget).
 //!
-//! Double free: each slot has a live/free state that `free` flips with a
-//! CAS, so freeing a block twice is caught before its slot could be pushed
+//! Double free: each slot has a live/unsampled/free state that `free` flips
+//! with one swap, so freeing a block twice is caught before its slot could be pushed
 //! twice (which would link the stack to itself and hand the same pointer to
 //! two callers); the caller aborts, as glibc does.
 //!
@@ -115,7 +120,8 @@ use self::{
     layout::{LAYOUTS, PAGE_SHIFT},
     mapping::{map_region, warn},
     slots::{
-        CLASSES, FREE, LIVE, ONE_LIVE, ONE_WARM, SlotMeta, WARM_BIG, bump, pop, push, slot_meta,
+        CLASSES, FREE, LIVE, ONE_LIVE, ONE_WARM, SlotMeta, UNSAMPLED, WARM_BIG, bump, pop, push,
+        slot_meta,
     },
 };
 
@@ -242,39 +248,83 @@ pub fn alloc(size: usize, align: usize, weight: u64, zero: bool) -> Option<*mut 
             // them all readable.
             crate::ledger::note_used(k, idx);
         }
-        let addr = base + l.offset[k] + idx * slot_bytes(k);
-        let m = slot_meta(meta, l, k, idx);
-        m.size.store(size, Ordering::Relaxed);
-        m.weight.store(weight, Ordering::Relaxed);
-        m.state.store(LIVE, Ordering::Relaxed);
-        let dirty = m.dirty_pages.load(Ordering::Relaxed);
-        if (pages as u32) > dirty {
-            m.dirty_pages.store(pages as u32, Ordering::Relaxed);
-        }
-        // One more live, and for a warm slot one less warm (it was
-        // counted since its pop, so the subtraction does not borrow).
-        let delta = match source {
-            Source::Warm => ONE_LIVE - ONE_WARM,
-            Source::Cold | Source::Bump => ONE_LIVE,
-        };
-        c.counts.fetch_add(delta, Ordering::Relaxed);
-        if source == Source::Warm {
-            if k >= FIRST_BIG_CLASS {
-                WARM_BIG.fetch_sub(dirty as usize * PAGE, Ordering::Relaxed);
-            }
-            if zero {
-                // Only the slot's formerly dirty pages can hold stale
-                // bytes; the rest of the block's pages read as zero.
-                let stale = pages.min(dirty as usize) * PAGE;
-                // SAFETY: the block's `pages` whole pages lie in its slot,
-                // which we own and which is readable and writable
-                // (committed by `open_prefix` in lazy mode).
-                unsafe { ptr::write_bytes(addr as *mut u8, 0, stale) };
-            }
-        }
-        return Some(addr as *mut u8);
+        return Some(occupy(base, meta, l, (k, idx), source, size, weight, zero));
     }
     None
+}
+
+/// An unsampled block of `size` bytes aligned to `align` (with `zero`,
+/// cleared as in [`alloc`]) in a warm slot of its class, if the class has
+/// one; else `None` (the caller asks the backend). For big blocks
+/// (`sampler::BIG_BLOCK` and up): a churn whose blocks are nearly all
+/// sampled then writes one buffer, not the region's and, for the few
+/// unsampled ones, the backend's in turn. Warm slots only: such a block
+/// never creates the region, grows a class's open prefix (nor its commit
+/// charge), nor makes a syscall, and what the region holds stays bounded
+/// by what samples used. `free` recognises it by its address and its
+/// slot's state: no probe, no ledger record.
+pub fn alloc_unsampled(size: usize, align: usize, zero: bool) -> Option<*mut u8> {
+    if STATE.load(Ordering::Acquire) != READY {
+        return None;
+    }
+    let (base, meta, l) = ready();
+    let k = class_for(pages_for(size), align).filter(|&k| k < l.classes)?;
+    let idx = pop(&CLASSES[k].warm, meta, l, k)?;
+    // A warm slot lies in its class's open prefix: dumped, and committed
+    // in lazy mode.
+    Some(occupy(base, meta, l, (k, idx), Source::Warm, size, 0, zero))
+}
+
+/// Hand slot `idx` of class `k` (taken from `source`, in the open prefix)
+/// to a block of `size` bytes: live, sampled with `weight` or unsampled
+/// (`weight` 0). Returns its address.
+#[allow(clippy::too_many_arguments)]
+fn occupy(
+    base: usize,
+    meta: *mut SlotMeta,
+    l: &Layout,
+    (k, idx): (usize, usize),
+    source: Source,
+    size: usize,
+    weight: u64,
+    zero: bool,
+) -> *mut u8 {
+    let c = &CLASSES[k];
+    let pages = pages_for(size);
+    let addr = base + l.offset[k] + idx * slot_bytes(k);
+    let m = slot_meta(meta, l, k, idx);
+    m.size.store(size, Ordering::Relaxed);
+    m.weight.store(weight, Ordering::Relaxed);
+    m.state.store(
+        if weight == 0 { UNSAMPLED } else { LIVE },
+        Ordering::Relaxed,
+    );
+    let dirty = m.dirty_pages.load(Ordering::Relaxed);
+    if (pages as u32) > dirty {
+        m.dirty_pages.store(pages as u32, Ordering::Relaxed);
+    }
+    // One more live, and for a warm slot one less warm (it was
+    // counted since its pop, so the subtraction does not borrow).
+    let delta = match source {
+        Source::Warm => ONE_LIVE - ONE_WARM,
+        Source::Cold | Source::Bump => ONE_LIVE,
+    };
+    c.counts.fetch_add(delta, Ordering::Relaxed);
+    if source == Source::Warm {
+        if k >= FIRST_BIG_CLASS {
+            WARM_BIG.fetch_sub(dirty as usize * PAGE, Ordering::Relaxed);
+        }
+        if zero {
+            // Only the slot's formerly dirty pages can hold stale
+            // bytes; the rest of the block's pages read as zero.
+            let stale = pages.min(dirty as usize) * PAGE;
+            // SAFETY: the block's `pages` whole pages lie in its slot,
+            // which we own and which is readable and writable
+            // (committed by `open_prefix` in lazy mode).
+            unsafe { ptr::write_bytes(addr as *mut u8, 0, stale) };
+        }
+    }
+    addr as *mut u8
 }
 
 /// Make sure slot `idx` of class `k` lies in the class's open prefix,
@@ -391,9 +441,17 @@ pub enum BadFree {
     InvalidPointer,
 }
 
+/// A live block [`claim`]ed back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    pub size: usize,
+    /// Placed by [`alloc`] (a sample), not [`alloc_unsampled`].
+    pub sampled: bool,
+}
+
 /// First half of freeing `p` (in the region): mark its slot free, so a
-/// second free of the same block is caught here. Returns the block's size.
-pub fn claim(p: *const u8) -> Result<usize, BadFree> {
+/// second free of the same block is caught here.
+pub fn claim(p: *const u8) -> Result<Claimed, BadFree> {
     let Some((meta, l, k, idx, at_start)) = locate(p) else {
         return Err(BadFree::InvalidPointer);
     };
@@ -401,10 +459,16 @@ pub fn claim(p: *const u8) -> Result<usize, BadFree> {
         return Err(BadFree::InvalidPointer);
     }
     let m = slot_meta(meta, l, k, idx);
-    m.state
-        .compare_exchange(LIVE, FREE, Ordering::AcqRel, Ordering::Relaxed)
-        .map_err(|_| BadFree::DoubleFree)?;
-    Ok(m.size.load(Ordering::Relaxed))
+    // One swap: of two frees of a block, one finds it live.
+    let sampled = match m.state.swap(FREE, Ordering::AcqRel) {
+        LIVE => true,
+        UNSAMPLED => false,
+        _ => return Err(BadFree::DoubleFree),
+    };
+    Ok(Claimed {
+        size: m.size.load(Ordering::Relaxed),
+        sampled,
+    })
 }
 
 /// Second half: give the slot of `p` (successfully [`claim`]ed) back. Keep
@@ -459,12 +523,12 @@ fn reserve_big(bytes: usize) -> bool {
         .is_ok()
 }
 
-/// Free `p` (a live block returned by [`alloc`]): [`claim`] + [`release`].
-/// Returns the block's size.
-pub fn free(p: *mut u8) -> Result<usize, BadFree> {
-    let size = claim(p)?;
+/// Free `p` (a live block returned by [`alloc`] or [`alloc_unsampled`]):
+/// [`claim`] + [`release`].
+pub fn free(p: *mut u8) -> Result<Claimed, BadFree> {
+    let claimed = claim(p)?;
     release(p);
-    Ok(size)
+    Ok(claimed)
 }
 
 /// (side table, layout, class, slot index, `p` is the slot's start) for a

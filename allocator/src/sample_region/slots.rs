@@ -8,6 +8,9 @@ use super::layout::{CLASS_COUNT, Layout};
 /// Slot states (`SlotMeta::state`).
 pub(super) const FREE: u32 = 0;
 pub(super) const LIVE: u32 = 1;
+/// Live, but not a sample: a big unsampled block in a warm slot
+/// (`alloc_unsampled`). Freed without probe or ledger record.
+pub(super) const UNSAMPLED: u32 = 2;
 
 #[repr(C)]
 pub(super) struct SlotMeta {
@@ -18,7 +21,7 @@ pub(super) struct SlotMeta {
     /// Pages of the slot that may be resident (high-water mark of the
     /// blocks placed since the slot was last released cold).
     pub(super) dirty_pages: AtomicU32,
-    /// `LIVE` from placement until `free` claims it back.
+    /// `LIVE` (or `UNSAMPLED`) from placement until `free` claims it back.
     pub(super) state: AtomicU32,
 }
 

@@ -109,12 +109,12 @@ fn alloc_free_reuse_and_alignment() {
     assert_eq!(usable_size(p), PAGE);
     // SAFETY: p has PAGE usable bytes.
     unsafe { p.write_bytes(0xab, PAGE) };
-    assert_eq!(free(p), Ok(100));
+    assert_eq!(free(p).map(|c| (c.size, c.sampled)), Ok((100, true)));
 
     let q = alloc(3 * PAGE + 1, 1 << 20, 1, false).expect("placed");
     assert_eq!(q as usize % (1 << 20), 0);
     assert_eq!(usable_size(q), 4 * PAGE);
-    assert_eq!(free(q), Ok(3 * PAGE + 1));
+    assert_eq!(free(q).map(|c| c.size), Ok(3 * PAGE + 1));
     assert_eq!(free(q), Err(BadFree::DoubleFree));
     // SAFETY: q + PAGE is inside q's slot.
     assert_eq!(free(unsafe { q.add(PAGE) }), Err(BadFree::InvalidPointer));
@@ -223,6 +223,40 @@ fn alloc_free_reuse_and_alignment() {
         kept <= WARM_BIG_BYTES && kept >= WARM_BIG_BYTES - 4 * mib,
         "{kept} bytes of freed big slots resident"
     );
+
+    // Unsampled blocks take warm slots only, are freed as unsampled (no
+    // probe, no record: `sampled::release`), and a second free is caught.
+    // (Class 5: no other test of this process uses it.)
+    let size = 100 << 10;
+    assert!(
+        alloc_unsampled(size, 16, false).is_none(),
+        "no warm slot yet: the backend's turn"
+    );
+    let s = alloc(size, 16, 9, false).expect("placed");
+    // SAFETY: the block has `size` writable bytes.
+    unsafe { s.write_bytes(0x77, size) };
+    free(s).unwrap();
+    let u = alloc_unsampled(size, 16, false).expect("the warm slot");
+    assert_eq!(u, s);
+    assert_eq!(block_info(u), (size, 0));
+    assert_eq!(usable_size(u), 25 * PAGE);
+    // SAFETY: `size` bytes usable.
+    let last = unsafe { *u.add(size - 1) };
+    assert_eq!(last, 0x77, "not cleared without zero");
+    assert_eq!(
+        free(u),
+        Ok(Claimed {
+            size,
+            sampled: false
+        })
+    );
+    assert_eq!(free(u), Err(BadFree::DoubleFree));
+    let z = alloc_unsampled(size, 16, true).expect("the warm slot");
+    assert_eq!(z, s);
+    // SAFETY: z has usable_size(z) bytes.
+    let bytes = unsafe { core::slice::from_raw_parts(z, usable_size(z)) };
+    assert!(bytes.iter().all(|&x| x == 0), "calloc of a warm slot");
+    assert!(free(z).is_ok());
 }
 
 /// Huge blocks get slots of their own, and a full class spills into

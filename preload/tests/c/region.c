@@ -1,6 +1,7 @@
 /* The sample region under real programs, one mode per run (argv[1]):
  *   churn MIB N     N x (malloc MIB MiB, memset, free): minor faults per
- *                   iteration (getrusage) after a warm-up
+ *                   iteration (getrusage) after a warm-up, and how often
+ *                   the block was not where the last one was
  *   bound           16 x 16 MiB live and written, then all freed: what
  *                   stays resident (the warm big slots' bound)
  *   core            a live 32 MiB block filled with a pattern, then abort()
@@ -14,6 +15,9 @@
  *                   for stdin to close (the test reads our smaps)
  *   calloc-usable   calloc from a warm slot: all malloc_usable_size bytes
  *                   read as zero
+ *   unsampled [wait]  unsampled 2 MiB blocks take the warm slot a sampled
+ *                   one left, through every entry point (see below)
+ *   unsampled-double-free  one of them freed twice
  * Prints result lines; exit status 0 = its own checks passed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -70,7 +74,10 @@ static double now(void) {
 
 static int churn(size_t mib, long n) {
     size_t size = mib << 20;
-    for (int i = 0; i < 3; i++) { /* warm-up: first faults of whatever is reused */
+    /* Warm-up: first faults of whatever is reused, until one block was
+     * sampled (so the region has a slot of this size), or 64 rounds. */
+    struct stats w = get_stats();
+    for (int i = 0; i < 3 || (get_stats().sampled == w.sampled && i < 64); i++) {
         char *p = malloc(size);
         CHECK(p != NULL);
         memset(p, i + 1, size);
@@ -79,17 +86,23 @@ static int churn(size_t mib, long n) {
     struct stats s0 = get_stats();
     long f0 = minflt();
     double t0 = now();
+    /* Switches: iterations whose block is not where the last one was (the
+     * loop then writes two buffers in turn). */
+    long switches = 0;
+    char *last = NULL;
     for (long i = 0; i < n; i++) {
         char *p = malloc(size);
         CHECK(p != NULL);
         memset(p, (int)i, size);
+        switches += last != NULL && p != last;
+        last = p;
         free(p);
     }
     double t = now() - t0;
     long f = minflt() - f0;
     struct stats s1 = get_stats();
-    printf("churn mib=%zu faults_per_iter=%ld pages=%zu sampled=%lu ms=%.1f\n", mib, f / n,
-           size / 4096, (unsigned long)(s1.sampled - s0.sampled), t * 1e3);
+    printf("churn mib=%zu faults_per_iter=%ld pages=%zu sampled=%lu switches=%ld ms=%.1f\n", mib,
+           f / n, size / 4096, (unsigned long)(s1.sampled - s0.sampled), switches, t * 1e3);
     return 0;
 }
 
@@ -301,6 +314,137 @@ static int calloc_usable(void) {
     return 0;
 }
 
+/* --- unsampled --------------------------------------------------------- */
+
+extern void *__libc_malloc(size_t);
+extern void __libc_free(void *);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+
+enum { BIG = 2 << 20 };
+static char *slot;                 /* the warm 2 MiB slot of the region */
+static unsigned long sampled_big;  /* 2 MiB blocks sampled (all at `slot`) */
+static unsigned long unsampled;    /* unsampled blocks checked at `slot` */
+
+static unsigned long sampled_count(void) { return get_stats().sampled; }
+
+static void expect_bytes(const unsigned char *p, size_t n, int v) {
+    for (size_t i = 0; i < n; i++) CHECK(p[i] == (unsigned char)v);
+}
+
+/* Releases a block of `slot` by `how` (0 = free, 1 = __libc_free). */
+static void release(void *p, int how) {
+    if (how) __libc_free(p);
+    else free(p);
+}
+
+/* Runs `alloc` until it returns an unsampled block (61% of 2 MiB blocks
+ * at ALLOCPROF_RATE=4m), which must be at `slot`, as every sampled one
+ * is (freed at once). */
+#define UNSAMPLED(var, alloc)                                          \
+    for (int tries_ = 0;; tries_++) {                                  \
+        CHECK(tries_ < 200);                                           \
+        unsigned long s0_ = sampled_count();                           \
+        var = (alloc);                                                 \
+        CHECK(var != NULL);                                            \
+        CHECK((char *)var == slot);                                    \
+        if (sampled_count() == s0_) break;                             \
+        sampled_big++;                                                 \
+        free(var);                                                     \
+    }                                                                  \
+    unsampled++
+
+/* At ALLOCPROF_RATE=4m: a sampled 2 MiB block, freed, leaves a warm slot;
+ * every later 2 MiB block, unsampled ones included, takes it, through
+ * every entry point, and behaves as a heap block (usable size, calloc's
+ * zeroes, realloc in and out, free by either family). With argv "wait":
+ * then holds one unsampled block at the slot ("held"), prints "ready" and
+ * waits for stdin to close (the test reads the ledger meanwhile). */
+static int unsampled_blocks(const char *how) {
+    printf("unsampled start\n"); /* stdout's buffer: allocated before the counts */
+    fflush(stdout);
+    for (int i = 0; i < 1000 && !slot; i++) {
+        unsigned long s0 = sampled_count();
+        char *p = malloc(BIG);
+        CHECK(p != NULL);
+        memset(p, 0x5a, BIG);
+        if (sampled_count() != s0) {
+            slot = p;
+            sampled_big++;
+        }
+        free(p);
+    }
+    CHECK(slot != NULL);
+    unsigned char *q;
+    for (int how = 0; how < 2; how++) {
+        UNSAMPLED(q, how ? __libc_malloc(BIG) : malloc(BIG));
+        CHECK(malloc_usable_size(q) >= BIG);
+        memset(q, 0x21, malloc_usable_size(q));
+        release(q, !how); /* the other family frees it */
+        UNSAMPLED(q, how ? __libc_calloc(1, BIG) : calloc(1, BIG));
+        expect_bytes(q, malloc_usable_size(q), 0);
+        memset(q, 0x22, BIG);
+        release(q, how);
+    }
+    void *a;
+    UNSAMPLED(a, posix_memalign(&a, 1 << 16, BIG) == 0 ? a : NULL);
+    CHECK((uintptr_t)a % (1 << 16) == 0);
+    free(a);
+    UNSAMPLED(a, aligned_alloc(1 << 12, BIG));
+    free(a);
+    /* realloc out of the region: growing, shrinking, shrinking to a big
+     * block (sizes of other classes, so that the slot stays the only one
+     * of its class: a sampled move within the class would make another). */
+    size_t sizes[] = {BIG + BIG / 2, 100, BIG / 2};
+    for (int i = 0; i < 3; i++) {
+        UNSAMPLED(q, malloc(BIG));
+        memset(q, 0x30 + i, BIG);
+        size_t keep = sizes[i] < BIG ? sizes[i] : BIG;
+        unsigned char *r = i == 1 ? __libc_realloc(q, sizes[i]) : realloc(q, sizes[i]);
+        CHECK(r != NULL);
+        expect_bytes(r, keep, 0x30 + i);
+        free(r);
+    }
+    /* A backend block grown to 2 MiB: sampled, it moves to the slot;
+     * unsampled, the backend resizes it (in place if it can). */
+    for (int i = 0; i < 20; i++) {
+        unsigned char *small = malloc(1000);
+        CHECK(small != NULL);
+        memset(small, 0x41, 1000);
+        unsigned char *r = realloc(small, BIG);
+        CHECK(r != NULL);
+        expect_bytes(r, 1000, 0x41);
+        free(r);
+    }
+    if (how && !strcmp(how, "wait")) {
+        UNSAMPLED(q, malloc(BIG));
+        memset(q, 0x55, BIG);
+        printf("held 0x%lx\nready\n", (unsigned long)(uintptr_t)q);
+        fflush(stdout);
+        char c;
+        while (read(0, &c, 1) > 0) {}
+        free(q);
+    }
+    struct stats st = get_stats();
+    printf("unsampled ok slot=%lu sampled_big=%lu unsampled=%lu sampled=%lu freed=%lu "
+           "unplaced=%lu\n",
+           (unsigned long)(uintptr_t)slot, sampled_big, unsampled, (unsigned long)st.sampled,
+           (unsigned long)st.freed, (unsigned long)st.unplaced);
+    return 0;
+}
+
+/* An unsampled block of the region freed twice: caught, as a sampled one. */
+static int unsampled_double_free(void) {
+    CHECK(unsampled_blocks(NULL) == 0);
+    unsigned char *q;
+    UNSAMPLED(q, malloc(BIG));
+    free(q);
+    printf("freeing 0x%lx again\n", (unsigned long)(uintptr_t)q);
+    fflush(stdout);
+    free(q);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "churn") && argc > 3) return churn((size_t)atol(argv[2]), atol(argv[3]));
@@ -310,6 +454,8 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "cancel")) return cancel();
     if (!strcmp(mode, "commit")) return commit();
     if (!strcmp(mode, "calloc-usable")) return calloc_usable();
+    if (!strcmp(mode, "unsampled")) return unsampled_blocks(argc > 2 ? argv[2] : NULL);
+    if (!strcmp(mode, "unsampled-double-free")) return unsampled_double_free();
     fprintf(stderr, "unknown mode '%s'\n", mode);
     return 2;
 }
