@@ -4,8 +4,10 @@
 //! `cargo xtask setup` installs the toolchain; a test checks that the committed
 //! object is not stale.
 //!
-//! Also generates the pprof message types from `proto/profile.proto` with
-//! protox (a protobuf compiler in Rust: no protoc) and prost-build.
+//! Also generates the pprof message types from `proto/profile.proto` and the
+//! OTLP profiles ones from `proto/opentelemetry/` (opentelemetry-proto v1.11.0,
+//! the wire format OpenTelemetry Collector v0.161.0 speaks) with protox (a
+//! protobuf compiler in Rust: no protoc) and prost-build.
 
 use std::{env, fs, path::PathBuf, process::Command};
 
@@ -14,9 +16,13 @@ const PREBUILT: &str = "../profiler-ebpf/prebuilt/profiler.bpf.o";
 const NIGHTLY_FILE: &str = "../profiler-ebpf/rust-toolchain.toml";
 
 const PROFILE_PROTO: &str = "proto/profile.proto";
+/// Imports the rest of the OTLP profiles messages (common, resource, profiles).
+const OTLP_PROTO: &str =
+    "proto/opentelemetry/proto/collector/profiles/v1development/profiles_service.proto";
 
 fn main() {
     generate_pprof_types();
+    generate_otlp_types();
     println!("cargo:rerun-if-changed={PREBUILT}");
     println!("cargo:rerun-if-changed={NIGHTLY_FILE}");
     println!("cargo:rerun-if-env-changed=ALLOCPROF_PREBUILT_EBPF");
@@ -56,6 +62,18 @@ fn generate_pprof_types() {
     prost_build::Config::new()
         .compile_fds(descriptors)
         .unwrap_or_else(|e| panic!("generating the pprof types: {e}"));
+}
+
+/// Messages only (no gRPC service code), nested by package in one
+/// `opentelemetry.rs` (the packages refer to each other by relative paths).
+fn generate_otlp_types() {
+    println!("cargo:rerun-if-changed=proto/opentelemetry");
+    let descriptors = protox::compile([OTLP_PROTO], ["proto"])
+        .unwrap_or_else(|e| panic!("compiling {OTLP_PROTO}: {e}"));
+    prost_build::Config::new()
+        .include_file("opentelemetry.rs")
+        .compile_fds(descriptors)
+        .unwrap_or_else(|e| panic!("generating the OTLP types: {e}"));
 }
 
 /// The `channel` of the eBPF crate's toolchain file (xtask checks its form).

@@ -187,6 +187,42 @@ impl TargetArgs {
 pub enum Command {
     Record(RecordArgs),
     Diff(DiffArgs),
+    Agent(AgentArgs),
+}
+
+/// Run headless until stopped, pushing heap profiles over OTLP/HTTP
+/// (protobuf) to an OpenTelemetry Collector.
+///
+/// Every --push-interval, one export: per process, the live heap
+/// (inuse_space, inuse_objects) and what it allocated since the previous
+/// export (alloc_space, alloc_objects). SIGTERM and SIGINT push one last
+/// export, then exit. No TLS, retries or queue yet: a failed export is
+/// reported and dropped.
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub targets: TargetArgs,
+
+    /// The collector's OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318);
+    /// profiles go to its /v1development/profiles.
+    #[arg(long, value_name = "URL", value_parser = parse_http_endpoint)]
+    pub otlp_endpoint: String,
+
+    /// How often to export.
+    #[arg(long, value_name = "D", default_value = "15s", value_parser = parse_duration)]
+    pub push_interval: Duration,
+
+    /// Stop after this long (one last export first); otherwise at Ctrl-C,
+    /// SIGTERM, or when every --pid target has exited.
+    #[arg(short, long, value_name = "D", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+}
+
+fn parse_http_endpoint(s: &str) -> Result<String, String> {
+    match s.strip_prefix("http://") {
+        Some(rest) if !rest.is_empty() => Ok(s.to_owned()),
+        _ => Err("an http:// URL (TLS is not supported yet)".into()),
+    }
 }
 
 /// Profile, then write pprof heap profiles (for `go tool pprof`).
@@ -548,6 +584,38 @@ mod tests {
         assert!(Cli::try_parse_from(["allocprof", "--pid", "1", "record", "-o", "x"]).is_err());
         assert!(Cli::try_parse_from(["allocprof", "diff", "a", "b", "-f", "json"]).is_err());
         assert!(Cli::try_parse_from(["allocprof", "record", "--pid", "1"]).is_err());
+    }
+
+    #[test]
+    fn agent_takes_an_http_endpoint_and_pushes_every_15s_by_default() {
+        let agent = |args: &[&str]| {
+            let mut all = vec!["allocprof", "agent"];
+            all.extend(args);
+            Cli::try_parse_from(all).map(|cli| match cli.command {
+                Some(Command::Agent(a)) => a,
+                _ => panic!("not agent"),
+            })
+        };
+        let a = agent(&["--otlp-endpoint", "http://127.0.0.1:4318"]).unwrap();
+        assert_eq!(a.push_interval, Duration::from_secs(15));
+        assert_eq!(a.otlp_endpoint, "http://127.0.0.1:4318");
+        assert!(a.targets.pids.is_empty());
+        let a = agent(&[
+            "--otlp-endpoint",
+            "http://c:4318",
+            "-p",
+            "7",
+            "--push-interval",
+            "1m",
+        ]);
+        assert_eq!(a.unwrap().push_interval, Duration::from_secs(60));
+        for refused in [
+            &[][..],
+            &["--otlp-endpoint", "https://c:4318"],
+            &["--otlp-endpoint", "c:4318"],
+        ] {
+            assert!(agent(refused).is_err(), "{refused:?}");
+        }
     }
 
     #[test]

@@ -1,14 +1,15 @@
 //! The subcommands: `allocprof record` (pprof files, optionally numbered
-//! snapshots) and `allocprof diff` (the growth between two of them).
+//! snapshots), `allocprof diff` (the growth between two of them) and
+//! `allocprof agent` (OTLP exports pushed to a collector).
 
 use std::{
     io::{Read, Write},
     path::Path,
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use allocprof::{
-    export::{self, Format, diff, pprof, svg},
+    export::{self, Format, diff, otlp, pprof, svg},
     output::{self, Existing},
     profile::Profile,
     session::Session,
@@ -17,7 +18,7 @@ use allocprof::{
 use anyhow::{Context, Result};
 
 use crate::{
-    cli::{self, DiffArgs, RecordArgs},
+    cli::{self, AgentArgs, DiffArgs, RecordArgs},
     driver::{Beat, Driver},
 };
 
@@ -114,6 +115,62 @@ fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
         human_bytes(total.live_bytes),
         human_ci(total.live_ci95()),
     );
+    Ok(())
+}
+
+/// Bounds each export's connection, write and read: the last export at a
+/// stop signal cannot hold allocprof longer than this.
+const PUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub async fn agent(args: AgentArgs) -> Result<()> {
+    cli::check_preconditions()?;
+    let mut session = crate::start_session(&args.targets)?;
+    let mut driver = Driver::new(args.push_interval.min(REFRESH))
+        .with_deadline(args.duration)
+        .with_snapshots(Some(args.push_interval))
+        .stopped_by_signals()?;
+    eprintln!(
+        "allocprof: attached {} probe sites; pushing to {} every {}",
+        session.attachments(),
+        args.otlp_endpoint,
+        humantime::format_duration(args.push_interval)
+    );
+    let mut encoder = otlp::Encoder::new();
+    loop {
+        match driver.next(&mut session).await {
+            Beat::StopSignal | Beat::Deadline => break,
+            Beat::Snapshot => push(&mut session, &mut encoder, &args.otlp_endpoint).await?,
+            Beat::Refresh => {
+                if !crate::refresh_tick(&mut session)? {
+                    break;
+                }
+            }
+        }
+    }
+    push(&mut session, &mut encoder, &args.otlp_endpoint).await
+}
+
+/// One export of the profile as it stands. A failed push is reported and
+/// dropped (no retries yet): the kernel keeps counting meanwhile, and the
+/// next export's live figures are whole again.
+async fn push(session: &mut Session, encoder: &mut otlp::Encoder, endpoint: &str) -> Result<()> {
+    let profile = session
+        .complete_profile()
+        .context("reading the kernel's maps")?;
+    let request = otlp::http::request(encoder.encode(&profile, SystemTime::now()));
+    let endpoint = endpoint.to_owned();
+    let pushed =
+        tokio::task::spawn_blocking(move || otlp::http::push(&endpoint, &request, PUSH_TIMEOUT))
+            .await
+            .context("the export task")?;
+    match pushed {
+        Ok(accepted) if accepted.rejected_profiles > 0 => eprintln!(
+            "allocprof: the collector rejected {} profiles: {}",
+            accepted.rejected_profiles, accepted.error_message
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("allocprof: export dropped: {e}"),
+    }
     Ok(())
 }
 

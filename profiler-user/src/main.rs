@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         }
         // Headless, --interval is only how often the kernel is read: a run
         // shorter than it still reads at its start and its end.
-        None => {}
+        None | Some(Command::Agent(_)) => {}
     }
     // Without --duration, a terminal gets the TUI (--format is then what its
     // export key writes), so only a timed run could print pprof to it.
@@ -69,6 +69,7 @@ fn main() -> ExitCode {
     };
     finish(match command {
         Some(Command::Record(args)) => runtime.block_on(commands::record(args)),
+        Some(Command::Agent(args)) => runtime.block_on(commands::agent(args)),
         _ => runtime.block_on(run(cli)),
     })
 }

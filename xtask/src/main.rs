@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object|fuzz|soak>`.
+//! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object|fuzz|soak|otelcol>`.
 
 mod bench_alloc;
 mod bench_peers;
@@ -6,6 +6,7 @@ mod bench_pipeline;
 mod demo;
 mod ebpf_object;
 mod fuzz;
+mod otelcol;
 mod packages;
 mod setup;
 mod shell;
@@ -70,6 +71,9 @@ enum Command {
         /// if none is named.
         targets: Vec<String>,
     },
+    /// Build the OpenTelemetry Collector the OTLP tests push to (Go, the
+    /// module proxy) into target/otelcol/ unless it is current; print its path.
+    Otelcol,
 }
 
 fn main() -> ExitCode {
@@ -119,6 +123,10 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::EbpfObject => ebpf_object::refresh(&root),
         Command::Fuzz { seconds, targets } => fuzz::run(&root, seconds, &targets),
+        Command::Otelcol => {
+            println!("{}", otelcol::ensure(&root)?.display());
+            Ok(())
+        }
         Command::Soak { minutes, interval } => {
             packages::ensure_test_packages()?;
             soak::run(&root, minutes, interval)
@@ -128,6 +136,7 @@ fn run(cli: Cli) -> Result<()> {
 
 fn test(root: &std::path::Path, cargo_args: &[String]) -> Result<()> {
     packages::ensure_test_packages()?;
+    otelcol::ensure(root)?;
     shell::cargo(root, &["fmt", "--all", "--check"])?;
     shell::cargo(
         root,

@@ -8,6 +8,7 @@ pub mod build_id;
 pub mod collapsed;
 pub mod diff;
 pub mod json;
+pub mod otlp;
 pub mod pprof;
 pub mod svg;
 

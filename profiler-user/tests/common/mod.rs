@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod otelcol;
+
 use std::{
     ffi::OsStr,
     io::{BufRead, BufReader, Lines, Write},
