@@ -2,7 +2,9 @@ use gimli::write::{
     Address, CallFrameInstruction as I, CommonInformationEntry, EhFrame as EhFrameW, EndianVec,
     Expression, FrameDescriptionEntry, FrameTable,
 };
-use gimli::{Encoding, Format, LittleEndian, X86_64};
+use gimli::{Encoding, Format, LittleEndian, Register, X86_64};
+use object::pod::{self, Pod};
+use profiler_common::unwind::{cfa, rbp};
 use proptest::prelude::*;
 
 use super::*;
