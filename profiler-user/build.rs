@@ -25,6 +25,8 @@ fn main() {
     generate_otlp_types();
     println!("cargo:rerun-if-changed={PREBUILT}");
     println!("cargo:rerun-if-changed={NIGHTLY_FILE}");
+    // aya-build watches the eBPF crate only; its shared types live here.
+    println!("cargo:rerun-if-changed=../profiler-common/src");
     println!("cargo:rerun-if-env-changed=ALLOCPROF_PREBUILT_EBPF");
     println!("cargo:rerun-if-env-changed=PATH");
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));

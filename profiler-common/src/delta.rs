@@ -77,6 +77,10 @@ impl SampleDelta {
     /// Horvitz-Thompson one of the combined inclusion probability,
     /// `w'·(w' − size)`, which is the first stage's term scaled by `factor`
     /// plus the thinning's own `w'·(w' − w)` (kept apart in `thin_var`).
+    /// Exact when `factor` came from [`thin_factor_for`] (the kernel's);
+    /// a larger one would be clamped here, silently short.
+    ///
+    /// [`thin_factor_for`]: crate::thin_factor_for
     #[inline(always)]
     pub fn thinned(size: u64, weight: u64, factor: u64) -> SampleDelta {
         if factor <= 1 {

@@ -48,6 +48,8 @@ pub use stacks::{
     MAX_STACK_DEPTH, NO_STACK, OVERFLOW_STACK, STACK_HASH_SEED, StackTrace, stack_hash_step,
     stack_id, stack_seed,
 };
-pub use thinning::{MAX_THIN_FACTOR, THIN_WINDOW_NS, ThinStep, thin_step};
+pub use thinning::{
+    MAX_THIN_FACTOR, MAX_THINNED_WEIGHT, THIN_WINDOW_NS, ThinStep, thin_factor_for, thin_step,
+};
 pub use usdt::{MAX_USDT_ARGS, UsdtArg, UsdtArgKind, UsdtSpec};
 pub use weight_form::{WeightCheck, WeightForm, weight_check};

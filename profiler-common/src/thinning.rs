@@ -3,6 +3,8 @@
 //! kept sample then counts the factor times its weight
 //! ([`SampleDelta::thinned`](crate::SampleDelta::thinned)).
 
+use crate::MAX_WEIGHT;
+
 /// Back-pressure (`--max-event-rate`): the window over which a process's
 /// alloc events are counted to decide how many to keep.
 pub const THIN_WINDOW_NS: u64 = 100_000_000;
@@ -84,6 +86,45 @@ pub fn thin_step(
     }
 }
 
+/// The largest thinned weight `factor × weight`. Every term of
+/// [`SampleDelta::thinned`](crate::SampleDelta::thinned) is exact up to 2^39, but a sample's variance
+/// terms grow as its square: at 2^39 four samples of one stack fill the
+/// 2^80 bytes² a variance sum holds. At 4 GiB each term is at most 2^64
+/// bytes², as an unthinned sample of a 4 GiB weight.
+pub const MAX_THINNED_WEIGHT: u64 = 1 << 32;
+
+/// The factor one alloc event is thinned by, given its process's `factor`
+/// (from [`thin_step`]): that factor, lowered for a heavy event to the
+/// largest power of two at which `factor × weight` stays within
+/// [`MAX_THINNED_WEIGHT`] (1, kept for sure, for a weight beyond it), so
+/// that no sample's sums are clamped. Decided from the event itself before
+/// its own draw: keeping it 1 in the lower factor and scaling by that stays
+/// unbiased. Only events of weight above 2^32 / factor keep more than the
+/// budget would (above 4 KiB at the largest factor, 2^20; above 4 MiB at
+/// factor 1024): nearly all are allocations of megabytes, whose own cost
+/// dwarfs a stack walk. An invalid weight (0, or [`MAX_WEIGHT`](crate::MAX_WEIGHT) and more:
+/// its process's intervals are unavailable, see [`weight_check`](crate::weight_check)) keeps
+/// the process's factor.
+#[inline(always)]
+pub fn thin_factor_for(factor: u64, weight: u64) -> u64 {
+    if factor <= 1 {
+        return 1;
+    }
+    if weight == 0 || weight >= MAX_WEIGHT {
+        return factor;
+    }
+    // The factors that fit are those ≤ `fits` (0: none, not even 1).
+    let fits = MAX_THINNED_WEIGHT / weight;
+    if factor <= fits {
+        factor
+    } else if fits == 0 {
+        1
+    } else {
+        // `fits` < factor ≤ 2^20 here: the largest power of two ≤ it.
+        pow2_at_least(fits + 1) >> 1
+    }
+}
+
 /// The smallest power of two ≥ `x` (1 for 0), saturating at 2^32; no loop
 /// and no count-leading-zeros (the BPF target has neither).
 #[inline(always)]
@@ -106,6 +147,75 @@ const fn pow2_at_least(x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{OBJECT_SCALE, SampleDelta, variance_in_bytes2};
+
+    #[test]
+    fn a_heavy_event_is_thinned_less_so_its_sample_is_never_clamped() {
+        // The case of issue 26: a 4 GiB block at factor 512 counted half.
+        let (gib4, factor) = (4u64 << 30, 512);
+        let old = SampleDelta::thinned(gib4, gib4, factor);
+        assert!(old.bytes < gib4 * factor, "{old:?}: the clamp this avoids");
+        assert_eq!(thin_factor_for(factor, gib4), 1);
+        assert_eq!(thin_factor_for(factor, gib4 / 8), 8);
+        assert_eq!(thin_factor_for(factor, gib4 / 8 + 1), 4);
+        let d = SampleDelta::thinned(gib4 / 8, gib4 / 8, 8);
+        assert_eq!(d.bytes, gib4);
+        assert_eq!(d.objects, 8 * OBJECT_SCALE);
+        assert_eq!(
+            variance_in_bytes2(d.var),
+            gib4 as f64 * (gib4 / 8 * 7) as f64
+        );
+        assert_eq!(d.thin_var, d.var);
+        // Every weight at every factor: a power of two, ≤ the factor, as
+        // large as fits, and the delta exact (bytes = factor × weight).
+        let weights = [1, 3, 4096, 524_288, 3 << 20, 1 << 31, 1 << 32];
+        let heavy = [(1 << 32) + 1, 1 << 39, MAX_WEIGHT - 1];
+        for weight in weights.into_iter().chain(heavy) {
+            for shift in 0..=20 {
+                let factor = 1u64 << shift;
+                let f = thin_factor_for(factor, weight);
+                assert!(f.is_power_of_two() && f <= factor, "{weight} {factor}: {f}");
+                let fits = |f: u64| f * weight <= MAX_THINNED_WEIGHT;
+                assert!(f == 1 || fits(f), "{weight} {factor}: {f}");
+                assert!(f == factor || !fits(2 * f), "{weight} {factor}: {f}");
+                let d = SampleDelta::thinned(weight, weight, f);
+                assert_eq!(d.bytes, f * weight, "{weight} {factor}");
+                assert_eq!(d.objects, f * OBJECT_SCALE, "{weight} {factor}");
+                let exact = (f * weight) as f64 * ((f - 1) * weight) as f64;
+                let var = variance_in_bytes2(d.var);
+                assert!(var >= exact && var <= exact * 1.001 + 1e10, "{weight} {f}");
+                // Room in a variance sum for 2^16 such samples at least.
+                assert!(d.var <= 1 << 48, "{weight} {f}: {d:?}");
+            }
+        }
+        // Light events keep the process's factor; no factor, no thinning.
+        assert_eq!(thin_factor_for(1 << 12, 524_288), 1 << 12);
+        assert_eq!(thin_factor_for(1 << 20, 524_288), 1 << 13);
+        assert_eq!(thin_factor_for(0, 1 << 30), 1);
+        assert_eq!(thin_factor_for(1, 1 << 30), 1);
+        // Invalid weights (flagged as such) keep the back-pressure.
+        assert_eq!(thin_factor_for(64, 0), 64);
+        assert_eq!(thin_factor_for(8, MAX_WEIGHT), 8);
+        assert_eq!(thin_factor_for(8, u64::MAX), 8);
+    }
+
+    #[test]
+    fn a_factor_lowered_per_event_keeps_the_estimate_unbiased() {
+        // Each event of a stream of light and heavy ones is kept 1 in its
+        // own factor and counted that many times: the expected sum over
+        // the draws is the stream's bytes exactly.
+        let stream = [(64u64, 1u64 << 16), (4 << 30, 4 << 30), (1 << 36, 1 << 36)];
+        for factor in [2u64, 512, 1 << 20] {
+            let mut expected = 0.0;
+            let mut truth = 0.0;
+            for (size, weight) in stream {
+                let f = thin_factor_for(factor, weight);
+                expected += SampleDelta::thinned(size, weight, f).bytes as f64 / f as f64;
+                truth += weight as f64;
+            }
+            assert_eq!(expected, truth, "factor {factor}");
+        }
+    }
 
     #[test]
     fn back_pressure_holds_a_steady_rate_at_the_budget() {

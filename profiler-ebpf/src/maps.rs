@@ -50,11 +50,19 @@ pub const BLOCK_WORDS: usize = BLOCK as usize / 8;
 #[map]
 pub static STACK_BLOCK: PerCpuArray<[u64; BLOCK_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
-/// The back-pressure factor of the sample whose stack this CPU is walking,
-/// parked across the walk under the `STACK_SCRATCH` claim (see
-/// `probes::take_stack`).
+/// The back-pressure factor and the weight of the sample whose stack this
+/// CPU is walking, parked across the walk under the `STACK_SCRATCH` claim
+/// (see `probes::take_stack`).
 #[map]
-pub static THIN_SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+pub static THIN_SCRATCH: PerCpuArray<Parked> = PerCpuArray::with_max_entries(1, 0);
+
+/// What [`THIN_SCRATCH`] parks.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct Parked {
+    pub factor: u64,
+    pub weight: u64,
+}
 
 /// Walks claiming `STACK_SCRATCH` on this CPU (see `probes::take_stack`).
 #[map]

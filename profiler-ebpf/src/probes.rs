@@ -18,12 +18,13 @@ use aya_ebpf::{
 use profiler_common::{
     AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK,
     OVERFLOW_STACK, ProcCounters, SampleDelta, StackTrace, UnseenFree, UsdtSpec, new_stack_budget,
-    release_claim, stack_hash_step, stack_id, stack_seed, thin_step, try_claim, weight_check,
+    release_claim, stack_hash_step, stack_id, stack_seed, thin_factor_for, thin_step, try_claim,
+    weight_check,
 };
 
 use crate::{
     maps::{
-        AGGS, DROPS, LIVE, PROCS, SEEDED_PIDS, STACK_SCRATCH, STACK_SCRATCH_CLAIMS, STACKS,
+        AGGS, DROPS, LIVE, PROCS, Parked, SEEDED_PIDS, STACK_SCRATCH, STACK_SCRATCH_CLAIMS, STACKS,
         THIN_SCRATCH, UNSEEN_FREES, USDT_SPECS, max_event_rate, max_live_per_process,
         new_stacks_burst, new_stacks_per_second,
     },
@@ -95,8 +96,9 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     let proc: &ProcCounters = unsafe { &*proc_ptr };
     add(&proc.alloc_events, 1);
     note_comm(proc_ptr);
-    // Back-pressure, before the costly part: keep 1 event in `factor`.
-    let factor = thin_factor(proc_ptr);
+    // Back-pressure, before the costly part: keep 1 event in `factor`,
+    // lowered for a heavy event so its sums are never clamped.
+    let factor = thin_factor_for(thin_factor(proc_ptr), weight);
     // SAFETY: a helper without arguments.
     if factor > 1 && u64::from(unsafe { bpf_get_prandom_u32() }) & (factor - 1) != 0 {
         add(&proc.thinned_events, 1);
@@ -104,7 +106,8 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     }
 
     let generation = proc.generation;
-    let (stack, factor) = take_stack(ctx, pid, generation, factor);
+    let (stack, Parked { factor, weight }) =
+        take_stack(ctx, pid, generation, Parked { factor, weight });
     let stack_id = stack.unwrap_or_else(|reason| {
         count_drop(pid, reason);
         if reason == DropReason::StackRateLimited {
@@ -298,38 +301,39 @@ fn probe_spec(ctx: &ProbeContext) -> Result<&'static UsdtSpec, DropReason> {
 /// and a uprobe program can be preempted (migration is disabled, preemption is not): a claim counter
 /// lets one walk at a time use it; the others count a drop.
 ///
-/// The back-pressure `factor` comes back with the result: on a walk it is
-/// parked in this CPU's `THIN_SCRATCH` (ours under the claim) and read
-/// back, so the verifier sees one state at the walk whichever way the
-/// factor was decided (the walk's callback is verified once per distinct
-/// state reaching it, and the alloc program is close to the verifier's
-/// 1M-instruction limit).
+/// The back-pressure factor and the weight come back with the result: on
+/// a walk they are parked in this CPU's `THIN_SCRATCH` (ours under the
+/// claim) and read back, so the verifier sees one state at the walk
+/// whichever way the factor was decided from them (the walk's callback is
+/// verified once per distinct state reaching it: a branch on the weight
+/// before it, kept in a register, would double the alloc program's
+/// verified instructions, past the 1M limit).
 fn take_stack(
     ctx: &ProbeContext,
     pid: u32,
     generation: u32,
-    factor: u64,
-) -> (Result<u64, DropReason>, u64) {
+    thinning: Parked,
+) -> (Result<u64, DropReason>, Parked) {
     let Some(claims) = STACK_SCRATCH_CLAIMS.get_ptr_mut(0) else {
-        return (Err(DropReason::StackFailed), factor);
+        return (Err(DropReason::StackFailed), thinning);
     };
     // SAFETY: a per-CPU map value, valid for the whole program run; every
     // access is an atomic add or an aligned volatile read.
     let claims = MapCounter(unsafe { &*claims });
     if !try_claim(&claims) {
-        return (Err(DropReason::ScratchBusy), factor);
+        return (Err(DropReason::ScratchBusy), thinning);
     }
     let Some(parked) = THIN_SCRATCH.get_ptr_mut(0) else {
         release_claim(&claims);
-        return (Err(DropReason::StackFailed), factor);
+        return (Err(DropReason::StackFailed), thinning);
     };
     // SAFETY: this CPU's slot, ours alone under the claim.
-    unsafe { core::ptr::write_volatile(parked, factor) };
+    unsafe { core::ptr::write_volatile(parked, thinning) };
     let result = take_stack_claimed(ctx, pid, generation);
     // SAFETY: as above.
-    let factor = unsafe { core::ptr::read_volatile(parked) };
+    let thinning = unsafe { core::ptr::read_volatile(parked) };
     release_claim(&claims);
-    (result, factor)
+    (result, thinning)
 }
 
 /// A counter in a map value, shared between CPUs or preempted programs.

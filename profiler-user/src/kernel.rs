@@ -295,6 +295,24 @@ impl Kernel {
         })
     }
 
+    /// How many instructions the verifier processed for each loaded uprobe
+    /// program (the kernel's `verified_insns`; `None` where it does not
+    /// say): the alloc program must stay well under the 1M limit.
+    pub fn verified_instructions(&self) -> Vec<(&'static str, Option<u32>)> {
+        ProbeKind::ALL
+            .into_iter()
+            .map(|kind| {
+                let name = program_for(kind);
+                let count = self
+                    .ebpf
+                    .program(name)
+                    .and_then(|p| p.info().ok())
+                    .and_then(|info| info.verified_instruction_count());
+                (name, count)
+            })
+            .collect()
+    }
+
     /// Why OOM kills cannot be told from exits (no `oom:mark_victim`
     /// tracepoint), if they cannot.
     pub fn oom_unavailable(&self) -> Option<&str> {

@@ -1,7 +1,7 @@
 //! Back-pressure (`--max-event-rate`) with real eBPF and a real process far
 //! above the budget: the kernel keeps about the budget's worth of sampled
 //! allocations a second, and the kept ones, scaled, still estimate each
-//! site within its (wider) σ bounds.
+//! site within its (wider) σ bounds, huge blocks under a huge factor too.
 
 mod common;
 
@@ -14,6 +14,7 @@ use allocprof::{
     stats::Z95,
 };
 use common::Proc;
+use profiler_common::WeightForm;
 
 const BUDGET: u64 = 2000;
 /// Small, so the workload samples hundreds of thousands of allocations a
@@ -100,5 +101,79 @@ fn under_a_budget_far_below_the_event_rate_estimates_stay_within_sigma() {
     );
     let text = report::render(&profile, ReportOptions::default());
     assert!(text.contains("back-pressure (--max-event-rate)"), "{text}");
+    w.send("exit");
+}
+
+/// heavy_thinned.c's light flood (alloc and free pairs) and its live 4 GiB
+/// samples.
+const LIGHT: u64 = 200_000;
+const HEAVY: u64 = 16_384;
+const HEAVY_SIZE: f64 = (4u64 << 30) as f64;
+
+/// Issue 26: a sample kept 1 in `factor` counts `factor × weight`, which
+/// was clamped at 2^40 without a mark: under a factor in the thousands a
+/// 4 GiB sample counted 1 TiB where it stood for several, and the live
+/// figure showed a fraction of the truth with a narrow interval. A heavy
+/// event is now thinned by a lower factor (`thin_factor_for`), so its sums
+/// are exact: at 4 GiB, by none.
+#[test]
+fn huge_samples_under_a_huge_thin_factor_are_counted_in_full() {
+    common::require_bpf();
+    let include = format!("-I{}", common::workspace_root().join("contrib").display());
+    let exe = common::compile_c("heavy_thinned.c", &[include.as_str()]);
+    let mut cmd = Command::new(exe);
+    cmd.args([LIGHT, HEAVY].map(|n| n.to_string()))
+        .env("LD_PRELOAD", "");
+    let mut w = Proc::spawn(cmd);
+    w.expect("ready");
+    // 1 event kept per 100 ms window: the factor follows the event rate.
+    let limits = Limits {
+        max_event_rate: 10,
+        ..Limits::default()
+    };
+    let mut session = Session::start(Target::Pids(vec![w.pid()]), limits).unwrap();
+    w.send("go");
+    w.expect("done");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+    let heavy = common::site(p, "site_heavy");
+    let truth = HEAVY as f64 * HEAVY_SIZE;
+    let what = format!(
+        "{} events, {} thinned, factor {}; {HEAVY} live 4 GiB blocks: {} TiB ± {} \
+         (95%) from {} samples, truth {} TiB",
+        p.alloc_events,
+        p.thinned_events,
+        p.thin_factor,
+        heavy.live_bytes / 2f64.powi(40),
+        heavy.live_ci95() / 2f64.powi(40),
+        heavy.live_samples,
+        truth / 2f64.powi(40),
+    );
+    eprintln!("{what}");
+    // The case: a factor at which 4 GiB × factor passes 2^40 many times.
+    assert!(p.thin_factor >= 1024, "too little back-pressure: {what}");
+    assert_eq!(p.alloc_events, LIGHT + HEAVY, "{what}");
+    assert_eq!(
+        p.weight_form,
+        WeightForm::PointsTimesInterval { interval: 65_536 },
+        "{what}"
+    );
+    // 4 GiB × any factor > 1 is past the largest thinned weight: each
+    // heavy event kept.
+    assert_eq!(heavy.live_samples, HEAVY, "{what}");
+    // Within 4σ of the truth, σ from the interval the profile shows: an
+    // unmarked clamp leaves the estimate a fraction of the truth, dozens
+    // of σ away.
+    for (name, estimate, ci95) in [
+        ("live", heavy.live_bytes, heavy.live_ci95()),
+        ("allocated", heavy.alloc_bytes, heavy.alloc_ci95()),
+    ] {
+        let sigma = ci95 / Z95;
+        assert!(
+            (estimate - truth).abs() <= 4.0 * sigma,
+            "{name}: {estimate} vs {truth} (σ {sigma}): {what}"
+        );
+    }
+    assert_eq!(p.lost_live_bytes, 0, "{what}");
     w.send("exit");
 }

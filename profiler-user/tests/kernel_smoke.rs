@@ -113,3 +113,60 @@ fn committed_object_loads_and_verifies() {
     bytes.copy_from_slice(&object);
     Kernel::load_object(bytes, Limits::default(), false).expect("the committed object loads");
 }
+
+/// The alloc program does the most (thinning, the unwinder, the sums) and
+/// sits closest to the verifier's 1M-instruction limit, which a small
+/// change can cross (a branch before the stack walk doubles the walk's
+/// states): every configuration that keeps code alive must leave margin.
+#[test]
+fn the_alloc_program_verifies_well_under_the_instruction_limit() {
+    common::require_bpf();
+    const LIMIT: u32 = 1_000_000;
+    let configs = [
+        ("defaults", Limits::default()),
+        (
+            "back-pressure",
+            Limits {
+                max_event_rate: 1000,
+                ..Limits::default()
+            },
+        ),
+        (
+            "diagnostics",
+            Limits {
+                diagnostics: true,
+                ..Limits::default()
+            },
+        ),
+        (
+            "back-pressure and diagnostics",
+            Limits {
+                max_event_rate: 1000,
+                diagnostics: true,
+                ..Limits::default()
+            },
+        ),
+        (
+            "back-pressure, no unwind tables",
+            Limits {
+                max_event_rate: 1000,
+                max_unwind_rows: 0,
+                ..Limits::default()
+            },
+        ),
+    ];
+    for (what, limits) in configs {
+        let kernel = Kernel::load(limits, false).expect("the programs load");
+        let counts = kernel.verified_instructions();
+        eprintln!("{what}: {counts:?}");
+        let alloc = counts
+            .iter()
+            .find(|(name, _)| *name == "otel_memory_alloc")
+            .and_then(|(_, n)| *n)
+            .expect("the kernel reports verified instructions");
+        assert!(
+            alloc < LIMIT / 10 * 9,
+            "{what}: the alloc program took {alloc} verifier instructions, within 10% of the limit"
+        );
+    }
+}
