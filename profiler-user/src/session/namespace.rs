@@ -52,10 +52,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut matches: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for (host, addresses) in first_frames {
             let candidates = self
-                .spaces
+                .tracked
                 .iter()
                 .filter(|(local, _)| !self.pids.is_mapped(**local))
-                .map(|(local, space)| (*local, space));
+                .filter_map(|(local, t)| Some((*local, t.image.space.as_ref()?)));
             match correlate(&addresses, candidates, |id| self.probe_ids.contains(&id)) {
                 Correlation::Unique(local) => matches.entry(local).or_default().push(host),
                 Correlation::Ambiguous(locals) => {

@@ -9,7 +9,7 @@ use profiler_common::{
     unwind::{ProcUnwind, UnwindRow},
 };
 
-use std::{cell::RefCell, collections::HashMap};
+use std::collections::HashMap;
 
 use crate::{
     backend_stats::{self, BackendHeap},
@@ -100,8 +100,10 @@ pub trait ProcessPort {
         None
     }
     /// What its backend allocator says of its heap (`liballocprof*.so`
-    /// only; none where unknown).
-    fn backend_heap(&self, _pid: u32) -> Option<BackendHeap> {
+    /// only; none where unknown). `block` is where the port keeps the
+    /// block's address for the process's image (the session's record
+    /// holds it, so it goes with the image).
+    fn backend_heap(&self, _pid: u32, _block: &mut BackendBlock) -> Option<BackendHeap> {
         None
     }
     /// When it started, in clock ticks since boot (none where unknown).
@@ -236,11 +238,6 @@ pub struct Procfs {
     /// Files seen by a scan that carry a backend-statistics block, with the
     /// block's file offset.
     stats_blocks: HashMap<FileId, u64>,
-    /// Where each process's block is (none: it has none), and the live
-    /// thread it is read through, found once from its maps: forgotten when
-    /// the process is scanned again or the block no longer reads as one (an
-    /// exec, a reused pid, the thread gone).
-    block_addresses: RefCell<HashMap<u32, Option<(u64, LiveThread)>>>,
     /// Files seen by a scan that carry a live-sample ledger, with its
     /// header's file offset.
     ledger_headers: HashMap<FileId, u64>,
@@ -249,9 +246,13 @@ pub struct Procfs {
     memory: TargetMemory,
 }
 
-/// Forget every cached block address past this many processes (bounds the
-/// cache; they are found again from the maps).
-const MAX_CACHED_BLOCKS: usize = 1 << 16;
+/// Where a process image's backend-statistics block is, as
+/// [`ProcessPort::backend_heap`] found it: none yet (looked for at the next
+/// read), none there, or its address and the live thread it is read
+/// through. Found once from the maps; forgotten when the process is scanned
+/// again or the block no longer reads as one (its thread gone).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BackendBlock(Option<Option<(u64, LiveThread)>>);
 
 impl ProcessPort for Procfs {
     fn alive(&self, pid: u32) -> bool {
@@ -260,7 +261,6 @@ impl ProcessPort for Procfs {
 
     fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
         let scan = self.scanner.scan(pid)?;
-        self.block_addresses.get_mut().remove(&pid);
         for probe in &scan.probes {
             if let Some(offset) = probe.backend_stats {
                 self.stats_blocks.insert(probe.id(), offset);
@@ -284,14 +284,13 @@ impl ProcessPort for Procfs {
         discover::Process::find(pid)?.code_size()
     }
 
-    fn backend_heap(&self, pid: u32) -> Option<BackendHeap> {
+    fn backend_heap(&self, pid: u32, block: &mut BackendBlock) -> Option<BackendHeap> {
         if self.stats_blocks.is_empty() {
             return None;
         }
         // The library stamps its refreshes with CLOCK_MONOTONIC too.
         let now = crate::age::monotonic_now_ns();
-        let cached = self.block_addresses.borrow().get(&pid).copied();
-        match cached {
+        match block.0 {
             Some(None) => return None,
             Some(Some((address, thread))) => {
                 match backend_stats::read(&self.memory, thread, address, now) {
@@ -312,12 +311,7 @@ impl ProcessPort for Procfs {
                 .find_map(|(&file, &offset)| backend_stats::block_address(&maps, file, offset))
         });
         let thread = process.thread();
-        let mut cache = self.block_addresses.borrow_mut();
-        if cache.len() >= MAX_CACHED_BLOCKS {
-            cache.clear();
-        }
-        cache.insert(pid, address.map(|a| (a, thread)));
-        drop(cache);
+        block.0 = Some(address.map(|a| (a, thread)));
         backend_stats::read(&self.memory, thread, address?, now).ok()
     }
 

@@ -233,6 +233,35 @@ impl World {
     }
 }
 
+/// What the tests look at inside the session.
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// Stacks with names, of live processes and frozen images.
+    fn symbols_held(&self) -> usize {
+        let live: usize = self.tracked.values().map(|t| t.symbols.names.len()).sum();
+        live + self.frozen.iter().map(|f| f.names.len()).sum::<usize>()
+    }
+
+    /// Requests the symbolizer has not answered (of dropped images too).
+    fn pending_requests(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Stacks with addresses outside their process's known maps.
+    fn unresolved_stacks(&self) -> usize {
+        self.tracked
+            .values()
+            .map(|t| t.symbols.unresolved.len())
+            .sum()
+    }
+
+    /// As if no process had been scanned at a refresh yet.
+    fn forget_scans(&mut self) {
+        for t in self.tracked.values_mut() {
+            t.image.scanned = None;
+        }
+    }
+}
+
 fn probe_file_id(n: u64) -> FileId {
     FileId {
         dev: 0xfa4e,
@@ -657,6 +686,77 @@ fn a_reused_pid_is_another_process_with_its_own_figures_and_names() {
     assert_eq!(second.totals.live_samples, 2);
 }
 
+/// Runs processes through start, exec, exit and pid reuse (system-wide
+/// and per process), and checks what the session holds per process: each
+/// live process one record, and nothing once every process has exited and
+/// the images kept of them are dropped.
+fn nothing_outlives_its_process(target: Target) {
+    let world = World::default();
+    world.spawn(100, "app");
+    world.spawn(200, "quiet");
+    let mut s = session(&world, target.clone());
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    world.oom(200);
+    s.complete_profile().unwrap();
+    assert!(s.tracked.contains_key(&100) && s.per_process_entries() > 0);
+
+    // An exec: the record stays, the old image is frozen with its names.
+    world.exec(100, "app2");
+    world.sample(100, 8, &[address_in(beta_site)], 1 << 20);
+    s.complete_profile().unwrap();
+    assert_eq!(images(&s.complete_profile().unwrap(), 100).len(), 2);
+
+    // Both exit (the quiet one never sampled, after its OOM event).
+    world.exit(100);
+    world.exit(200);
+    s.complete_profile().unwrap();
+    assert!(
+        s.tracked.is_empty(),
+        "records of exited processes: {:?}",
+        s.tracked.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(s.per_process_entries(), 0);
+
+    // Another process reuses pid 100, execs and exits.
+    world.spawn(100, "again");
+    if let Target::Pids(_) = target {
+        s.scan(100).unwrap();
+    }
+    world.sample(100, 7, &[address_in(beta_site)], 1 << 20);
+    s.complete_profile().unwrap();
+    let again = s.tracked[&100].incarnation;
+    assert!(
+        s.frozen.iter().all(|f| f.incarnation != again),
+        "a new incarnation"
+    );
+    world.exec(100, "again2");
+    s.complete_profile().unwrap();
+    world.exit(100);
+    s.complete_profile().unwrap();
+    assert!(s.tracked.is_empty());
+    assert_eq!(s.per_process_entries(), 0);
+    assert!(s.symbols_held() > 0, "the frozen images keep their names");
+
+    // The images kept of them go: nothing of any process is left.
+    s.set_max_gone_memory(0);
+    s.complete_profile().unwrap();
+    assert!(s.frozen.is_empty());
+    assert_eq!(s.symbols_held(), 0);
+    assert_eq!(s.pending_requests(), 0);
+    assert!(s.tracked.is_empty());
+    assert_eq!(world.kernel().watched.len(), 0);
+}
+
+#[test]
+fn nothing_outlives_its_process_system_wide() {
+    nothing_outlives_its_process(Target::All);
+}
+
+#[test]
+fn nothing_outlives_its_process_with_pid() {
+    nothing_outlives_its_process(Target::Pids(vec![100, 200]));
+}
+
 #[test]
 fn a_dlopened_probe_file_is_attached_at_the_next_refresh() {
     for target in [Target::All, Target::Pids(vec![100])] {
@@ -770,10 +870,10 @@ fn a_stack_into_a_library_mapped_after_its_scan_is_symbolized_again() {
     let p = s.complete_profile().unwrap();
     let live = only_image(&p, 100, ProcessState::Live);
     assert!(has_function(live, "beta_site"), "{:?}", functions(live));
-    assert!(s.unresolved.is_empty(), "nothing left to resolve");
+    assert_eq!(s.unresolved_stacks(), 0, "nothing left to resolve");
     // Asked for once: names that are complete are not asked for again.
     let again = s.complete_profile().unwrap();
-    assert!(s.pending.is_empty());
+    assert_eq!(s.pending_requests(), 0);
     assert!(has_function(
         only_image(&again, 100, ProcessState::Live),
         "beta_site"
@@ -803,7 +903,7 @@ fn a_process_is_rescanned_when_its_code_changes_or_its_stacks_leave_its_maps() {
     // A stack outside the maps known (the library's size unchanged: one
     // dlclose'd, another dlopen'ed): rescanned until its names are in.
     world.process(100).not_mapped = Some(address_in(beta_site));
-    s.scanned.clear();
+    s.forget_scans();
     s.refresh().unwrap();
     world.sample(100, 8, &[address_in(beta_site)], 1 << 20);
     s.complete_profile().unwrap();
@@ -881,7 +981,7 @@ fn the_oldest_frozen_images_go_past_the_cap() {
     let mut pids: Vec<u32> = p.processes.iter().map(|p| p.key.pid).collect();
     pids.sort_unstable();
     assert_eq!(pids, vec![102, 103, 104], "the newest three are kept");
-    assert_eq!(s.symbols.len(), 3, "the names of dropped images go too");
+    assert_eq!(s.symbols_held(), 3, "the names of dropped images go too");
     assert_eq!(s.dropped_images, 2);
     assert_eq!(
         s.warnings
@@ -922,7 +1022,7 @@ fn the_oldest_frozen_images_go_past_the_memory_cap() {
     pids.sort_unstable();
     assert_eq!(pids, vec![104, 105], "the newest two fit");
     assert!(s.gone_bytes <= one_image * 5 / 2);
-    assert_eq!(s.symbols.len(), 2, "the names of dropped images go too");
+    assert_eq!(s.symbols_held(), 2, "the names of dropped images go too");
     assert_eq!(s.dropped_images, 4);
     assert!(
         s.warnings.iter().any(|w| w.contains("--max-gone-memory")),
@@ -947,8 +1047,8 @@ fn names_of_images_dropped_before_they_are_symbolized_are_not_kept() {
     let p = s.complete_profile().unwrap();
     assert!(p.processes.is_empty(), "{p:#?}");
     assert_eq!(s.dropped_images, 3);
-    assert!(s.symbols.is_empty(), "{} names kept", s.symbols.len());
-    assert!(s.pending.is_empty() && s.unwanted.is_empty());
+    assert_eq!(s.symbols_held(), 0, "names kept");
+    assert_eq!(s.pending_requests(), 0);
     assert_eq!(s.gone_bytes, 0);
 }
 
