@@ -2,7 +2,7 @@
 //! the kernel side ([`KernelPort`], implemented by [`Kernel`]) and the
 //! processes it follows ([`ProcessPort`], implemented by [`Procfs`]). The
 //! session's bookkeeping is written against these, so it is unit-tested
-//! with fakes, without root (see `session/tests.rs`).
+//! with fakes, without root (see `session/tests/`).
 
 use profiler_common::{
     AggKey, ProcCounters, ProcEvent,
