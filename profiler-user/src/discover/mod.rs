@@ -34,6 +34,7 @@ pub use self::{
     proc_text::*,
     process::{Process, process_alive},
 };
+pub use crate::ids::FileId;
 use crate::{
     normalize::AddressSpace,
     usdt::{self, NoteError},
@@ -108,13 +109,6 @@ pub struct ProbeSite {
 const MAX_MAPS_BYTES: u64 = 64 << 20;
 /// The most of a small `/proc` file (stat, comm, environ) read.
 const MAX_SMALL_BYTES: u64 = 1 << 20;
-
-/// Identity of a file on disk, independent of the path it was reached by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileId {
-    pub dev: u64,
-    pub ino: u64,
-}
 
 impl FileId {
     pub fn of(meta: &fs::Metadata) -> FileId {

@@ -3,6 +3,8 @@
 
 use std::{path::Path, time::Instant};
 
+use crate::ids::Tid;
+
 use super::{ArmError, KernelPort, ProcessPort, Session, Target};
 use crate::{
     discover::{self, FileId, ProbeFile},
@@ -36,7 +38,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         stale.sort_unstable();
         stale.dedup();
         for tid in stale {
-            self.kernel.detach_process(tid);
+            self.kernel.detach_process(Tid(tid));
         }
         Ok(scan.probes.iter().filter(|f| !f.sites.is_empty()).count())
     }

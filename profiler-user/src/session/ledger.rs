@@ -40,6 +40,7 @@ use profiler_common::{
 };
 
 use super::{KernelPort, ProcessPort, Session};
+use crate::ids::{HostPid, Pid};
 use crate::{
     kernel::{KernelSnapshot, Limits},
     ledger::{CUT_FRAME, LedgerEntry, LedgerStatus, ReadError},
@@ -343,7 +344,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // samples (checked once it is recognised, `ledger_recognised`), and
         // their frees show in their sequences until the kernel can report
         // them.
-        let host = self.pids.host(pid);
+        let host = self.pids.host(Pid(pid));
         let mut image = LedgerImage::new(generation);
         if let Some((file, address)) = self.processes.ledger_address(pid) {
             // Before the read: a free from now on is reported.
@@ -367,7 +368,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// records the kernel cannot have seen, within the caps.
     fn seed(
         &mut self,
-        host: Option<u32>,
+        host: Option<HostPid>,
         pid: u32,
         file: crate::discover::FileId,
         address: u64,
@@ -441,7 +442,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// reports its unseen frees from now on, and a seed the kernel holds a
     /// live sample of (allocated as the probes were attached) is the
     /// kernel's.
-    pub(super) fn ledger_recognised(&mut self, pid: u32, host: u32) {
+    pub(super) fn ledger_recognised(&mut self, pid: u32, host: HostPid) {
         let Some(image) = self.ledger(pid) else {
             return;
         };
@@ -468,7 +469,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub(super) fn retire_unseen_frees(&mut self) {
         for (host, ptr) in self.kernel.unseen_frees() {
             if let Some(pid) = self.pids.local(host) {
-                self.retire_seed(pid, ptr);
+                self.retire_seed(pid.0, ptr);
             }
         }
     }
@@ -558,7 +559,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return;
         };
         if image.status.read
-            && let Some(host) = self.pids.host(pid)
+            && let Some(host) = self.pids.host(Pid(pid))
         {
             self.kernel.unwatch_unseen_frees(host);
         }

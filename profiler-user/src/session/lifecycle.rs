@@ -15,6 +15,7 @@ use super::{
     Session, Target,
 };
 use crate::{
+    ids::{HostPid, Pid, Tid},
     kernel::KernelSnapshot,
     profile::{ProcessKey, ProcessState},
     stats::Totals,
@@ -73,7 +74,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut execed = Vec::new();
         for event in self.kernel.proc_events() {
             // Processes outside our pid namespace, or not recognised yet.
-            let Some(pid) = self.pids.local(event.pid) else {
+            let host = HostPid(event.pid);
+            let Some(Pid(pid)) = self.pids.local(host) else {
                 continue;
             };
             match event.kind {
@@ -91,7 +93,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     self.forget_tables(pid);
                     // The kernel bumped its generation if it tracks it.
                     let seeded = self.seeded_generation(pid);
-                    match (self.kernel.process(event.pid), seeded) {
+                    match (self.kernel.process(host), seeded) {
                         (Some(state), _) => execed.push((pid, state.generation)),
                         // No kernel sample, but blocks from before attach:
                         // the old image is frozen as those.
@@ -154,7 +156,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.has_seeds(*pid)
                 || self
                     .pids
-                    .host(*pid)
+                    .host(Pid(*pid))
                     .is_some_and(|host| self.kernel.process(host).is_some())
         });
         // Frozen images keep no ages: their live samples are not read.
@@ -189,8 +191,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                         self.mark(key.pid, key.stack_id, Totals::from_agg(agg)),
                     ));
                 live_samples += agg.live_samples;
-                if let Some(host) = self.pids.host(key.pid) {
-                    keys.push(AggKey { pid: host, ..*key });
+                if let Some(host) = self.pids.host(Pid(key.pid)) {
+                    keys.push(AggKey {
+                        pid: host.0,
+                        ..*key
+                    });
                 }
             }
         }
@@ -256,9 +261,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.frozen.push_back(frozen);
         }
         self.drop_oldest_frozen();
-        let hosts: Vec<(u32, Option<u32>)> = gone
+        let hosts: Vec<(HostPid, Option<u32>)> = gone
             .iter()
-            .filter_map(|(pid, below)| Some((self.pids.host(*pid)?, *below)))
+            .filter_map(|(pid, below)| Some((self.pids.host(Pid(*pid))?, *below)))
             .collect();
         self.kernel.forget_images(&hosts, &keys, live_samples > 0);
     }
@@ -327,7 +332,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.track_pid(pid).exec();
             return;
         }
-        self.pids.remove_local(pid);
+        self.pids.remove_local(Pid(pid));
         // A process that reuses the pid is another incarnation.
         let Some(tracked) = self.tracked.remove(&pid) else {
             return;
@@ -336,7 +341,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         tids.sort_unstable();
         tids.dedup();
         for tid in tids {
-            self.kernel.detach_process(tid);
+            self.kernel.detach_process(Tid(tid));
         }
     }
 

@@ -142,7 +142,7 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     /// The files whose probes are attached (to recognise host pids).
     probe_ids: HashSet<FileId>,
     /// Host pids whose process could not be told apart (warned once).
-    ambiguous: HashSet<u32>,
+    ambiguous: HashSet<crate::ids::HostPid>,
     /// When the live samples were last read, and the ages they gave.
     live_read_at: Option<Instant>,
     ages: HashMap<profiler_common::AggKey, crate::age::StackAges>,
@@ -425,7 +425,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Whether the kernel holds state for `pid`.
     pub fn kernel_tracks(&self, pid: u32) -> bool {
-        let Some(host) = self.pids.host(pid) else {
+        let Some(host) = self.pids.host(crate::ids::Pid(pid)) else {
             return false;
         };
         self.kernel.process(host).is_some()

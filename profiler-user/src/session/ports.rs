@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use crate::{
     backend_stats::{self, BackendHeap},
     discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
+    ids::{HostPid, Tid},
     kernel::{Kernel, KernelError, KernelSnapshot, Scope},
     ledger::{self, LedgerEntry, LedgerRead},
     target_memory::{LiveThread, TargetMemory, Unreadable},
@@ -30,7 +31,7 @@ pub trait KernelPort {
         scope: Scope,
     ) -> Result<(), KernelError>;
     /// Detaches every probe attached for thread `tid` alone.
-    fn detach_process(&mut self, tid: u32);
+    fn detach_process(&mut self, tid: Tid);
     /// Number of attached probe sites.
     fn attachments(&self) -> usize;
     /// Process exit/exec events reported since the last call.
@@ -44,7 +45,7 @@ pub trait KernelPort {
         None
     }
     /// One process's counters (a lookup, no snapshot).
-    fn process(&self, pid: u32) -> Option<ProcCounters>;
+    fn process(&self, pid: HostPid) -> Option<ProcCounters>;
     /// A copy of the aggregates, per-process counters and drops, and with
     /// `with_live` the live samples.
     fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError>;
@@ -53,7 +54,7 @@ pub trait KernelPort {
     /// Deletes the kernel state of retired images (see [`Kernel::forget_images`]).
     fn forget_images(
         &mut self,
-        gone: &[(u32, Option<u32>)],
+        gone: &[(HostPid, Option<u32>)],
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize;
@@ -64,22 +65,22 @@ pub trait KernelPort {
     /// Writes unwind rows at `start`.
     fn write_unwind_rows(&mut self, start: u32, rows: &[UnwindRow]) -> Result<(), KernelError>;
     /// The executable mappings with unwind tables of process `pid`.
-    fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError>;
+    fn set_process_unwind(&mut self, pid: HostPid, table: &ProcUnwind) -> Result<(), KernelError>;
     /// Process `pid` is walked by frame pointers again.
-    fn clear_process_unwind(&mut self, pid: u32);
+    fn clear_process_unwind(&mut self, pid: HostPid);
     /// Report the frees of `pid` that find no live sample (its ledger was
     /// read): see [`KernelPort::unseen_frees`].
-    fn watch_unseen_frees(&mut self, _pid: u32) -> Result<(), KernelError> {
+    fn watch_unseen_frees(&mut self, _pid: HostPid) -> Result<(), KernelError> {
         Ok(())
     }
-    fn unwatch_unseen_frees(&mut self, _pid: u32) {}
+    fn unwatch_unseen_frees(&mut self, _pid: HostPid) {}
     /// Frees of watched processes that found no live sample since the last
     /// call, as (pid, pointer).
-    fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+    fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         Vec::new()
     }
     /// Whether the kernel holds a live sample of `pid` at `ptr`.
-    fn has_live_sample(&self, pid: u32, ptr: u64) -> bool;
+    fn has_live_sample(&self, pid: HostPid, ptr: u64) -> bool;
 }
 
 /// The processes a session follows, as `/proc` shows them. Pids here are
@@ -152,8 +153,8 @@ impl KernelPort for Kernel {
         Kernel::attach_file(self, file, site, scope)
     }
 
-    fn detach_process(&mut self, tid: u32) {
-        Kernel::detach_process(self, tid);
+    fn detach_process(&mut self, tid: Tid) {
+        Kernel::detach_process(self, tid.0);
     }
 
     fn attachments(&self) -> usize {
@@ -172,8 +173,8 @@ impl KernelPort for Kernel {
         Kernel::oom_unavailable(self).map(str::to_string)
     }
 
-    fn process(&self, pid: u32) -> Option<ProcCounters> {
-        Kernel::process(self, pid)
+    fn process(&self, pid: HostPid) -> Option<ProcCounters> {
+        Kernel::process(self, pid.0)
     }
 
     fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
@@ -186,11 +187,12 @@ impl KernelPort for Kernel {
 
     fn forget_images(
         &mut self,
-        gone: &[(u32, Option<u32>)],
+        gone: &[(HostPid, Option<u32>)],
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize {
-        Kernel::forget_images(self, gone, aggregates, live_samples)
+        let gone: Vec<(u32, Option<u32>)> = gone.iter().map(|(p, g)| (p.0, *g)).collect();
+        Kernel::forget_images(self, &gone, aggregates, live_samples)
     }
 
     fn forget_stacks(&mut self, ids: &[u64]) -> usize {
@@ -205,28 +207,31 @@ impl KernelPort for Kernel {
         Kernel::write_unwind_rows(self, start, rows)
     }
 
-    fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError> {
-        Kernel::set_process_unwind(self, pid, table)
+    fn set_process_unwind(&mut self, pid: HostPid, table: &ProcUnwind) -> Result<(), KernelError> {
+        Kernel::set_process_unwind(self, pid.0, table)
     }
 
-    fn clear_process_unwind(&mut self, pid: u32) {
-        Kernel::clear_process_unwind(self, pid);
+    fn clear_process_unwind(&mut self, pid: HostPid) {
+        Kernel::clear_process_unwind(self, pid.0);
     }
 
-    fn watch_unseen_frees(&mut self, pid: u32) -> Result<(), KernelError> {
-        Kernel::watch_unseen_frees(self, pid)
+    fn watch_unseen_frees(&mut self, pid: HostPid) -> Result<(), KernelError> {
+        Kernel::watch_unseen_frees(self, pid.0)
     }
 
-    fn unwatch_unseen_frees(&mut self, pid: u32) {
-        Kernel::unwatch_unseen_frees(self, pid);
+    fn unwatch_unseen_frees(&mut self, pid: HostPid) {
+        Kernel::unwatch_unseen_frees(self, pid.0);
     }
 
-    fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+    fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         Kernel::unseen_frees(self)
+            .into_iter()
+            .map(|(pid, ptr)| (HostPid(pid), ptr))
+            .collect()
     }
 
-    fn has_live_sample(&self, pid: u32, ptr: u64) -> bool {
-        Kernel::has_live_sample(self, pid, ptr)
+    fn has_live_sample(&self, pid: HostPid, ptr: u64) -> bool {
+        Kernel::has_live_sample(self, pid.0, ptr)
     }
 }
 

@@ -43,7 +43,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.track_pid(pid).start = Some(start);
         }
         let name = self.processes.name(pid).or_else(|| {
-            let counters = self.kernel.process(pid)?;
+            // The kernel knows it by its host pid.
+            let host = self.pids.host(crate::ids::Pid(pid))?;
+            let counters = self.kernel.process(host)?;
             Some(String::from_utf8_lossy(counters.comm_bytes()?).into_owned())
         });
         let Some(name) = name else {

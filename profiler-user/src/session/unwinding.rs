@@ -10,6 +10,7 @@ use profiler_common::unwind::{
 };
 
 use super::{KernelPort, ProcessPort, Session};
+use crate::ids::Pid;
 use crate::{
     discover::FileId,
     normalize::FileAddr,
@@ -73,7 +74,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// pointers alone may walk whole. Later entries (a library loaded
     /// since) do not wait.
     pub(super) fn give_tables(&mut self, pid: u32) {
-        let (Some(tracked), Some(host)) = (self.tracked.get(&pid), self.pids.host(pid)) else {
+        let (Some(tracked), Some(host)) = (self.tracked.get(&pid), self.pids.host(Pid(pid))) else {
             return;
         };
         let Some(space) = tracked.image.space.as_ref() else {
@@ -201,7 +202,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             .get_mut(&pid)
             .and_then(|t| t.image.unwound.take())
             .is_some()
-            && let Some(host) = self.pids.host(pid)
+            && let Some(host) = self.pids.host(Pid(pid))
         {
             self.kernel.clear_process_unwind(host);
         }

@@ -25,6 +25,7 @@ use profiler_common::{
 use super::{KernelPort, ProcessPort, Session, Target};
 use crate::{
     discover::{FileId, OpenFile, ProbeFile, ProbeKind, ProbeSite, Scan, Scanner},
+    ids::{HostPid, Tid},
     kernel::{KernelError, KernelSnapshot, Scope},
     pidns::PidMap,
     profile::{ProcessProfile, ProcessState, Profile},
@@ -287,7 +288,7 @@ impl KernelPort for FakeKernel {
         Ok(())
     }
 
-    fn detach_process(&mut self, tid: u32) {
+    fn detach_process(&mut self, Tid(tid): Tid) {
         let mut w = self.0.0.borrow_mut();
         w.kernel.attached.retain(|(_, s)| *s != Scope::Process(tid));
         w.kernel.detached.push(tid);
@@ -308,7 +309,7 @@ impl KernelPort for FakeKernel {
         std::mem::take(&mut self.0.0.borrow_mut().kernel.events)
     }
 
-    fn process(&self, pid: u32) -> Option<ProcCounters> {
+    fn process(&self, HostPid(pid): HostPid) -> Option<ProcCounters> {
         self.0.kernel().procs.get(&pid).copied()
     }
 
@@ -333,7 +334,7 @@ impl KernelPort for FakeKernel {
 
     fn forget_images(
         &mut self,
-        gone: &[(u32, Option<u32>)],
+        gone: &[(HostPid, Option<u32>)],
         aggregates: &[AggKey],
         _live_samples: bool,
     ) -> usize {
@@ -343,7 +344,7 @@ impl KernelPort for FakeKernel {
         }
         for (pid, below) in gone {
             if below.is_none() {
-                w.kernel.procs.remove(pid);
+                w.kernel.procs.remove(&pid.0);
             }
         }
         0
@@ -361,7 +362,11 @@ impl KernelPort for FakeKernel {
         Ok(())
     }
 
-    fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError> {
+    fn set_process_unwind(
+        &mut self,
+        HostPid(pid): HostPid,
+        table: &ProcUnwind,
+    ) -> Result<(), KernelError> {
         self.0
             .0
             .borrow_mut()
@@ -371,26 +376,29 @@ impl KernelPort for FakeKernel {
         Ok(())
     }
 
-    fn clear_process_unwind(&mut self, pid: u32) {
+    fn clear_process_unwind(&mut self, HostPid(pid): HostPid) {
         let mut w = self.0.0.borrow_mut();
         w.kernel.unwind_procs.remove(&pid);
         w.kernel.unwind_cleared.push(pid);
     }
 
-    fn watch_unseen_frees(&mut self, pid: u32) -> Result<(), KernelError> {
+    fn watch_unseen_frees(&mut self, HostPid(pid): HostPid) -> Result<(), KernelError> {
         self.0.0.borrow_mut().kernel.watched.insert(pid);
         Ok(())
     }
 
-    fn unwatch_unseen_frees(&mut self, pid: u32) {
+    fn unwatch_unseen_frees(&mut self, HostPid(pid): HostPid) {
         self.0.0.borrow_mut().kernel.watched.remove(&pid);
     }
 
-    fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+    fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         std::mem::take(&mut self.0.0.borrow_mut().kernel.unseen)
+            .into_iter()
+            .map(|(pid, ptr)| (HostPid(pid), ptr))
+            .collect()
     }
 
-    fn has_live_sample(&self, pid: u32, ptr: u64) -> bool {
+    fn has_live_sample(&self, HostPid(pid): HostPid, ptr: u64) -> bool {
         let w = self.0.0.borrow();
         w.kernel
             .live
