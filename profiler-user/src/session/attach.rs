@@ -32,13 +32,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         let mut stale = Vec::new();
         for file in &scan.probes {
-            stale.extend(self.attach(pid, scan.tid, file)?);
+            stale.extend(self.attach(pid, Tid(scan.tid), file)?);
         }
         // Only now, so that no probe is unattached in between.
         stale.sort_unstable();
         stale.dedup();
         for tid in stale {
-            self.kernel.detach_process(Tid(tid));
+            self.kernel.detach_process(tid);
         }
         Ok(scan.probes.iter().filter(|f| !f.sites.is_empty()).count())
     }
@@ -51,9 +51,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub(super) fn attach(
         &mut self,
         pid: u32,
-        tid: u32,
+        tid: Tid,
         file: &ProbeFile,
-    ) -> Result<Option<u32>, KernelError> {
+    ) -> Result<Option<Tid>, KernelError> {
         let (scope, replaced) = match self.target {
             Target::All => {
                 if self.attached_files.contains_key(&file.id()) {
@@ -65,7 +65,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
             Target::Pids(_) => match self.track_pid(pid).attached.insert(file.id(), tid) {
                 Some(old) if old == tid => return Ok(None),
-                old => (Scope::Process(tid), old),
+                old => (Scope::Process(tid.0), old),
             },
         };
         self.probe_ids.insert(file.id());
@@ -106,7 +106,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return Ok(false);
         };
         if self.target == Target::All {
-            self.attach(0, 0, &file)?;
+            self.attach(0, Tid(0), &file)?;
         }
         Ok(true)
     }

@@ -337,11 +337,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let Some(tracked) = self.tracked.remove(&pid) else {
             return;
         };
-        let mut tids: Vec<u32> = tracked.attached.into_values().collect();
+        let mut tids: Vec<Tid> = tracked.attached.into_values().collect();
         tids.sort_unstable();
         tids.dedup();
         for tid in tids {
-            self.kernel.detach_process(Tid(tid));
+            self.kernel.detach_process(tid);
         }
     }
 

@@ -114,9 +114,7 @@ pub enum StartError {
     Kernel(#[from] KernelError),
 }
 
-/// Which process incarnation a stack belongs to: a pid, once reused, is
-/// another process whose stack ids may coincide with the old one's.
-type Incarnation = u64;
+use crate::ids::Incarnation;
 
 /// A stack as the symbolizer is asked for it: of which process, which
 /// incarnation of it (the answer is dropped if that one is gone), which id.
@@ -220,7 +218,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             ages: HashMap::new(),
             attach_ticks: boot_ticks_now(),
             attached_at: SystemTime::now(),
-            next_incarnation: 0,
+            next_incarnation: Incarnation(0),
             symbolizer: SymbolizerThread::spawn(),
             in_flight: 0,
             frozen: VecDeque::new(),
@@ -404,7 +402,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     fn track_pid(&mut self, pid: u32) -> &mut Tracked {
         let next = &mut self.next_incarnation;
         self.tracked.entry(pid).or_insert_with(|| {
-            *next += 1;
+            next.0 += 1;
             Tracked::new(*next)
         })
     }

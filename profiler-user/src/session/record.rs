@@ -10,7 +10,11 @@ use std::{
 use profiler_common::{ProcCounters, unwind::ProcUnwind};
 
 use super::{BackendBlock, Incarnation, ledger::LedgerImage};
-use crate::{discover::FileId, normalize::AddressSpace, symbolize::Frame};
+use crate::{
+    ids::{FileId, Tid},
+    normalize::AddressSpace,
+    symbolize::Frame,
+};
 
 /// A tracked process incarnation (by our pid, the key of
 /// `Session::tracked`).
@@ -49,7 +53,7 @@ pub(super) struct Tracked {
     pub oom_victim: bool,
     /// Files attached for it alone (`--pid`), with the live thread the
     /// attachment follows.
-    pub attached: HashMap<FileId, u32>,
+    pub attached: HashMap<FileId, Tid>,
     /// When the probes of a file were attached for it (`--pid`;
     /// CLOCK_MONOTONIC ns).
     pub attached_ns: HashMap<FileId, u64>,
