@@ -7,6 +7,7 @@ pub mod backend_stats;
 pub mod btf;
 pub mod discover;
 pub mod export;
+pub mod ids;
 pub mod inert;
 pub mod kernel;
 pub mod ledger;

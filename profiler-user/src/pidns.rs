@@ -13,7 +13,10 @@
 
 use std::collections::HashMap;
 
-use crate::{discover::FileId, normalize::AddressSpace};
+use crate::{
+    ids::{FileId, HostPid, Pid},
+    normalize::AddressSpace,
+};
 
 /// The inode of the initial pid namespace (`PROC_PID_INIT_INO`).
 const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
@@ -23,8 +26,8 @@ const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
 pub struct PidMap {
     /// In the initial namespace, the pids are the same.
     translating: bool,
-    to_local: HashMap<u32, u32>,
-    to_host: HashMap<u32, u32>,
+    to_local: HashMap<HostPid, Pid>,
+    to_host: HashMap<Pid, HostPid>,
 }
 
 impl PidMap {
@@ -53,29 +56,29 @@ impl PidMap {
     }
 
     /// Our pid of a host pid, if known.
-    pub(crate) fn local(&self, host: u32) -> Option<u32> {
+    pub(crate) fn local(&self, host: HostPid) -> Option<Pid> {
         if self.translating {
             self.to_local.get(&host).copied()
         } else {
-            Some(host)
+            Some(Pid(host.0))
         }
     }
 
     /// The host pid of one of ours, if known.
-    pub fn host(&self, local: u32) -> Option<u32> {
+    pub fn host(&self, local: Pid) -> Option<HostPid> {
         if self.translating {
             self.to_host.get(&local).copied()
         } else {
-            Some(local)
+            Some(HostPid(local.0))
         }
     }
 
     /// Whether our pid `local` has its host pid.
-    pub(crate) fn is_mapped(&self, local: u32) -> bool {
+    pub(crate) fn is_mapped(&self, local: Pid) -> bool {
         self.host(local).is_some()
     }
 
-    pub fn insert(&mut self, host: u32, local: u32) {
+    pub fn insert(&mut self, host: HostPid, local: Pid) {
         if self.translating {
             self.to_local.insert(host, local);
             self.to_host.insert(local, host);
@@ -83,7 +86,7 @@ impl PidMap {
     }
 
     /// Forgets a process that is gone (its pid may be reused).
-    pub(crate) fn remove_local(&mut self, local: u32) {
+    pub(crate) fn remove_local(&mut self, local: Pid) {
         if let Some(host) = self.to_host.remove(&local) {
             self.to_local.remove(&host);
         }
@@ -103,11 +106,11 @@ pub(crate) fn in_initial_pid_namespace() -> bool {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Correlation {
     /// Exactly this candidate matches.
-    Unique(u32),
+    Unique(Pid),
     /// No candidate matches (yet: the process may not have been scanned).
     None,
     /// Several match: their layouts are the same.
-    Ambiguous(Vec<u32>),
+    Ambiguous(Vec<Pid>),
 }
 
 /// Which candidate process (our pid, its address space) places every one of
@@ -115,13 +118,13 @@ pub enum Correlation {
 /// file for which `is_probe_file` holds.
 pub(crate) fn correlate<'a>(
     addresses: &[u64],
-    candidates: impl IntoIterator<Item = (u32, &'a AddressSpace)>,
+    candidates: impl IntoIterator<Item = (Pid, &'a AddressSpace)>,
     is_probe_file: impl Fn(FileId) -> bool,
 ) -> Correlation {
     if addresses.is_empty() {
         return Correlation::None;
     }
-    let matching: Vec<u32> = candidates
+    let matching: Vec<Pid> = candidates
         .into_iter()
         .filter(|(_, space)| {
             addresses.iter().all(|&addr| {
@@ -147,20 +150,20 @@ mod tests {
     #[test]
     fn identity_outside_namespaces() {
         let map = PidMap::identity();
-        assert_eq!(map.local(42), Some(42));
-        assert_eq!(map.host(42), Some(42));
+        assert_eq!(map.local(HostPid(42)), Some(Pid(42)));
+        assert_eq!(map.host(Pid(42)), Some(HostPid(42)));
     }
 
     #[test]
     fn translation_both_ways_and_forgetting() {
         let mut map = PidMap::translating();
-        assert_eq!(map.local(4242), None);
-        map.insert(4242, 2);
-        assert_eq!(map.local(4242), Some(2));
-        assert_eq!(map.host(2), Some(4242));
-        map.remove_local(2);
-        assert_eq!(map.local(4242), None);
-        assert_eq!(map.host(2), None);
+        assert_eq!(map.local(HostPid(4242)), None);
+        map.insert(HostPid(4242), Pid(2));
+        assert_eq!(map.local(HostPid(4242)), Some(Pid(2)));
+        assert_eq!(map.host(Pid(2)), Some(HostPid(4242)));
+        map.remove_local(Pid(2));
+        assert_eq!(map.local(HostPid(4242)), None);
+        assert_eq!(map.host(Pid(2)), None);
     }
 
     #[test]
@@ -173,17 +176,17 @@ mod tests {
         let elsewhere = AddressSpace::default();
         let probe = |id: FileId| id == exe;
         assert_eq!(
-            correlate(&[addr], [(7, &elsewhere), (2, &ours)], probe),
-            Correlation::Unique(2)
+            correlate(&[addr], [(Pid(7), &elsewhere), (Pid(2), &ours)], probe),
+            Correlation::Unique(Pid(2))
         );
         assert_eq!(
-            correlate(&[addr], [(2, &ours), (3, &ours)], probe),
-            Correlation::Ambiguous(vec![2, 3])
+            correlate(&[addr], [(Pid(2), &ours), (Pid(3), &ours)], probe),
+            Correlation::Ambiguous(vec![Pid(2), Pid(3)])
         );
         assert_eq!(
-            correlate(&[addr], [(2, &ours)], |_| false),
+            correlate(&[addr], [(Pid(2), &ours)], |_| false),
             Correlation::None
         );
-        assert_eq!(correlate(&[], [(2, &ours)], probe), Correlation::None);
+        assert_eq!(correlate(&[], [(Pid(2), &ours)], probe), Correlation::None);
     }
 }

@@ -3,6 +3,8 @@
 
 use std::{path::Path, time::Instant};
 
+use crate::ids::Tid;
+
 use super::{ArmError, KernelPort, ProcessPort, Session, Target};
 use crate::{
     discover::{self, FileId, ProbeFile},
@@ -15,10 +17,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let Ok(scan) = self.processes.scan(pid) else {
             return Ok(0); // gone already
         };
+        // Its backend-statistics block is looked for anew.
+        if let Some(tracked) = self.tracked.get_mut(&pid) {
+            tracked.image.backend_block = Default::default();
+        }
         // Only processes that carry probes can have stacks: only theirs
         // hold their mapped files open.
         if !scan.probes.is_empty() {
-            self.spaces.insert(pid, scan.space);
+            self.track_pid(pid).image.space = Some(scan.space);
             // Named now: a process may be gone (a zombie, its /proc unreadable)
             // before the first profile is built.
             self.identity(pid);
@@ -26,7 +32,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         let mut stale = Vec::new();
         for file in &scan.probes {
-            stale.extend(self.attach(pid, scan.tid, file)?);
+            stale.extend(self.attach(pid, Tid(scan.tid), file)?);
         }
         // Only now, so that no probe is unattached in between.
         stale.sort_unstable();
@@ -45,19 +51,21 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub(super) fn attach(
         &mut self,
         pid: u32,
-        tid: u32,
+        tid: Tid,
         file: &ProbeFile,
-    ) -> Result<Option<u32>, KernelError> {
+    ) -> Result<Option<Tid>, KernelError> {
         let (scope, replaced) = match self.target {
             Target::All => {
-                if !self.attached_files.insert(file.id()) {
+                if self.attached_files.contains_key(&file.id()) {
                     return Ok(None);
                 }
+                // Its time once its probes are attached (below).
+                self.attached_files.insert(file.id(), 0);
                 (Scope::AllProcesses, None)
             }
-            Target::Pids(_) => match self.attached_pid_files.insert((pid, file.id()), tid) {
+            Target::Pids(_) => match self.track_pid(pid).attached.insert(file.id(), tid) {
                 Some(old) if old == tid => return Ok(None),
-                old => (Scope::Process(tid), old),
+                old => (Scope::Process(tid.0), old),
             },
         };
         self.probe_ids.insert(file.id());
@@ -71,11 +79,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.kernel.attach_file(&file.file, site, scope)?;
         }
         // From now on the kernel sees every allocation through this file.
-        let whom = if self.target == Target::All { 0 } else { pid };
         let now = self.processes.monotonic_ns();
-        self.file_attached_ns
-            .entry((whom, file.id()))
-            .or_insert(now);
+        match self.target {
+            Target::All => {
+                self.attached_files.insert(file.id(), now);
+            }
+            Target::Pids(_) => {
+                self.track_pid(pid)
+                    .attached_ns
+                    .entry(file.id())
+                    .or_insert(now);
+            }
+        }
         Ok(replaced)
     }
 
@@ -91,7 +106,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return Ok(false);
         };
         if self.target == Target::All {
-            self.attach(0, 0, &file)?;
+            self.attach(0, Tid(0), &file)?;
         }
         Ok(true)
     }
@@ -110,8 +125,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Whether the probes of file `id` are attached for `pid`.
     pub fn is_attached(&self, pid: u32, id: FileId) -> bool {
         match self.target {
-            Target::All => self.attached_files.contains(&id),
-            Target::Pids(_) => self.attached_pid_files.contains_key(&(pid, id)),
+            Target::All => self.attached_files.contains_key(&id),
+            Target::Pids(_) => self
+                .tracked
+                .get(&pid)
+                .is_some_and(|t| t.attached.contains_key(&id)),
         }
     }
 

@@ -29,7 +29,7 @@
 //! time, each record seeded or counted as it comes: never held whole.
 
 use std::{
-    collections::{HashMap, HashSet, hash_map::Entry},
+    collections::{HashMap, hash_map::Entry},
     sync::Arc,
 };
 
@@ -40,6 +40,7 @@ use profiler_common::{
 };
 
 use super::{KernelPort, ProcessPort, Session};
+use crate::ids::{HostPid, Pid};
 use crate::{
     kernel::{KernelSnapshot, Limits},
     ledger::{CUT_FRAME, LedgerEntry, LedgerStatus, ReadError},
@@ -86,23 +87,15 @@ impl Default for SeedLimits {
     }
 }
 
-/// What the session knows of each followed image's ledger.
-#[derive(Default)]
-pub(super) struct Ledgers {
-    images: HashMap<u32, LedgerImage>,
-    /// Raw frames of the seeded stacks, innermost first.
-    frames: HashMap<u64, Arc<[u64]>>,
-    pub(super) limits: SeedLimits,
-}
-
-/// A process image's ledger, as read when the session first followed it.
+/// A process image's ledger, as read when the session first followed it
+/// (held by its process's record).
 pub(super) struct LedgerImage {
     generation: u32,
     pub(super) status: LedgerStatus,
     /// Its blocks from before attach still live, by pointer.
     seeds: HashMap<u64, Seed>,
-    /// The ids of its seeded stacks (their frames are in `Ledgers::frames`).
-    stacks: HashSet<u64>,
+    /// Its seeded stacks: their raw frames, innermost first.
+    stacks: HashMap<u64, Arc<[u64]>>,
     /// What its seeds add to its process's counters.
     counters: SeedCounters,
 }
@@ -113,7 +106,7 @@ impl LedgerImage {
             generation,
             status: LedgerStatus::default(),
             seeds: HashMap::new(),
-            stacks: HashSet::new(),
+            stacks: HashMap::new(),
             counters: SeedCounters::default(),
         }
     }
@@ -186,8 +179,8 @@ impl SeedCounters {
 /// Where a ledger's records are seeded while it is read.
 struct Seeding<'a> {
     image: &'a mut LedgerImage,
-    /// Frames of every seeded stack (`Ledgers::frames`).
-    frames: &'a mut HashMap<u64, Arc<[u64]>>,
+    /// Seeded stacks of every other image.
+    other_stacks: u64,
     limits: SeedLimits,
     /// Seeds this image may hold (the per-process cap less the kernel's
     /// live samples of the process).
@@ -231,7 +224,7 @@ impl Seeding<'_> {
         let frames = r.frames().iter().copied().chain(cut);
         let id = stack_id(frames.clone().fold(self.stack_seed, stack_hash_step));
         let stacks = &mut self.image.stacks;
-        let stack = if stacks.contains(&id) {
+        let stack = if stacks.contains_key(&id) {
             id
         } else if self.limits.stacks_per_image != 0
             && stacks.len() as u64 >= self.limits.stacks_per_image
@@ -239,12 +232,11 @@ impl Seeding<'_> {
             // As the kernel does past a process's budget of new stacks.
             counters.drops[DropReason::StackRateLimited as usize] += 1;
             OVERFLOW_STACK
-        } else if self.frames.len() as u64 >= self.limits.total_stacks {
+        } else if self.other_stacks + stacks.len() as u64 >= self.limits.total_stacks {
             counters.drops[DropReason::StackMapFull as usize] += 1;
             NO_STACK
         } else {
-            stacks.insert(id);
-            self.frames.insert(id, frames.collect());
+            stacks.insert(id, frames.collect());
             id
         };
         let sample = LiveSample {
@@ -268,69 +260,68 @@ impl Seeding<'_> {
     }
 }
 
-impl Ledgers {
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    fn ledger(&self, pid: u32) -> Option<&LedgerImage> {
+        self.tracked.get(&pid)?.image.ledger.as_ref()
+    }
+
+    fn ledger_mut(&mut self, pid: u32) -> Option<&mut LedgerImage> {
+        self.tracked.get_mut(&pid)?.image.ledger.as_mut()
+    }
+
     /// The image's ledger status, if the session read (or looked for) it.
-    pub(super) fn status(&self, pid: u32, generation: u32) -> Option<LedgerStatus> {
-        self.images
-            .get(&pid)
+    pub(super) fn ledger_status(&self, pid: u32, generation: u32) -> Option<LedgerStatus> {
+        self.ledger(pid)
             .filter(|i| i.generation == generation)
             .map(|i| i.status)
     }
 
     pub(super) fn has_seeds(&self, pid: u32) -> bool {
-        self.images.get(&pid).is_some_and(|i| !i.seeds.is_empty())
+        self.ledger(pid).is_some_and(|i| !i.seeds.is_empty())
     }
 
     /// The generation of `pid`'s image that holds seeds, if one does.
     pub(super) fn seeded_generation(&self, pid: u32) -> Option<u32> {
-        self.images
-            .get(&pid)
+        self.ledger(pid)
             .filter(|i| !i.seeds.is_empty())
             .map(|i| i.generation)
     }
 
     /// A seeded stack's frames.
-    pub(super) fn stack(&self, id: u64) -> Option<&Arc<[u64]>> {
-        self.frames.get(&id)
+    pub(super) fn seeded_stack(&self, pid: u32, id: u64) -> Option<&Arc<[u64]>> {
+        self.ledger(pid)?.stacks.get(&id)
     }
 
     /// A stack's totals, its live bytes marked as from before attach if it
     /// is a seeded stack.
-    pub(super) fn mark(&self, stack_id: u64, mut totals: Totals) -> Totals {
-        if self.frames.contains_key(&stack_id) {
+    pub(super) fn mark(&self, pid: u32, stack_id: u64, mut totals: Totals) -> Totals {
+        if self.seeded_stack(pid, stack_id).is_some() {
             totals.before_attach_bytes = totals.live_bytes;
         }
         totals
     }
 
-    fn retire(&mut self, pid: u32, ptr: u64) {
-        if let Some(image) = self.images.get_mut(&pid)
+    fn retire_seed(&mut self, pid: u32, ptr: u64) {
+        if let Some(image) = self.ledger_mut(pid)
             && image.seeds.remove(&ptr).is_some()
         {
             image.status.retired += 1;
         }
     }
 
-    /// Seeds of every image.
-    fn seeds(&self) -> u64 {
-        self.images.values().map(|i| i.seeds.len() as u64).sum()
+    /// The images' ledgers.
+    fn ledgers(&self) -> impl Iterator<Item = (u32, &LedgerImage)> {
+        self.tracked
+            .iter()
+            .filter_map(|(&pid, t)| Some((pid, t.image.ledger.as_ref()?)))
     }
-
-    /// Forgets what seeding `image` made outside it (its stacks' frames).
-    fn discard(&mut self, image: &LedgerImage) {
-        for id in &image.stacks {
-            self.frames.remove(id);
-        }
-    }
-}
-
-impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Reads the ledger of every followed process image not read yet.
     pub(super) fn read_ledgers(&mut self, snapshot: &KernelSnapshot) {
         let mut due: Vec<(u32, u32, u64)> = self
-            .spaces
-            .keys()
-            .map(|&pid| {
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.image.space.is_some())
+            .map(|(&pid, _)| {
                 let p = snapshot.processes.get(&pid);
                 (
                     pid,
@@ -338,7 +329,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     p.map_or(0, |p| p.live_samples),
                 )
             })
-            .filter(|&(pid, generation, _)| self.ledgers.status(pid, generation).is_none())
+            .filter(|&(pid, generation, _)| self.ledger_status(pid, generation).is_none())
             .collect();
         due.sort_unstable();
         for (pid, generation, kernel_live) in due {
@@ -353,7 +344,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // samples (checked once it is recognised, `ledger_recognised`), and
         // their frees show in their sequences until the kernel can report
         // them.
-        let host = self.pids.host(pid);
+        let host = self.pids.host(Pid(pid));
         let mut image = LedgerImage::new(generation);
         if let Some((file, address)) = self.processes.ledger_address(pid) {
             // Before the read: a free from now on is reported.
@@ -367,7 +358,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 self.kernel.unwatch_unseen_frees(host);
             }
         }
-        self.ledgers.images.insert(pid, image);
+        self.track_pid(pid).image.ledger = Some(image);
         // Frees reported while it was read, then records rewritten since.
         self.retire_unseen_frees();
         self.check_seeds(pid);
@@ -377,7 +368,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// records the kernel cannot have seen, within the caps.
     fn seed(
         &mut self,
-        host: Option<u32>,
+        host: Option<HostPid>,
         pid: u32,
         file: crate::discover::FileId,
         address: u64,
@@ -385,12 +376,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         image: &mut LedgerImage,
     ) {
         let seen_from = self.seen_from_ns(pid, file);
-        let limits = self.ledgers.limits;
-        let total = self.ledgers.seeds();
+        let limits = self.seed_limits;
+        let total = self.ledgers().map(|(_, i)| i.seeds.len() as u64).sum();
+        let other_stacks = self.ledgers().map(|(_, i)| i.stacks.len() as u64).sum();
         let mut seeding = Seeding {
             stack_seed: stack_seed(pid, image.generation) ^ LEDGER_STACK_TAG,
             image,
-            frames: &mut self.ledgers.frames,
+            other_stacks,
             limits,
             room: limits.per_process.saturating_sub(kernel_live),
             total,
@@ -425,7 +417,6 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .push(format!("process {pid}: its live-sample ledger: {e}")),
         }
         // Not read whole: nothing of it is used.
-        self.ledgers.discard(image);
         *image = LedgerImage::new(image.generation);
     }
 
@@ -433,17 +424,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// (CLOCK_MONOTONIC ns): the later of the file's attach and the
     /// process's start (a fork child's inherited blocks came before).
     fn seen_from_ns(&self, pid: u32, file: crate::discover::FileId) -> u64 {
-        // Per process with `--pid`; for all (pid 0) system-wide.
-        let attached = self
-            .file_attached_ns
-            .get(&(pid, file))
-            .or_else(|| self.file_attached_ns.get(&(0, file)))
+        // Per process with `--pid`; for all system-wide.
+        let tracked = self.tracked.get(&pid);
+        let attached = tracked
+            .and_then(|t| t.attached_ns.get(&file))
+            .or_else(|| self.attached_files.get(&file))
             .copied()
             .unwrap_or(0);
-        let started = self
-            .starts
-            .get(&pid)
-            .copied()
+        let started = tracked
+            .and_then(|t| t.start)
             .or_else(|| self.processes.start_ticks(pid))
             .map_or(0, |ticks| monotonic_ns_of_boot_ticks(ticks + 1));
         attached.max(started)
@@ -453,8 +442,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// reports its unseen frees from now on, and a seed the kernel holds a
     /// live sample of (allocated as the probes were attached) is the
     /// kernel's.
-    pub(super) fn ledger_recognised(&mut self, pid: u32, host: u32) {
-        let Some(image) = self.ledgers.images.get(&pid) else {
+    pub(super) fn ledger_recognised(&mut self, pid: u32, host: HostPid) {
+        let Some(image) = self.ledger(pid) else {
             return;
         };
         if !image.status.read {
@@ -469,7 +458,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         if let Err(e) = self.kernel.watch_unseen_frees(host) {
             self.warnings.push(format!("process {pid}: {e}"));
         }
-        let image = self.ledgers.images.get_mut(&pid).expect("checked above");
+        let image = self.ledger_mut(pid).expect("checked above");
         for ptr in held {
             image.seeds.remove(&ptr);
             image.status.seen += 1;
@@ -480,7 +469,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub(super) fn retire_unseen_frees(&mut self) {
         for (host, ptr) in self.kernel.unseen_frees() {
             if let Some(pid) = self.pids.local(host) {
-                self.ledgers.retire(pid, ptr);
+                self.retire_seed(pid.0, ptr);
             }
         }
     }
@@ -488,7 +477,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Retires the seeds of `pid` whose record was rewritten since it was
     /// read (their block was freed; its free may have been lost).
     pub(super) fn check_seeds(&mut self, pid: u32) {
-        let Some(image) = self.ledgers.images.get(&pid) else {
+        let Some(image) = self.ledger(pid) else {
             return;
         };
         if image.seeds.is_empty() {
@@ -497,7 +486,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let (ptrs, addresses): (Vec<u64>, Vec<u64>) =
             image.seeds.iter().map(|(&p, s)| (p, s.address)).unzip();
         let seqs = self.processes.ledger_sequences(pid, &addresses);
-        let image = self.ledgers.images.get_mut(&pid).expect("checked above");
+        let image = self.ledger_mut(pid).expect("checked above");
         for (ptr, seq) in ptrs.into_iter().zip(seqs) {
             // Unreadable (the process is going): its exit retires all.
             if seq.is_some_and(|s| image.seeds.get(&ptr).is_some_and(|seed| seed.seq != s)) {
@@ -509,13 +498,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// [`Session::check_seeds`] for every image with seeds.
     pub(super) fn check_all_seeds(&mut self) {
-        let pids: Vec<u32> = self
-            .ledgers
-            .images
-            .iter()
+        let mut pids: Vec<u32> = self
+            .ledgers()
             .filter(|(_, i)| !i.seeds.is_empty())
-            .map(|(&pid, _)| pid)
+            .map(|(pid, _)| pid)
             .collect();
+        pids.sort_unstable();
         for pid in pids {
             self.check_seeds(pid);
         }
@@ -525,7 +513,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// with the live samples, the seeds as live samples (for their ages).
     /// Their drops, lost bytes and weights join their process's counters.
     pub(super) fn add_seeds(&self, snapshot: &mut KernelSnapshot) {
-        for (&pid, image) in &self.ledgers.images {
+        for (pid, image) in self.ledgers() {
             if image.counters != SeedCounters::default() {
                 let counters = snapshot.processes.entry(pid).or_default();
                 image.counters.add_to(counters);
@@ -562,17 +550,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Forgets `pid`'s ledger (its image is gone; a new image is read
     /// anew), and stops the kernel reporting its unseen frees.
     pub(super) fn forget_ledger(&mut self, pid: u32) {
-        let Some(image) = self.ledgers.images.remove(&pid) else {
+        // Seeded stack ids hash the image in: no other image shares them.
+        let Some(image) = self
+            .tracked
+            .get_mut(&pid)
+            .and_then(|t| t.image.ledger.take())
+        else {
             return;
         };
         if image.status.read
-            && let Some(host) = self.pids.host(pid)
+            && let Some(host) = self.pids.host(Pid(pid))
         {
             self.kernel.unwatch_unseen_frees(host);
-        }
-        // Seeded stack ids hash the image in: no other image shares them.
-        for id in &image.stacks {
-            self.ledgers.frames.remove(id);
         }
     }
 }

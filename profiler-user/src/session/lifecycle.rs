@@ -4,6 +4,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
     time::Instant,
 };
 
@@ -14,9 +15,11 @@ use super::{
     Session, Target,
 };
 use crate::{
+    ids::{HostPid, Pid, Tid},
     kernel::KernelSnapshot,
     profile::{ProcessKey, ProcessState},
     stats::Totals,
+    symbolize::Frame,
 };
 
 /// A process image that is gone, frozen as it was.
@@ -31,6 +34,9 @@ pub(super) struct Frozen {
     pub ledger: Option<crate::ledger::LedgerStatus>,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
+    /// Its stacks' names, and those still at the symbolizer.
+    pub names: HashMap<u64, Arc<[Frame]>>,
+    pub pending: HashSet<u64>,
     /// Its `STACKS` entries were deleted (all its stacks symbolized).
     pub stacks_reclaimed: bool,
     /// An OOM victim written by the recorder.
@@ -68,7 +74,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut execed = Vec::new();
         for event in self.kernel.proc_events() {
             // Processes outside our pid namespace, or not recognised yet.
-            let Some(pid) = self.pids.local(event.pid) else {
+            let host = HostPid(event.pid);
+            let Some(Pid(pid)) = self.pids.local(host) else {
                 continue;
             };
             match event.kind {
@@ -79,14 +86,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 // Its exit follows: the image it freezes is the heap the
                 // OOM killer found.
                 PROC_EVENT_OOM => {
-                    self.oom_victims.insert(pid);
+                    self.track_pid(pid).oom_victim = true;
                 }
                 PROC_EVENT_EXEC => {
                     // The old image's tables would walk the new one wrong.
                     self.forget_tables(pid);
                     // The kernel bumped its generation if it tracks it.
-                    let seeded = self.ledgers.seeded_generation(pid);
-                    match (self.kernel.process(event.pid), seeded) {
+                    let seeded = self.seeded_generation(pid);
+                    match (self.kernel.process(host), seeded) {
                         (Some(state), _) => execed.push((pid, state.generation)),
                         // No kernel sample, but blocks from before attach:
                         // the old image is frozen as those.
@@ -94,14 +101,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                         // Nothing to freeze; the old image's files go.
                         (None, None) => self.prune(pid, false),
                     }
-                    self.rescans.insert(pid, (now, 0));
+                    self.track_pid(pid).rescan = Some((now, 0));
                 }
                 _ => {}
             }
         }
         self.retire(&exited, &execed);
         let mut due = Vec::new();
-        self.rescans.retain(|pid, (at, next)| {
+        for (pid, tracked) in &mut self.tracked {
+            let Some((at, next)) = &mut tracked.rescan else {
+                continue;
+            };
             let passed = RESCAN_AFTER_EXEC
                 .iter()
                 .skip(*next)
@@ -110,12 +120,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             if passed > 0 {
                 due.push(*pid);
                 *next += passed;
+                tracked.image.identity = None;
             }
-            *next < RESCAN_AFTER_EXEC.len()
-        });
+            if *next >= RESCAN_AFTER_EXEC.len() {
+                tracked.rescan = None;
+            }
+        }
         due.sort_unstable();
         for pid in due {
-            self.names.remove(&pid);
             if let Err(e) = self.scan(pid) {
                 self.warnings.push(format!("process {pid}: {e}"));
             }
@@ -141,10 +153,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return;
         }
         let tracked = gone.keys().any(|pid| {
-            self.ledgers.has_seeds(*pid)
+            self.has_seeds(*pid)
                 || self
                     .pids
-                    .host(*pid)
+                    .host(Pid(*pid))
                     .is_some_and(|host| self.kernel.process(host).is_some())
         });
         // Frozen images keep no ages: their live samples are not read.
@@ -176,11 +188,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     .or_default()
                     .push((
                         key.stack_id,
-                        self.ledgers.mark(key.stack_id, Totals::from_agg(agg)),
+                        self.mark(key.pid, key.stack_id, Totals::from_agg(agg)),
                     ));
                 live_samples += agg.live_samples;
-                if let Some(host) = self.pids.host(key.pid) {
-                    keys.push(AggKey { pid: host, ..*key });
+                if let Some(host) = self.pids.host(Pid(key.pid)) {
+                    keys.push(AggKey {
+                        pid: host.0,
+                        ..*key
+                    });
                 }
             }
         }
@@ -197,18 +212,38 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .copied()
                 .unwrap_or_default();
             let proc = self.image_counters(key.pid, &now);
-            if !exited {
-                self.exec_counters.insert(key.pid, now);
-            }
             let (name, rate) = self.identity(key.pid);
+            let since_attach = self.predates_attach(key);
+            let ledger = self.ledger_status(key.pid, key.generation);
+            let tracked = self.track_pid(key.pid);
+            if !exited {
+                tracked.exec_counters = Some(now);
+            }
+            let oom_victim = exited && std::mem::take(&mut tracked.oom_victim);
+            // The image takes its stacks' names (stack ids are per image).
+            let symbols = &mut tracked.symbols;
+            let mut names = HashMap::new();
+            let mut pending = HashSet::new();
+            for (id, _) in &stacks {
+                if let Some(frames) = symbols.names.remove(id) {
+                    names.insert(*id, frames);
+                }
+                if symbols.pending.remove(id) {
+                    pending.insert(*id);
+                }
+                // Its maps will not grow.
+                symbols.unresolved.remove(id);
+            }
             let mut frozen = Frozen {
                 key,
-                since_attach: self.predates_attach(key),
-                ledger: self.ledgers.status(key.pid, key.generation),
-                incarnation: self.incarnation(key.pid),
+                since_attach,
+                ledger,
+                incarnation: tracked.incarnation,
                 name,
                 rate,
-                state: if exited && self.oom_victims.remove(&key.pid) {
+                names,
+                pending,
+                state: if oom_victim {
                     ProcessState::OomKilled
                 } else if exited {
                     ProcessState::Exited
@@ -226,9 +261,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.frozen.push_back(frozen);
         }
         self.drop_oldest_frozen();
-        let hosts: Vec<(u32, Option<u32>)> = gone
+        let hosts: Vec<(HostPid, Option<u32>)> = gone
             .iter()
-            .filter_map(|(pid, below)| Some((self.pids.host(*pid)?, *below)))
+            .filter_map(|(pid, below)| Some((self.pids.host(Pid(*pid))?, *below)))
             .collect();
         self.kernel.forget_images(&hosts, &keys, live_samples > 0);
     }
@@ -237,7 +272,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// less those of its images frozen by exec. The weight form, the
     /// contracts and the back-pressure state stay the pid's.
     pub(super) fn image_counters(&self, pid: u32, now: &ProcCounters) -> ProcCounters {
-        let Some(before) = self.exec_counters.get(&pid) else {
+        let Some(before) = self
+            .tracked
+            .get(&pid)
+            .and_then(|t| t.exec_counters.as_ref())
+        else {
             return *now;
         };
         let mut c = *now;
@@ -269,17 +308,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         if excess == 0 {
             return;
         }
-        for f in self.frozen.drain(..excess) {
-            // Stack ids belong to one image: these names served only it.
-            for (id, _) in &f.stacks {
-                let key = (f.incarnation, *id);
-                self.symbols.remove(&key);
-                self.unresolved.remove(&key);
-                if self.pending.contains(&key) {
-                    self.unwanted.insert(key);
-                }
-            }
-        }
+        // With their names (stack ids belong to one image: these served
+        // only it); the answers to their pending requests find no owner.
+        self.frozen.drain(..excess);
         if self.dropped_images == 0 {
             self.warnings.push(format!(
                 "more than {} process images, or {} of them, have exited or exec'ed: \
@@ -291,34 +322,22 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.dropped_images += excess as u64;
     }
 
-    /// Drops what only a retired image needed: its address space (the new
-    /// image of an exec gets its own at the rescan) and name; for an exit,
-    /// also its pid mapping, rescans and per-process attachments.
+    /// Drops what only a retired image needed: for an exec, the image's
+    /// state (the new image gets its own at the rescan); for an exit, the
+    /// process's record, its pid mapping and its per-process attachments.
     pub(super) fn prune(&mut self, pid: u32, exited: bool) {
         self.forget_tables(pid);
         self.forget_ledger(pid);
-        self.spaces.remove(&pid);
-        self.scanned.remove(&pid);
-        self.names.remove(&pid);
         if !exited {
-            self.execed_since_attach.insert(pid);
+            self.track_pid(pid).exec();
             return;
         }
-        self.starts.remove(&pid);
-        self.execed_since_attach.remove(&pid);
-        self.exec_counters.remove(&pid);
-        self.pids.remove_local(pid);
-        self.rescans.remove(&pid);
-        self.oom_victims.remove(&pid);
+        self.pids.remove_local(Pid(pid));
         // A process that reuses the pid is another incarnation.
-        self.incarnations.remove(&pid);
-        let mut tids = Vec::new();
-        self.attached_pid_files.retain(|(p, _), tid| {
-            if *p == pid {
-                tids.push(*tid);
-            }
-            *p != pid
-        });
+        let Some(tracked) = self.tracked.remove(&pid) else {
+            return;
+        };
+        let mut tids: Vec<Tid> = tracked.attached.into_values().collect();
         tids.sort_unstable();
         tids.dedup();
         for tid in tids {
@@ -329,17 +348,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Whether a tracked process's maps may have changed since its last
     /// scan: never scanned with probes, its code size changed or is unknown,
     /// stacks of it fell outside its maps, or [`RESCAN_EVERY`] passed.
-    fn rescan_due(&self, pid: u32, unresolved: &HashSet<Incarnation>) -> bool {
-        let Some((size, at)) = self.scanned.get(&pid).copied() else {
+    fn rescan_due(&self, pid: u32) -> bool {
+        let Some(tracked) = self.tracked.get(&pid) else {
             return true;
         };
-        !self.spaces.contains_key(&pid)
+        let Some((size, at)) = tracked.image.scanned else {
+            return true;
+        };
+        tracked.image.space.is_none()
             || size.is_none()
             || at.elapsed() >= RESCAN_EVERY
-            || self
-                .incarnations
-                .get(&pid)
-                .is_some_and(|i| unresolved.contains(i))
+            || !tracked.symbols.unresolved.is_empty()
             || self.processes.code_size(pid) != size
     }
 
@@ -355,23 +374,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         pids.sort_unstable();
         pids.dedup();
         let mut dead = Vec::new();
-        // Processes with stacks outside their known maps: a library they
-        // dlopen'ed is to be seen at once.
-        let unresolved: HashSet<Incarnation> = self
-            .unresolved
-            .keys()
-            .map(|(incarnation, _)| *incarnation)
-            .collect();
         for pid in pids {
             if self.processes.alive(pid) {
-                if !self.rescan_due(pid, &unresolved) {
+                // Processes with stacks outside their known maps: a library
+                // they dlopen'ed is to be seen at once.
+                if !self.rescan_due(pid) {
                     continue;
                 }
                 // Read before the scan: a dlopen in between is seen next time.
                 let code_size = self.processes.code_size(pid);
                 match self.scan(pid) {
                     Ok(_) => {
-                        self.scanned.insert(pid, (code_size, Instant::now()));
+                        self.track_pid(pid).image.scanned = Some((code_size, Instant::now()));
                     }
                     Err(e) => self.warnings.push(format!("process {pid}: {e}")),
                 }
@@ -384,11 +398,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // Processes scanned but never sampled have no kernel state (and no
         // exit event): what we hold for them goes when they do.
         dead.extend(
-            self.spaces
-                .keys()
+            self.tracked
+                .iter()
+                .filter(|(_, t)| t.image.space.is_some())
+                .map(|(pid, _)| *pid)
                 .filter(|pid| !snapshot.processes.contains_key(pid))
-                .filter(|pid| !self.processes.alive(**pid))
-                .copied()
+                .filter(|pid| !self.processes.alive(*pid))
                 .collect::<Vec<_>>(),
         );
         self.retire(&dead, &[]);

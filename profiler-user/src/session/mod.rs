@@ -13,6 +13,8 @@
 //! - `symbols.rs`: stacks to the symbolizer and back, per process
 //!   incarnation (a reused pid never gets another process's names);
 //! - `profile.rs`: the [`Profile`] of live and frozen images;
+//! - `record.rs`: [`Tracked`], the record of one process: all the session
+//!   knows of it, dropped when it goes;
 //! - `unwinding.rs`: which processes the kernel walks with unwind tables.
 
 mod attach;
@@ -21,6 +23,7 @@ mod lifecycle;
 mod namespace;
 mod ports;
 mod profile;
+mod record;
 mod symbols;
 #[cfg(test)]
 mod tests;
@@ -28,15 +31,13 @@ mod unwinding;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
-    sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
 
-use profiler_common::unwind::ProcUnwind;
 use thiserror::Error;
 
-use self::lifecycle::Frozen;
-pub use self::ports::{KernelPort, ProcessPort, Procfs};
+pub use self::ports::{BackendBlock, KernelPort, ProcessPort, Procfs};
+use self::{lifecycle::Frozen, record::Tracked};
 use crate::{
     discover::FileId,
     kernel::{Kernel, KernelError, Limits},
@@ -44,7 +45,7 @@ use crate::{
     oom::OomRecorder,
     pidns::PidMap,
     profile::Profile,
-    symbolize::{Frame, SymbolizerThread},
+    symbolize::SymbolizerThread,
     unwind::tables::UnwindTables,
 };
 
@@ -113,56 +114,44 @@ pub enum StartError {
     Kernel(#[from] KernelError),
 }
 
-/// Which process incarnation a stack belongs to: a pid, once reused, is
-/// another process whose stack ids may coincide with the old one's.
-type Incarnation = u64;
+use crate::ids::Incarnation;
+
+/// A stack as the symbolizer is asked for it: of which process, which
+/// incarnation of it (the answer is dropped if that one is gone), which id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct SymbolKey {
+    pid: u32,
+    incarnation: Incarnation,
+    stack: u64,
+}
 
 pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     kernel: K,
     processes: P,
     target: Target,
-    /// Files attached for all processes (system-wide).
-    attached_files: HashSet<FileId>,
-    /// Files attached per process (`--pid`), with the live thread the
-    /// attachment follows.
-    attached_pid_files: HashMap<(u32, FileId), u32>,
-    spaces: HashMap<u32, AddressSpace>,
-    /// Each scanned process's code size (see `ProcessPort::code_size`) and
-    /// when it was scanned: its next rescan waits for a change.
-    scanned: HashMap<u32, (Option<u64>, Instant)>,
+    /// Every tracked process, by our pid: all the session knows of it
+    /// (see [`Tracked`]); forgetting a process is dropping its record.
+    tracked: HashMap<u32, Tracked>,
+    /// Files attached for all processes (system-wide), and when
+    /// (CLOCK_MONOTONIC ns).
+    attached_files: HashMap<FileId, u64>,
     /// Host pids (the kernel's) ↔ ours; all pids outside `kernel` are ours.
     pids: PidMap,
     /// The files whose probes are attached (to recognise host pids).
     probe_ids: HashSet<FileId>,
     /// Host pids whose process could not be told apart (warned once).
-    ambiguous: HashSet<u32>,
-    /// Name and sampling rate of live processes, read once.
-    names: HashMap<u32, (String, u64)>,
-    /// When live processes started (clock ticks since boot), read once.
-    starts: HashMap<u32, u64>,
+    ambiguous: HashSet<crate::ids::HostPid>,
     /// When the live samples were last read, and the ages they gave.
     live_read_at: Option<Instant>,
     ages: HashMap<profiler_common::AggKey, crate::age::StackAges>,
-    /// The kernel's counters of a pid when its last image replaced by exec
-    /// was frozen: they are per pid, so each image's are the difference.
-    exec_counters: HashMap<u32, profiler_common::ProcCounters>,
-    /// Processes whose image was replaced by an exec since we attached:
-    /// their current image is seen whole.
-    execed_since_attach: HashSet<u32>,
     /// When the session attached: clock ticks since boot, and wall time.
     attach_ticks: u64,
     attached_at: SystemTime,
-    incarnations: HashMap<u32, Incarnation>,
     next_incarnation: Incarnation,
-    symbols: HashMap<(Incarnation, u64), Arc<[Frame]>>,
-    pending: HashSet<(Incarnation, u64)>,
-    /// Addresses of live images' stacks that no mapping of their process
-    /// held when they were requested (a library dlopen'ed since the last
-    /// scan): the stack is symbolized again once a scan maps one of them.
-    unresolved: HashMap<(Incarnation, u64), Vec<u64>>,
-    /// Pending stacks of images dropped meanwhile: their names are not kept.
-    unwanted: HashSet<(Incarnation, u64)>,
-    symbolizer: SymbolizerThread<(Incarnation, u64)>,
+    symbolizer: SymbolizerThread<SymbolKey>,
+    /// Requests sent to the symbolizer and not answered yet (those of
+    /// images dropped meanwhile included).
+    in_flight: usize,
     /// Oldest first.
     frozen: VecDeque<Frozen>,
     max_frozen: usize,
@@ -172,25 +161,16 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     gone_bytes: u64,
     /// Frozen images dropped to keep `max_frozen` and `max_gone_bytes`.
     dropped_images: u64,
-    /// Processes that exec'ed: when, and the next of `RESCAN_AFTER_EXEC`.
-    rescans: HashMap<u32, (Instant, usize)>,
     last_full_scan: Instant,
     started: Instant,
-    /// Processes the OOM killer picked, until their image is frozen.
-    oom_victims: HashSet<u32>,
     /// `--oom-dir`: where the images the OOM killer killed are written.
     oom_recorder: Option<OomRecorder>,
     /// `--min-age`: live figures count samples live at least this long.
     min_age: Duration,
     /// Unwind tables of the files processes map executable.
     unwind: UnwindTables,
-    /// What each process's kernel unwind entry holds (to skip rewrites).
-    unwound: HashMap<u32, ProcUnwind>,
-    /// The followed images' live-sample ledgers and their seeds.
-    ledgers: ledger::Ledgers,
-    /// When the probes of a file were attached (CLOCK_MONOTONIC ns), for a
-    /// process (`--pid`) or for all (pid 0).
-    file_attached_ns: HashMap<(u32, FileId), u64>,
+    /// The caps seeds share with the kernel (see `ledger.rs`).
+    seed_limits: ledger::SeedLimits,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
     pub warnings: Vec<String>,
 }
@@ -208,7 +188,7 @@ impl Session {
         }
         let kernel = Kernel::load(limits, target == Target::All)?;
         let mut session = Session::with_ports(kernel, processes, PidMap::detect(), target)?;
-        session.ledgers.limits = ledger::SeedLimits::from(&limits);
+        session.seed_limits = ledger::SeedLimits::from(&limits);
         Ok(session)
     }
 }
@@ -224,45 +204,31 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let unwind = UnwindTables::new(kernel.unwind_capacity(), crate::unwind::tables::compile);
         let mut session = Session {
             unwind,
-            unwound: HashMap::new(),
             min_age: Duration::ZERO,
-            oom_victims: HashSet::new(),
             oom_recorder: None,
             kernel,
             processes,
             target: target.clone(),
-            attached_files: HashSet::new(),
-            attached_pid_files: HashMap::new(),
-            spaces: HashMap::new(),
-            scanned: HashMap::new(),
+            tracked: HashMap::new(),
+            attached_files: HashMap::new(),
             pids,
             probe_ids: HashSet::new(),
             ambiguous: HashSet::new(),
-            names: HashMap::new(),
-            starts: HashMap::new(),
-            execed_since_attach: HashSet::new(),
-            exec_counters: HashMap::new(),
             live_read_at: None,
             ages: HashMap::new(),
             attach_ticks: boot_ticks_now(),
             attached_at: SystemTime::now(),
-            incarnations: HashMap::new(),
-            next_incarnation: 0,
-            symbols: HashMap::new(),
-            pending: HashSet::new(),
-            unresolved: HashMap::new(),
-            unwanted: HashSet::new(),
+            next_incarnation: Incarnation(0),
             symbolizer: SymbolizerThread::spawn(),
+            in_flight: 0,
             frozen: VecDeque::new(),
             max_frozen: MAX_FROZEN_IMAGES,
             max_gone_bytes: MAX_GONE_MEMORY,
             gone_bytes: 0,
             dropped_images: 0,
-            rescans: HashMap::new(),
             last_full_scan: Instant::now(),
             started: Instant::now(),
-            ledgers: ledger::Ledgers::default(),
-            file_attached_ns: HashMap::new(),
+            seed_limits: ledger::SeedLimits::default(),
             warnings: Vec::new(),
         };
         match target {
@@ -425,14 +391,39 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// How many process address spaces (and so their open files) are held.
     pub fn held_address_spaces(&self) -> usize {
-        self.spaces.len()
+        self.tracked
+            .values()
+            .filter(|t| t.image.space.is_some())
+            .count()
+    }
+
+    /// The record of the process that has `pid` now (a new incarnation if
+    /// none).
+    fn track_pid(&mut self, pid: u32) -> &mut Tracked {
+        let next = &mut self.next_incarnation;
+        self.tracked.entry(pid).or_insert_with(|| {
+            next.0 += 1;
+            Tracked::new(*next)
+        })
+    }
+
+    /// `pid`'s address space, if known.
+    fn space(&self, pid: u32) -> Option<&AddressSpace> {
+        self.tracked.get(&pid)?.image.space.as_ref()
+    }
+
+    /// How many per-process facts the session holds, over every record
+    /// (for the tests: none outlives its process).
+    #[cfg(test)]
+    pub(crate) fn per_process_entries(&self) -> usize {
+        self.tracked.values().map(Tracked::entries).sum()
     }
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Whether the kernel holds state for `pid`.
     pub fn kernel_tracks(&self, pid: u32) -> bool {
-        let Some(host) = self.pids.host(pid) else {
+        let Some(host) = self.pids.host(crate::ids::Pid(pid)) else {
             return false;
         };
         self.kernel.process(host).is_some()

@@ -7,6 +7,7 @@ use profiler_common::NO_STACK;
 
 use super::{KernelPort, ProcessPort, Session};
 use crate::{
+    ids::{HostPid, Pid},
     kernel::{KernelError, KernelSnapshot},
     pidns::{Correlation, PidMap, correlate},
 };
@@ -26,7 +27,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         localize(&mut snapshot.live, pids, |k| &mut k.pid);
         snapshot.processes = std::mem::take(&mut snapshot.processes)
             .into_iter()
-            .filter_map(|(host, state)| Some((pids.local(host)?, state)))
+            .filter_map(|(host, state)| Some((pids.local(HostPid(host))?.0, state)))
             .collect();
         Ok(snapshot)
     }
@@ -34,12 +35,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Learns the host pids of the snapshot that are not mapped yet, by the
     /// probe sites their stacks start at (see `pidns`).
     pub(super) fn recognise(&mut self, snapshot: &KernelSnapshot) {
-        let mut first_frames: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        let mut first_frames: BTreeMap<HostPid, Vec<u64>> = BTreeMap::new();
         for (key, _) in &snapshot.aggregates {
-            if key.stack_id == NO_STACK || self.pids.local(key.pid).is_some() {
+            if key.stack_id == NO_STACK || self.pids.local(HostPid(key.pid)).is_some() {
                 continue;
             }
-            let frames = first_frames.entry(key.pid).or_default();
+            let frames = first_frames.entry(HostPid(key.pid)).or_default();
             if frames.len() < 8
                 && let Some(first) = self
                     .kernel
@@ -49,13 +50,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 frames.push(first);
             }
         }
-        let mut matches: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        let mut matches: BTreeMap<Pid, Vec<HostPid>> = BTreeMap::new();
         for (host, addresses) in first_frames {
             let candidates = self
-                .spaces
+                .tracked
                 .iter()
-                .filter(|(local, _)| !self.pids.is_mapped(**local))
-                .map(|(local, space)| (*local, space));
+                .filter(|(local, _)| !self.pids.is_mapped(Pid(**local)))
+                .filter_map(|(local, t)| Some((Pid(*local), t.image.space.as_ref()?)));
             match correlate(&addresses, candidates, |id| self.probe_ids.contains(&id)) {
                 Correlation::Unique(local) => matches.entry(local).or_default().push(host),
                 Correlation::Ambiguous(locals) => {
@@ -70,7 +71,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             match hosts.as_slice() {
                 [host] => {
                     self.pids.insert(*host, local);
-                    self.ledger_recognised(local, *host);
+                    self.ledger_recognised(local.0, *host);
                 }
                 _ => {
                     for host in hosts {
@@ -81,7 +82,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
     }
 
-    pub(super) fn warn_ambiguous(&mut self, host: u32, which: &str) {
+    pub(super) fn warn_ambiguous(&mut self, host: HostPid, which: &str) {
         if self.ambiguous.insert(host) {
             self.warnings.push(format!(
                 "cannot tell whether the kernel's pid {host} is {which} (the same \
@@ -93,9 +94,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
 /// Keeps the entries whose host pid is of our namespace, with our pid.
 fn localize<K, V>(entries: &mut Vec<(K, V)>, pids: &PidMap, pid: fn(&mut K) -> &mut u32) {
-    entries.retain_mut(|(key, _)| match pids.local(*pid(key)) {
+    entries.retain_mut(|(key, _)| match pids.local(HostPid(*pid(key))) {
         Some(local) => {
-            *pid(key) = local;
+            *pid(key) = local.0;
             true
         }
         None => false,

@@ -2,18 +2,19 @@
 //! the kernel side ([`KernelPort`], implemented by [`Kernel`]) and the
 //! processes it follows ([`ProcessPort`], implemented by [`Procfs`]). The
 //! session's bookkeeping is written against these, so it is unit-tested
-//! with fakes, without root (see `session/tests.rs`).
+//! with fakes, without root (see `session/tests/`).
 
 use profiler_common::{
     AggKey, ProcCounters, ProcEvent,
     unwind::{ProcUnwind, UnwindRow},
 };
 
-use std::{cell::RefCell, collections::HashMap};
+use std::collections::HashMap;
 
 use crate::{
     backend_stats::{self, BackendHeap},
     discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
+    ids::{HostPid, Tid},
     kernel::{Kernel, KernelError, KernelSnapshot, Scope},
     ledger::{self, LedgerEntry, LedgerRead},
     target_memory::{LiveThread, TargetMemory, Unreadable},
@@ -30,7 +31,7 @@ pub trait KernelPort {
         scope: Scope,
     ) -> Result<(), KernelError>;
     /// Detaches every probe attached for thread `tid` alone.
-    fn detach_process(&mut self, tid: u32);
+    fn detach_process(&mut self, tid: Tid);
     /// Number of attached probe sites.
     fn attachments(&self) -> usize;
     /// Process exit/exec events reported since the last call.
@@ -44,7 +45,7 @@ pub trait KernelPort {
         None
     }
     /// One process's counters (a lookup, no snapshot).
-    fn process(&self, pid: u32) -> Option<ProcCounters>;
+    fn process(&self, pid: HostPid) -> Option<ProcCounters>;
     /// A copy of the aggregates, per-process counters and drops, and with
     /// `with_live` the live samples.
     fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError>;
@@ -53,7 +54,7 @@ pub trait KernelPort {
     /// Deletes the kernel state of retired images (see [`Kernel::forget_images`]).
     fn forget_images(
         &mut self,
-        gone: &[(u32, Option<u32>)],
+        gone: &[(HostPid, Option<u32>)],
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize;
@@ -64,22 +65,22 @@ pub trait KernelPort {
     /// Writes unwind rows at `start`.
     fn write_unwind_rows(&mut self, start: u32, rows: &[UnwindRow]) -> Result<(), KernelError>;
     /// The executable mappings with unwind tables of process `pid`.
-    fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError>;
+    fn set_process_unwind(&mut self, pid: HostPid, table: &ProcUnwind) -> Result<(), KernelError>;
     /// Process `pid` is walked by frame pointers again.
-    fn clear_process_unwind(&mut self, pid: u32);
+    fn clear_process_unwind(&mut self, pid: HostPid);
     /// Report the frees of `pid` that find no live sample (its ledger was
     /// read): see [`KernelPort::unseen_frees`].
-    fn watch_unseen_frees(&mut self, _pid: u32) -> Result<(), KernelError> {
+    fn watch_unseen_frees(&mut self, _pid: HostPid) -> Result<(), KernelError> {
         Ok(())
     }
-    fn unwatch_unseen_frees(&mut self, _pid: u32) {}
+    fn unwatch_unseen_frees(&mut self, _pid: HostPid) {}
     /// Frees of watched processes that found no live sample since the last
     /// call, as (pid, pointer).
-    fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+    fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         Vec::new()
     }
     /// Whether the kernel holds a live sample of `pid` at `ptr`.
-    fn has_live_sample(&self, pid: u32, ptr: u64) -> bool;
+    fn has_live_sample(&self, pid: HostPid, ptr: u64) -> bool;
 }
 
 /// The processes a session follows, as `/proc` shows them. Pids here are
@@ -100,8 +101,10 @@ pub trait ProcessPort {
         None
     }
     /// What its backend allocator says of its heap (`liballocprof*.so`
-    /// only; none where unknown).
-    fn backend_heap(&self, _pid: u32) -> Option<BackendHeap> {
+    /// only; none where unknown). `block` is where the port keeps the
+    /// block's address for the process's image (the session's record
+    /// holds it, so it goes with the image).
+    fn backend_heap(&self, _pid: u32, _block: &mut BackendBlock) -> Option<BackendHeap> {
         None
     }
     /// When it started, in clock ticks since boot (none where unknown).
@@ -150,8 +153,8 @@ impl KernelPort for Kernel {
         Kernel::attach_file(self, file, site, scope)
     }
 
-    fn detach_process(&mut self, tid: u32) {
-        Kernel::detach_process(self, tid);
+    fn detach_process(&mut self, tid: Tid) {
+        Kernel::detach_process(self, tid.0);
     }
 
     fn attachments(&self) -> usize {
@@ -170,8 +173,8 @@ impl KernelPort for Kernel {
         Kernel::oom_unavailable(self).map(str::to_string)
     }
 
-    fn process(&self, pid: u32) -> Option<ProcCounters> {
-        Kernel::process(self, pid)
+    fn process(&self, pid: HostPid) -> Option<ProcCounters> {
+        Kernel::process(self, pid.0)
     }
 
     fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
@@ -184,11 +187,12 @@ impl KernelPort for Kernel {
 
     fn forget_images(
         &mut self,
-        gone: &[(u32, Option<u32>)],
+        gone: &[(HostPid, Option<u32>)],
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize {
-        Kernel::forget_images(self, gone, aggregates, live_samples)
+        let gone: Vec<(u32, Option<u32>)> = gone.iter().map(|(p, g)| (p.0, *g)).collect();
+        Kernel::forget_images(self, &gone, aggregates, live_samples)
     }
 
     fn forget_stacks(&mut self, ids: &[u64]) -> usize {
@@ -203,28 +207,31 @@ impl KernelPort for Kernel {
         Kernel::write_unwind_rows(self, start, rows)
     }
 
-    fn set_process_unwind(&mut self, pid: u32, table: &ProcUnwind) -> Result<(), KernelError> {
-        Kernel::set_process_unwind(self, pid, table)
+    fn set_process_unwind(&mut self, pid: HostPid, table: &ProcUnwind) -> Result<(), KernelError> {
+        Kernel::set_process_unwind(self, pid.0, table)
     }
 
-    fn clear_process_unwind(&mut self, pid: u32) {
-        Kernel::clear_process_unwind(self, pid);
+    fn clear_process_unwind(&mut self, pid: HostPid) {
+        Kernel::clear_process_unwind(self, pid.0);
     }
 
-    fn watch_unseen_frees(&mut self, pid: u32) -> Result<(), KernelError> {
-        Kernel::watch_unseen_frees(self, pid)
+    fn watch_unseen_frees(&mut self, pid: HostPid) -> Result<(), KernelError> {
+        Kernel::watch_unseen_frees(self, pid.0)
     }
 
-    fn unwatch_unseen_frees(&mut self, pid: u32) {
-        Kernel::unwatch_unseen_frees(self, pid);
+    fn unwatch_unseen_frees(&mut self, pid: HostPid) {
+        Kernel::unwatch_unseen_frees(self, pid.0);
     }
 
-    fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+    fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         Kernel::unseen_frees(self)
+            .into_iter()
+            .map(|(pid, ptr)| (HostPid(pid), ptr))
+            .collect()
     }
 
-    fn has_live_sample(&self, pid: u32, ptr: u64) -> bool {
-        Kernel::has_live_sample(self, pid, ptr)
+    fn has_live_sample(&self, pid: HostPid, ptr: u64) -> bool {
+        Kernel::has_live_sample(self, pid.0, ptr)
     }
 }
 
@@ -236,11 +243,6 @@ pub struct Procfs {
     /// Files seen by a scan that carry a backend-statistics block, with the
     /// block's file offset.
     stats_blocks: HashMap<FileId, u64>,
-    /// Where each process's block is (none: it has none), and the live
-    /// thread it is read through, found once from its maps: forgotten when
-    /// the process is scanned again or the block no longer reads as one (an
-    /// exec, a reused pid, the thread gone).
-    block_addresses: RefCell<HashMap<u32, Option<(u64, LiveThread)>>>,
     /// Files seen by a scan that carry a live-sample ledger, with its
     /// header's file offset.
     ledger_headers: HashMap<FileId, u64>,
@@ -249,9 +251,13 @@ pub struct Procfs {
     memory: TargetMemory,
 }
 
-/// Forget every cached block address past this many processes (bounds the
-/// cache; they are found again from the maps).
-const MAX_CACHED_BLOCKS: usize = 1 << 16;
+/// Where a process image's backend-statistics block is, as
+/// [`ProcessPort::backend_heap`] found it: none yet (looked for at the next
+/// read), none there, or its address and the live thread it is read
+/// through. Found once from the maps; forgotten when the process is scanned
+/// again or the block no longer reads as one (its thread gone).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BackendBlock(Option<Option<(u64, LiveThread)>>);
 
 impl ProcessPort for Procfs {
     fn alive(&self, pid: u32) -> bool {
@@ -260,7 +266,6 @@ impl ProcessPort for Procfs {
 
     fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
         let scan = self.scanner.scan(pid)?;
-        self.block_addresses.get_mut().remove(&pid);
         for probe in &scan.probes {
             if let Some(offset) = probe.backend_stats {
                 self.stats_blocks.insert(probe.id(), offset);
@@ -284,14 +289,13 @@ impl ProcessPort for Procfs {
         discover::Process::find(pid)?.code_size()
     }
 
-    fn backend_heap(&self, pid: u32) -> Option<BackendHeap> {
+    fn backend_heap(&self, pid: u32, block: &mut BackendBlock) -> Option<BackendHeap> {
         if self.stats_blocks.is_empty() {
             return None;
         }
         // The library stamps its refreshes with CLOCK_MONOTONIC too.
         let now = crate::age::monotonic_now_ns();
-        let cached = self.block_addresses.borrow().get(&pid).copied();
-        match cached {
+        match block.0 {
             Some(None) => return None,
             Some(Some((address, thread))) => {
                 match backend_stats::read(&self.memory, thread, address, now) {
@@ -312,12 +316,7 @@ impl ProcessPort for Procfs {
                 .find_map(|(&file, &offset)| backend_stats::block_address(&maps, file, offset))
         });
         let thread = process.thread();
-        let mut cache = self.block_addresses.borrow_mut();
-        if cache.len() >= MAX_CACHED_BLOCKS {
-            cache.clear();
-        }
-        cache.insert(pid, address.map(|a| (a, thread)));
-        drop(cache);
+        block.0 = Some(address.map(|a| (a, thread)));
         backend_stats::read(&self.memory, thread, address?, now).ok()
     }
 

@@ -8,7 +8,7 @@ use std::{
 
 use profiler_common::{DROP_REASONS, DropReason, ProcCounters};
 
-use super::{Incarnation, KernelPort, ProcessPort, Session, lifecycle::Frozen};
+use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen};
 use crate::{
     age,
     kernel::KernelSnapshot,
@@ -22,23 +22,30 @@ struct Image {
     name: String,
     rate: u64,
     state: ProcessState,
-    incarnation: Incarnation,
     since_attach: bool,
     ledger: Option<crate::ledger::LedgerStatus>,
+    /// What its backend allocator says (a live image's).
+    backend_heap: Option<crate::backend_stats::BackendHeap>,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// A process's name and sampling rate, read once while it is alive.
     pub(super) fn identity(&mut self, pid: u32) -> (String, u64) {
-        if let Some(known) = self.names.get(&pid) {
-            return known.clone();
+        if let Some(known) = self
+            .tracked
+            .get(&pid)
+            .and_then(|t| t.image.identity.clone())
+        {
+            return known;
         }
         // Gone before we read /proc: the name the kernel saw, if it did.
         if let Some(start) = self.processes.start_ticks(pid) {
-            self.starts.insert(pid, start);
+            self.track_pid(pid).start = Some(start);
         }
         let name = self.processes.name(pid).or_else(|| {
-            let counters = self.kernel.process(pid)?;
+            // The kernel knows it by its host pid.
+            let host = self.pids.host(crate::ids::Pid(pid))?;
+            let counters = self.kernel.process(host)?;
             Some(String::from_utf8_lossy(counters.comm_bytes()?).into_owned())
         });
         let Some(name) = name else {
@@ -46,7 +53,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return ("?".into(), self.processes.sampling_rate(pid));
         };
         let known = (name, self.processes.sampling_rate(pid));
-        self.names.insert(pid, known.clone());
+        self.track_pid(pid).image.identity = Some(known.clone());
         known
     }
 
@@ -58,35 +65,39 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Its ledger was read: what it allocated before attach is seen too.
     fn whole_heap_seen(&self, key: ProcessKey) -> bool {
-        self.ledgers
-            .status(key.pid, key.generation)
+        self.ledger_status(key.pid, key.generation)
             .is_some_and(|s| s.read)
     }
 
     /// Process `pid` started before the session attached (as far as known).
     fn started_before_attach(&self, pid: u32) -> bool {
-        self.starts
+        self.tracked
             .get(&pid)
-            .is_some_and(|&start| start < self.attach_ticks)
+            .and_then(|t| t.start)
+            .is_some_and(|start| start < self.attach_ticks)
     }
 
     /// The followed processes whose current image ran before we attached,
     /// sampled since or not, as `name (pid)`.
     fn ran_before_attach(&self) -> Vec<String> {
         let mut pids: Vec<u32> = self
-            .starts
-            .keys()
-            .copied()
-            .filter(|&pid| {
+            .tracked
+            .iter()
+            .filter(|&(&pid, t)| {
                 self.started_before_attach(pid)
-                    && !self.execed_since_attach.contains(&pid)
+                    && !t.execed_since_attach
                     && !self.whole_heap_seen(ProcessKey { pid, generation: 0 })
             })
+            .map(|(&pid, _)| pid)
             .collect();
         pids.sort_unstable();
         pids.into_iter()
             .map(|pid| {
-                let name = self.names.get(&pid).map_or("?", |(n, _)| n.as_str());
+                let name = self.tracked[&pid]
+                    .image
+                    .identity
+                    .as_ref()
+                    .map_or("?", |(n, _)| n.as_str());
                 format!("{name} ({pid})")
             })
             .collect()
@@ -114,7 +125,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 agg.live_thin_var = old.live_thin_var;
                 agg.live_samples = old.live_samples;
             }
-            let totals = self.ledgers.mark(
+            let totals = self.mark(
+                key.pid,
                 key.stack_id,
                 Totals {
                     ages: stack_ages.ages,
@@ -143,15 +155,20 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .unwrap_or_default();
             let proc = self.image_counters(key.pid, &proc);
             let (name, rate) = self.identity(key.pid);
+            self.incarnation(key.pid);
+            let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
+            let block = &mut tracked.image.backend_block;
+            let backend_heap = self.processes.backend_heap(key.pid, block);
             let image = Image {
+                backend_heap,
                 name,
                 rate,
                 state: ProcessState::Live,
-                incarnation: self.incarnation(key.pid),
                 since_attach: self.predates_attach(key),
-                ledger: self.ledgers.status(key.pid, key.generation),
+                ledger: self.ledger_status(key.pid, key.generation),
             };
-            processes.push(self.process_profile(key, image, &proc, &stacks));
+            let names = &self.tracked[&key.pid].symbols.names;
+            processes.push(self.process_profile(key, image, &proc, &stacks, names));
         }
         for f in &self.frozen {
             processes.push(self.frozen_profile(f));
@@ -181,11 +198,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             name: f.name.clone(),
             rate: f.rate,
             state: f.state,
-            incarnation: f.incarnation,
             since_attach: f.since_attach,
             ledger: f.ledger,
+            backend_heap: None,
         };
-        self.process_profile(f.key, image, &f.proc, &f.stacks)
+        self.process_profile(f.key, image, &f.proc, &f.stacks, &f.names)
     }
 
     fn process_profile(
@@ -194,6 +211,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         image: Image,
         proc: &ProcCounters,
         stacks: &[(u64, Totals)],
+        names: &HashMap<u64, Arc<[Frame]>>,
     ) -> ProcessProfile {
         // The variance model is the process's: decided from all its weights.
         let weight_form = proc.weight_form();
@@ -202,7 +220,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut merged: HashMap<Arc<[Frame]>, Totals> = HashMap::new();
         for (id, totals) in stacks {
             *merged
-                .entry(self.frames(image.incarnation, *id))
+                .entry(super::symbols::frames(names, *id))
                 .or_default() += totals.with_weight_form(weight_form, image.rate, proc.thin_factor);
         }
         let stacks: Vec<StackProfile> = merged
@@ -229,11 +247,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             },
             since_attach: image.since_attach,
             ledger: image.ledger,
-            backend_heap: if image.state == ProcessState::Live {
-                self.processes.backend_heap(key.pid)
-            } else {
-                None
-            },
+            backend_heap: image.backend_heap,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

@@ -5,9 +5,9 @@
 //! with addresses outside every known mapping (a library dlopen'ed after the
 //! last scan) is symbolized again once a scan maps one of them.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
-use super::{Incarnation, KernelPort, ProcessPort, Session};
+use super::{Incarnation, KernelPort, ProcessPort, Session, SymbolKey, record::Symbols};
 use crate::{
     kernel::KernelSnapshot,
     profile::synthetic_stack,
@@ -21,11 +21,7 @@ const SYMBOLS_ENTRY_BYTES: usize = 48;
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The incarnation of the process that has `pid` now.
     pub(super) fn incarnation(&mut self, pid: u32) -> Incarnation {
-        let next = &mut self.next_incarnation;
-        *self.incarnations.entry(pid).or_insert_with(|| {
-            *next += 1;
-            *next
-        })
+        self.track_pid(pid).incarnation
     }
 
     /// Requests the stacks of live images whose maps are known.
@@ -48,20 +44,22 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             if synthetic_stack(key.stack_id).is_some() || !wanted(key.pid, key.generation) {
                 continue;
             }
-            let space = self.spaces.get(&key.pid);
-            if space.is_none() && wait_for_maps {
+            if self.space(key.pid).is_none() && wait_for_maps {
                 continue;
             }
-            let id = (self.incarnation(key.pid), key.stack_id);
-            let space = self.spaces.get(&key.pid);
-            if self.pending.contains(&id)
-                || (self.symbols.contains_key(&id) && !self.newly_mapped(id, space))
+            let incarnation = self.incarnation(key.pid);
+            let tracked = &self.tracked[&key.pid];
+            let space = tracked.image.space.as_ref();
+            let symbols = &tracked.symbols;
+            let stack = key.stack_id;
+            if symbols.pending.contains(&stack)
+                || (symbols.names.contains_key(&stack) && !newly_mapped(symbols, stack, space))
             {
                 continue;
             }
-            let addrs = match self.ledgers.stack(key.stack_id) {
+            let addrs = match self.seeded_stack(key.pid, stack) {
                 Some(frames) => Some(frames.to_vec()),
-                None => self.kernel.stack(key.stack_id),
+                None => self.kernel.stack(stack),
             };
             let Some(addrs) = addrs else {
                 continue;
@@ -81,29 +79,24 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .filter(|(a, at)| at.is_none() && mappable(*a))
                 .map(|(a, _)| *a)
                 .collect();
+            let known_space = space.is_some();
+            let symbols = &mut self.track_pid(key.pid).symbols;
             // Only a live image's maps can still grow.
-            if unresolved.is_empty() || space.is_none() {
-                self.unresolved.remove(&id);
+            if unresolved.is_empty() || !known_space {
+                symbols.unresolved.remove(&stack);
             } else {
-                self.unresolved.insert(id, unresolved);
+                symbols.unresolved.insert(stack, unresolved);
             }
-            self.pending.insert(id);
-            batch.push(Request { key: id, frames });
+            symbols.pending.insert(stack);
+            let key = SymbolKey {
+                pid: key.pid,
+                incarnation,
+                stack,
+            };
+            batch.push(Request { key, frames });
         }
+        self.in_flight += batch.len();
         self.symbolizer.submit(batch);
-    }
-
-    /// Whether a symbolized stack had addresses outside its process's maps
-    /// that `space` now maps: its names are worth asking for again.
-    fn newly_mapped(
-        &self,
-        id: (Incarnation, u64),
-        space: Option<&crate::normalize::AddressSpace>,
-    ) -> bool {
-        match (self.unresolved.get(&id), space) {
-            (Some(addrs), Some(space)) => addrs.iter().any(|&a| space.normalize(a).is_some()),
-            _ => false,
-        }
     }
 
     /// Takes in what the symbolizer has finished.
@@ -112,14 +105,28 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.take_symbols(responses);
     }
 
-    fn take_symbols(&mut self, responses: Vec<Response<(Incarnation, u64)>>) {
-        for response in responses {
-            self.pending.remove(&response.key);
-            if self.unwanted.remove(&response.key) {
-                self.unresolved.remove(&response.key);
-            } else {
+    fn take_symbols(&mut self, responses: Vec<Response<SymbolKey>>) {
+        for Response { key, frames } in responses {
+            self.in_flight -= 1;
+            // Its process's, if it still runs; else its frozen image's (the
+            // newest are likeliest); else its image was dropped meanwhile
+            // and its names are not kept.
+            if let Some(t) = self
+                .tracked
+                .get_mut(&key.pid)
+                .filter(|t| t.incarnation == key.incarnation)
+                && t.symbols.pending.remove(&key.stack)
+            {
                 // A stack asked for again keeps its old names until now.
-                self.symbols.insert(response.key, response.frames.into());
+                t.symbols.names.insert(key.stack, frames.into());
+            } else if let Some(f) = self
+                .frozen
+                .iter_mut()
+                .rev()
+                .find(|f| f.incarnation == key.incarnation && f.pending.contains(&key.stack))
+            {
+                f.pending.remove(&key.stack);
+                f.names.insert(key.stack, frames.into());
             }
         }
         self.reclaim_stacks();
@@ -133,14 +140,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     fn reclaim_stacks(&mut self) {
         let mut ids = Vec::new();
         for f in self.frozen.iter_mut().filter(|f| !f.stacks_reclaimed) {
-            let symbolized = f.stacks.iter().all(|(id, _)| {
-                synthetic_stack(*id).is_some() || self.symbols.contains_key(&(f.incarnation, *id))
-            });
+            let symbolized = f
+                .stacks
+                .iter()
+                .all(|(id, _)| synthetic_stack(*id).is_some() || f.names.contains_key(id));
             if symbolized {
                 let names: usize = f
                     .stacks
                     .iter()
-                    .filter_map(|(id, _)| self.symbols.get(&(f.incarnation, *id)))
+                    .filter_map(|(id, _)| f.names.get(id))
                     .map(|frames| SYMBOLS_ENTRY_BYTES + heap_bytes(frames))
                     .sum();
                 f.bytes += names as u64;
@@ -161,19 +169,33 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Waits for every requested stack to be symbolized.
     pub(crate) fn finish_symbols(&mut self) {
-        let responses = self.symbolizer.wait(self.pending.len());
+        let responses = self.symbolizer.wait(self.in_flight);
         self.take_symbols(responses);
     }
+}
 
-    /// The frames of a stack of an incarnation, or a placeholder saying why not.
-    pub(super) fn frames(&self, incarnation: Incarnation, stack_id: u64) -> Arc<[Frame]> {
-        if let Some(text) = synthetic_stack(stack_id) {
-            return placeholder(text);
-        }
-        match self.symbols.get(&(incarnation, stack_id)) {
-            Some(frames) => frames.clone(),
-            None => placeholder(&format!("[stack {stack_id:016x}, not yet symbolized]")),
-        }
+/// The frames of a stack among an image's `names`, or a placeholder saying
+/// why not.
+pub(super) fn frames(names: &HashMap<u64, Arc<[Frame]>>, stack_id: u64) -> Arc<[Frame]> {
+    if let Some(text) = synthetic_stack(stack_id) {
+        return placeholder(text);
+    }
+    match names.get(&stack_id) {
+        Some(frames) => frames.clone(),
+        None => placeholder(&format!("[stack {stack_id:016x}, not yet symbolized]")),
+    }
+}
+
+/// Whether a symbolized stack had addresses outside its process's maps
+/// that `space` now maps: its names are worth asking for again.
+fn newly_mapped(
+    symbols: &Symbols,
+    stack: u64,
+    space: Option<&crate::normalize::AddressSpace>,
+) -> bool {
+    match (symbols.unresolved.get(&stack), space) {
+        (Some(addrs), Some(space)) => addrs.iter().any(|&a| space.normalize(a).is_some()),
+        _ => false,
     }
 }
 

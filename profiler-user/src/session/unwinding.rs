@@ -10,6 +10,7 @@ use profiler_common::unwind::{
 };
 
 use super::{KernelPort, ProcessPort, Session};
+use crate::ids::Pid;
 use crate::{
     discover::FileId,
     normalize::FileAddr,
@@ -40,7 +41,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Asks for the tables of `pid`'s executable files and gives it those
     /// that are ready.
     pub(super) fn unwind_process(&mut self, pid: u32) {
-        let Some(space) = self.spaces.get(&pid) else {
+        let Some(space) = self.tracked.get(&pid).and_then(|t| t.image.space.as_ref()) else {
             return;
         };
         if self.kernel.unwind_capacity() == 0 {
@@ -61,7 +62,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return; // gone: the attach says so
         };
         if !scan.probes.is_empty() {
-            self.spaces.insert(pid, scan.space);
+            self.track_pid(pid).image.space = Some(scan.space);
             self.unwind_process(pid);
         }
     }
@@ -73,15 +74,19 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// pointers alone may walk whole. Later entries (a library loaded
     /// since) do not wait.
     pub(super) fn give_tables(&mut self, pid: u32) {
-        let (Some(space), Some(host)) = (self.spaces.get(&pid), self.pids.host(pid)) else {
+        let (Some(tracked), Some(host)) = (self.tracked.get(&pid), self.pids.host(Pid(pid))) else {
             return;
         };
+        let Some(space) = tracked.image.space.as_ref() else {
+            return;
+        };
+        let unwound = &tracked.image.unwound;
         let executable = || space.mappings().iter().filter(|m| m.executable);
         // The first entry only once no table is loading: until then the
         // kernel walks the whole stack by frame pointers, rather than take the
         // code whose table is still loading for code without one (one
         // frame-pointer step, then a truncation).
-        if !self.unwound.contains_key(&pid) && executable().any(|m| self.unwind.loading(m)) {
+        if unwound.is_none() && executable().any(|m| self.unwind.loading(m)) {
             return;
         }
         let mut table = ProcUnwind::default();
@@ -96,7 +101,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
         }
         table.len = len as u32;
-        if self.unwound.get(&pid) == Some(&table) {
+        if unwound.as_ref() == Some(&table) {
             return;
         }
         if len == 0 {
@@ -105,7 +110,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.warnings.push(format!("process {pid}: {e}"));
             return;
         }
-        self.unwound.insert(pid, table);
+        if let Some(tracked) = self.tracked.get_mut(&pid) {
+            tracked.image.unwound = Some(table);
+        }
     }
 
     /// The frames of a stack the kernel walked by frame pointers before its
@@ -164,7 +171,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Loads what the table thread finished; processes get the new tables.
     pub(super) fn load_tables(&mut self) {
         if self.unwind.progress(&mut KernelRows(&mut self.kernel)) {
-            let pids: Vec<u32> = self.spaces.keys().copied().collect();
+            let pids: Vec<u32> = self
+                .tracked
+                .iter()
+                .filter(|(_, t)| t.image.space.is_some())
+                .map(|(&pid, _)| pid)
+                .collect();
             for pid in pids {
                 self.give_tables(pid);
             }
@@ -185,8 +197,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// The image of `pid` is gone (exec or exit): its tables no longer apply.
     pub(super) fn forget_tables(&mut self, pid: u32) {
-        if self.unwound.remove(&pid).is_some()
-            && let Some(host) = self.pids.host(pid)
+        if self
+            .tracked
+            .get_mut(&pid)
+            .and_then(|t| t.image.unwound.take())
+            .is_some()
+            && let Some(host) = self.pids.host(Pid(pid))
         {
             self.kernel.clear_process_unwind(host);
         }
@@ -195,8 +211,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Frees the tables of files no tracked process maps.
     pub(super) fn release_tables(&mut self) {
         let in_use: HashSet<FileId> = self
-            .spaces
+            .tracked
             .values()
+            .filter_map(|t| t.image.space.as_ref())
             .flat_map(|s| s.mappings().iter().filter(|m| m.executable))
             .filter_map(|m| m.file.open.as_ref().map(|f| f.id))
             .collect();

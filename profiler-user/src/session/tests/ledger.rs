@@ -225,7 +225,7 @@ fn seeds_obey_the_kernels_caps_and_what_they_drop_is_counted() {
             ..Default::default()
         },
     );
-    session.ledgers.limits = SeedLimits {
+    session.seed_limits = SeedLimits {
         per_process: 5,
         total: 6,
         stacks_per_image: 2,
@@ -351,7 +351,12 @@ fn stacks_ending_in_a_marker_do_not_keep_their_process_rescanned() {
             && last.iter().any(|f| f.starts_with("[truncated")),
         "one stack ends in each marker: {last:?}"
     );
-    assert!(session.unresolved.is_empty(), "{:?}", session.unresolved);
+    assert!(
+        session
+            .tracked
+            .values()
+            .all(|t| t.symbols.unresolved.is_empty())
+    );
     let scans = world.scans_of(10);
     for _ in 0..5 {
         session.refresh().unwrap();
