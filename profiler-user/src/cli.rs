@@ -2,8 +2,11 @@
 
 use std::{path::PathBuf, time::Duration};
 
-pub use allocprof::export::Format;
-use allocprof::{export, kernel::Limits, report::ReportOptions, session::Target, stats::Quantity};
+pub use allocprof::output::export::Format;
+use allocprof::{
+    kernel::Limits, model::stats::Quantity, output::export, output::report::ReportOptions,
+    session::Target,
+};
 use clap::{
     Args, CommandFactory, Parser, Subcommand, ValueEnum,
     builder::{PossibleValue, PossibleValuesParser, TypedValueParser},
@@ -470,7 +473,7 @@ fn has_bpf_privileges() -> bool {
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
     let eff = std::fs::read_to_string("/proc/self/status")
-        .map_or(0, |s| allocprof::discover::effective_caps(&s));
+        .map_or(0, |s| allocprof::process::discover::effective_caps(&s));
     let has = |cap: u32| eff & (1 << cap) != 0;
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }

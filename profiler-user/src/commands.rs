@@ -9,11 +9,11 @@ use std::{
 };
 
 use allocprof::{
-    export::{self, Format, diff, otlp, pprof, svg},
+    model::profile::Profile,
+    model::stats::{Quantity, human_bytes, human_ci},
+    output::export::{self, Format, diff, otlp, pprof, svg},
     output::{self, Existing},
-    profile::Profile,
     session::Session,
-    stats::{Quantity, human_bytes, human_ci},
 };
 use anyhow::{Context, Result};
 

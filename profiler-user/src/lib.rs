@@ -1,26 +1,24 @@
-//! Library half of allocprof: discovery, the kernel interface, and the pure
-//! cores (statistics, profile model, symbolization, output formats) that the
-//! binary drives. Only `kernel` talks to aya.
+//! Library half of allocprof, by what each part is:
+//! - [`process`]: what is read from target processes (hostile input: every
+//!   read bounded, none blocking): discovery, maps, pid namespaces, ledgers,
+//!   allocator statistics, USDT notes;
+//! - [`kernel`]: the kernel side (aya, BTF, batched map reads); the only
+//!   module that talks to aya;
+//! - [`model`]: the profile and its statistics (estimates, intervals, ages);
+//! - [`symbolize`] and [`unwind`]: addresses to names, and `.eh_frame` to
+//!   the kernel's unwind tables;
+//! - [`session`]: a process's life, tying the above together;
+//! - [`output`]: the text report, the export formats, atomic writes;
+//! - [`oom`]: the images the OOM killer killed, written to disk;
+//! - [`ids`]: the typed ids (host pid, our pid, thread, incarnation, file)
+//!   every part above passes around.
 
-pub mod age;
-pub mod backend_stats;
-pub mod btf;
-pub mod discover;
-pub mod export;
 pub mod ids;
-pub mod inert;
 pub mod kernel;
-pub mod ledger;
-pub(crate) mod map_batch;
-pub mod normalize;
+pub mod model;
 pub mod oom;
 pub mod output;
-pub(crate) mod pidns;
-pub mod profile;
-pub mod report;
+pub mod process;
 pub mod session;
-pub mod stats;
 pub mod symbolize;
-pub mod target_memory;
 pub mod unwind;
-pub mod usdt;

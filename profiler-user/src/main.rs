@@ -12,12 +12,12 @@ use std::{
 };
 
 use allocprof::{
-    export,
-    inert::inert,
     kernel::KernelError,
+    model::profile::Profile,
+    output::export,
+    output::inert::inert,
+    output::report::{self, ReportOptions},
     output::{self, Existing},
-    profile::Profile,
-    report::{self, ReportOptions},
     session::{Session, StartError, Target},
 };
 use anyhow::{Context, Result};

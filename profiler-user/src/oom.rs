@@ -13,10 +13,10 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    export::pprof,
+    model::profile::{ProcessProfile, Profile},
+    output::export::pprof,
+    output::report::{self, ReportOptions},
     output::{self, Existing},
-    profile::{ProcessProfile, Profile},
-    report::{self, ReportOptions},
 };
 
 /// Profiles kept by default.
@@ -146,8 +146,8 @@ fn file_safe(name: &str) -> String {
 mod tests {
     use super::*;
     use crate::{
-        profile::{ProcessKey, ProcessState, StackProfile},
-        stats::Totals,
+        model::profile::{ProcessKey, ProcessState, StackProfile},
+        model::stats::Totals,
         symbolize::Frame,
     };
 

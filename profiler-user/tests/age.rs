@@ -8,9 +8,9 @@ mod common;
 use std::{process::Command, time::Duration};
 
 use allocprof::{
-    age::OLD,
     kernel::Limits,
-    profile::{ProcessProfile, StackProfile},
+    model::age::OLD,
+    model::profile::{ProcessProfile, StackProfile},
     session::{Session, Target},
 };
 use common::{Proc, RATE};

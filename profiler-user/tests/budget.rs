@@ -9,9 +9,9 @@ use std::process::Command;
 
 use allocprof::{
     kernel::Limits,
-    report::{self, ReportOptions},
+    model::stats::Z95,
+    output::report::{self, ReportOptions},
     session::{Session, Target},
-    stats::Z95,
 };
 use common::Proc;
 use profiler_common::WeightForm;

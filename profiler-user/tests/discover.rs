@@ -14,9 +14,9 @@ use std::{
 };
 
 use allocprof::{
-    discover,
     kernel::Limits,
-    profile::ProcessState,
+    model::profile::ProcessState,
+    process::discover,
     session::{Session, Target},
 };
 

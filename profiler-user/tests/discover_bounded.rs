@@ -12,7 +12,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use allocprof::discover::Scanner;
+use allocprof::process::discover::Scanner;
 
 /// A peak RSS no discovery should come near (the files are 4 GiB each).
 const BOUND: u64 = 256 << 20;

@@ -14,8 +14,8 @@ use std::{
 };
 
 use allocprof::{
-    discover,
     kernel::{Kernel, KernelSnapshot, Limits, Scope},
+    process::discover,
 };
 use profiler_common::{DropReason, NO_STACK, OVERFLOW_STACK, StackAgg};
 

@@ -16,10 +16,10 @@ use std::{
 };
 
 use allocprof::{
-    export::{self, Format},
     kernel::Limits,
+    model::stats::human_bytes,
+    output::export::{self, Format},
     session::{Session, Target},
-    stats::human_bytes,
 };
 use serde::Deserialize;
 
@@ -800,7 +800,9 @@ fn json_follows_the_documented_schema() {
     assert_eq!(large.totals.live_objects, 8.0);
     assert_eq!(large.totals.live_samples, 8);
     // Sampled surely (an HT term of 0): only the unseen mass's ± 3.9R.
-    let floor = allocprof::stats::Z95 * (allocprof::stats::UNSEEN_SAMPLES).sqrt() * RATE as f64;
+    let floor = allocprof::model::stats::Z95
+        * (allocprof::model::stats::UNSEEN_SAMPLES).sqrt()
+        * RATE as f64;
     let ci = large.totals.live_bytes_ci95.unwrap();
     assert!(
         (ci - floor).abs() < 1e-6 * floor,

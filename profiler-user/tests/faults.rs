@@ -13,9 +13,9 @@ use std::{
 };
 
 use allocprof::{
-    discover::FileId,
     kernel::Limits,
-    profile::{ProcessProfile, ProcessState, Profile},
+    model::profile::{ProcessProfile, ProcessState, Profile},
+    process::discover::FileId,
     session::{Session, Target},
 };
 
@@ -201,7 +201,7 @@ fn killing_allocprof_leaves_targets_running_and_detached() {
         .count();
     assert_eq!(
         probes,
-        allocprof::discover::ProbeKind::ALL.len(),
+        allocprof::process::discover::ProbeKind::ALL.len(),
         "allocprof's probe programs: {loaded:?}"
     );
     w.send("go");

@@ -12,10 +12,10 @@ use std::{
 };
 
 use allocprof::{
-    export::json,
     kernel::Limits,
-    profile::{ProcessState, Profile},
-    report::{self, ReportOptions},
+    model::profile::{ProcessState, Profile},
+    output::export::json,
+    output::report::{self, ReportOptions},
     session::{Session, Target},
 };
 use common::Proc;

@@ -14,8 +14,8 @@ use std::process::Command;
 
 use allocprof::{
     kernel::Limits,
-    ledger::MAX_RECORDS,
-    report::{self, ReportOptions},
+    output::report::{self, ReportOptions},
+    process::ledger::MAX_RECORDS,
     session::{Session, Target},
 };
 use common::{Proc, RATE, header_address, read_words, truth_and_sigma, write_words};

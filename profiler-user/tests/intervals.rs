@@ -15,7 +15,7 @@ use allocator::{
     Sampler,
     sampler::{splitmix64, weight},
 };
-use allocprof::stats::{Totals, Z95};
+use allocprof::model::stats::{Totals, Z95};
 use profiler_common::{ProcCounters, SampleDelta, StackAgg, weight_check};
 
 const R: u64 = 524_288;

@@ -10,9 +10,9 @@ use std::{
 };
 
 use allocprof::{
-    discover,
-    discover::ProbeKind,
     kernel::{Kernel, Limits, Scope},
+    process::discover,
+    process::discover::ProbeKind,
 };
 use profiler_common::{DropReason, OBJECT_SCALE, SampleDelta, variance_in_bytes2};
 

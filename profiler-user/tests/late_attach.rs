@@ -11,7 +11,7 @@ use std::process::Command;
 
 use allocprof::{
     kernel::Limits,
-    report::{self, ReportOptions},
+    output::report::{self, ReportOptions},
     session::{Session, Target},
 };
 use common::Proc;

@@ -10,10 +10,10 @@ use std::{process::Command, time::Duration};
 
 use allocprof::{
     kernel::Limits,
-    profile::{ProcessProfile, Profile},
-    report::{self, ReportOptions},
+    model::profile::{ProcessProfile, Profile},
+    model::stats::Totals,
+    output::report::{self, ReportOptions},
     session::{Session, Target},
-    stats::Totals,
 };
 use common::{Proc, RATE, header_address, read_words, truth_and_sigma, write_words};
 
@@ -175,7 +175,11 @@ fn a_process_exiting_while_its_ledger_is_read_is_no_error() {
             killer.join().unwrap();
             let profile = session.complete_profile().unwrap();
             if let Some(p) = profile.processes.iter().find(|p| p.key.pid == pid) {
-                assert_ne!(p.state, allocprof::profile::ProcessState::Live, "{p:#?}");
+                assert_ne!(
+                    p.state,
+                    allocprof::model::profile::ProcessState::Live,
+                    "{p:#?}"
+                );
             }
         } else {
             killer.join().unwrap();

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use allocprof::export::pprof;
+use allocprof::output::export::pprof;
 use common::Proc;
 
 const LIMIT: u64 = 64 << 20;

@@ -12,7 +12,8 @@ use std::{
 };
 
 use allocprof::{
-    export::{
+    kernel::Limits,
+    output::export::{
         self, Format,
         otlp::{
             self, ATTR_BUILD_ID, ATTR_EXECUTABLE_NAME, ATTR_PID, ATTR_STATE,
@@ -23,7 +24,6 @@ use allocprof::{
             },
         },
     },
-    kernel::Limits,
     session::{Session, Target},
 };
 use prost::Message;

@@ -10,11 +10,11 @@ use std::{
 };
 
 use allocprof::{
-    discover::FileId,
     kernel::Limits,
-    profile::{ProcessProfile, ProcessState, Profile},
+    model::profile::{ProcessProfile, ProcessState, Profile},
+    model::stats::Totals,
+    process::discover::FileId,
     session::{Session, Target},
-    stats::Totals,
 };
 
 use common::{RATE, Workload, assert_sites_within_bounds, process, site};

@@ -8,9 +8,9 @@ mod common;
 use std::process::Command;
 
 use allocprof::{
-    discover::parse_resident,
     kernel::Limits,
-    report::{self, ReportOptions},
+    output::report::{self, ReportOptions},
+    process::discover::parse_resident,
     session::{Session, Target},
 };
 use common::{Proc, RATE};

@@ -17,8 +17,8 @@ use std::{
 };
 
 use allocprof::{
-    export::pprof,
-    profile::{ProcessState, Profile},
+    model::profile::{ProcessState, Profile},
+    output::export::pprof,
 };
 
 /// Bytes of one leaked block (`LEAK_SIZE` in soak.c).

@@ -13,7 +13,7 @@ use std::{
 
 use allocprof::{
     kernel::Limits,
-    profile::{ProcessProfile, Profile, StackProfile},
+    model::profile::{ProcessProfile, Profile, StackProfile},
     session::{Session, Target},
     symbolize::{BEFORE_TABLES_MARKER, DEPTH_CUT_MARKER, Frame},
 };
@@ -325,12 +325,12 @@ fn cxx_operator_new_through_the_standard_library_without_frame_pointers() {
     let (mut w, profile) = profiled_with_tables(Command::new(exe), "liballocprof.so");
     let p = common::process(&profile, w.pid());
     // The exports say the tables are in: JSON and the report's header.
-    let unwind = allocprof::export::json::report(&profile).unwind;
+    let unwind = allocprof::output::export::json::report(&profile).unwind;
     assert!(
         unwind.files_ready >= 5 && unwind.files_loading == 0 && unwind.files_unavailable == 0,
         "{unwind:?}"
     );
-    let text = allocprof::report::render(&profile, Default::default());
+    let text = allocprof::output::report::render(&profile, Default::default());
     let header = text.lines().next().unwrap();
     assert!(
         header.contains(&format!(

@@ -10,7 +10,9 @@ use std::{
     sync::OnceLock,
 };
 
-use allocprof::usdt::{ArgError, NoteError, UsdtProbe, parse_args, probes_in_elf, probes_in_file};
+use allocprof::process::usdt::{
+    ArgError, NoteError, UsdtProbe, parse_args, probes_in_elf, probes_in_file,
+};
 use profiler_common::{UsdtArgKind, UsdtSpec};
 use proptest::prelude::*;
 

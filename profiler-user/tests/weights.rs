@@ -18,7 +18,7 @@ use std::{
 
 use allocprof::{
     kernel::Limits,
-    profile::{ProcessProfile, Profile},
+    model::profile::{ProcessProfile, Profile},
     session::{Session, Target},
 };
 use common::{Proc, process, site};
@@ -146,7 +146,7 @@ fn assert_coverage(form: &str, covered: u32, intervals: u32) {
 fn points_times_interval_weights_from_sdt_emitters_of_both_providers() {
     let exe = emitter(&[]);
     // Both providers' sites are found, with register arguments.
-    let (sites, problems) = allocprof::discover::probe_sites(&exe).unwrap();
+    let (sites, problems) = allocprof::process::discover::probe_sites(&exe).unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     let mut providers: Vec<u32> = sites.iter().map(|s| s.spec.provider).collect();
     providers.sort_unstable();
@@ -214,7 +214,7 @@ fn inverse_probability_weights_from_an_emitter_of_both_providers_at_once() {
     assert_coverage("size / p", covered, intervals);
     // The JSON says both, and the weight form.
     let json: serde_json::Value =
-        serde_json::from_slice(&allocprof::export::json::render(&profile)).unwrap();
+        serde_json::from_slice(&allocprof::output::export::json::render(&profile)).unwrap();
     // System-wide: the other tests' emitters may be in the profile too.
     let first = json["processes"]
         .as_array()
@@ -243,10 +243,10 @@ fn nonsense_weights_mark_the_intervals_unavailable() {
     for s in &p.stacks {
         assert!(s.totals.live_ci95_known().is_none(), "{s:?}");
     }
-    let report = allocprof::report::render(&profile, Default::default());
+    let report = allocprof::output::report::render(&profile, Default::default());
     assert!(report.contains("± ?"), "{report}");
     let json: serde_json::Value =
-        serde_json::from_slice(&allocprof::export::json::render(&profile)).unwrap();
+        serde_json::from_slice(&allocprof::output::export::json::render(&profile)).unwrap();
     let jp = json["processes"]
         .as_array()
         .unwrap()
@@ -263,7 +263,7 @@ fn nonsense_weights_mark_the_intervals_unavailable() {
 #[test]
 fn an_emitter_built_from_the_contract_header_is_profiled() {
     let exe = kit_emitter(None);
-    let (sites, problems) = allocprof::discover::probe_sites(&exe).unwrap();
+    let (sites, problems) = allocprof::process::discover::probe_sites(&exe).unwrap();
     assert!(problems.is_empty() && sites.len() == 2, "{problems:?}");
     // And another provider name through the same header, in the same session.
     let dd = kit_emitter(Some("ddheap"));

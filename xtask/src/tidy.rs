@@ -1,6 +1,8 @@
 //! Docs that cannot drift: every source file of the workspace is named in
 //! ARCHITECTURE.md's code map (a module by its file name, a `mod.rs` by its
-//! directory), so a new module cannot land undocumented.
+//! directory), so a new module cannot land undocumented; and a module of
+//! one of `profiler-user`'s groups (`process/`, `kernel/`, …) under its
+//! group's heading, so the code map shows the architecture `lib.rs` declares.
 
 use std::{fs, path::Path};
 
@@ -65,4 +67,58 @@ fn code_map_names_follow_the_file_layout() {
         Some("y.rs")
     );
     assert_eq!(code_map_name(Path::new("a/src/lib.rs")), None);
+}
+
+/// The text under each `#### `group/`…` heading of the code map, by group.
+fn group_sections(map: &str) -> Vec<(String, String)> {
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for line in map.lines() {
+        if let Some(title) = line.strip_prefix("#### ") {
+            let group = title.split('`').nth(1).unwrap_or_default().to_owned();
+            sections.push((group, String::new()));
+        } else if line.starts_with("#") || line.starts_with("The binary") {
+            sections.push((String::new(), String::new()));
+        } else if let Some((_, text)) = sections.last_mut() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    sections.retain(|(group, _)| group.ends_with('/'));
+    sections
+}
+
+#[test]
+fn each_profiler_user_group_s_modules_are_under_its_heading() {
+    let root = workspace_root();
+    let map = fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let sections = group_sections(&map);
+    let src = root.join("profiler-user/src");
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for entry in fs::read_dir(&src).unwrap() {
+        let dir = entry.unwrap().path();
+        let group = format!("{}/", dir.file_name().unwrap().to_str().unwrap());
+        let Some((_, text)) = sections.iter().find(|(g, _)| *g == group) else {
+            continue;
+        };
+        let mut files = Vec::new();
+        source_files(&dir, &mut files);
+        for file in files {
+            let Some(name) = code_map_name(&file) else {
+                continue;
+            };
+            checked += 1;
+            if !text.contains(&format!("`{name}`")) && !text.contains(&format!("{name}`")) {
+                missing.push(format!("{} (as `{name}`, under {group})", file.display()));
+            }
+        }
+    }
+    assert!(
+        checked > 20,
+        "checked only {checked} files of grouped modules"
+    );
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names these outside their group's heading: {missing:#?}"
+    );
 }

@@ -8,7 +8,7 @@
 
 use std::io::Write;
 
-use allocprof::export::pprof::{Limits, decode, decode_with};
+use allocprof::output::export::pprof::{Limits, decode, decode_with};
 use flate2::{Compression, write::GzEncoder};
 use libfuzzer_sys::fuzz_target;
 
@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     check(decode_with(&gz, &small));
 });
 
-fn check(decoded: Result<allocprof::profile::Profile, allocprof::export::pprof::DecodeError>) {
+fn check(decoded: Result<allocprof::model::profile::Profile, allocprof::output::export::pprof::DecodeError>) {
     if let Ok(profile) = decoded {
         let frames: usize = profile
             .processes

@@ -5,7 +5,7 @@
 //! Seeds: `corpus/proc_text/seed-*`, real files of this machine's /proc.
 #![no_main]
 
-use allocprof::{
+use allocprof::process::{
     discover::{
         effective_caps, parse_code_size, parse_comm, parse_maps, parse_maps_read, parse_resident,
         rate_in_environ, stat_is_live,

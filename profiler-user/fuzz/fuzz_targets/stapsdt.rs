@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use allocprof::usdt::probes_in_elf;
+use allocprof::process::usdt::probes_in_elf;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(probes) = probes_in_elf(data) {

@@ -7,8 +7,8 @@ use crate::ids::Tid;
 
 use super::{ArmError, KernelPort, ProcessPort, Session, Target};
 use crate::{
-    discover::{self, FileId, ProbeFile},
     kernel::{KernelError, Scope},
+    process::discover::{self, FileId, ProbeFile},
 };
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {

@@ -1,6 +1,6 @@
 //! The heap from before attach: when the session first follows a process
 //! image (attach, discovery, a fork child's first event, a new generation),
-//! it reads the image's live-sample ledger (`crate::ledger`) and *seeds*
+//! it reads the image's live-sample ledger (`crate::process::ledger`) and *seeds*
 //! the blocks the kernel never saw allocated, with their stacks. A seed
 //! lives until its block is freed:
 //!
@@ -43,8 +43,8 @@ use super::{KernelPort, ProcessPort, Session};
 use crate::ids::{HostPid, Pid};
 use crate::{
     kernel::{KernelSnapshot, Limits},
-    ledger::{CUT_FRAME, LedgerEntry, LedgerStatus, ReadError},
-    stats::Totals,
+    model::stats::Totals,
+    process::ledger::{CUT_FRAME, LedgerEntry, LedgerStatus, ReadError},
 };
 
 /// Mixed into a seeded stack's hash: its id never equals a kernel stack's
@@ -370,7 +370,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         &mut self,
         host: Option<HostPid>,
         pid: u32,
-        file: crate::discover::FileId,
+        file: crate::process::discover::FileId,
         address: u64,
         kernel_live: u64,
         image: &mut LedgerImage,
@@ -423,7 +423,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// When the kernel started seeing `pid`'s allocations through `file`
     /// (CLOCK_MONOTONIC ns): the later of the file's attach and the
     /// process's start (a fork child's inherited blocks came before).
-    fn seen_from_ns(&self, pid: u32, file: crate::discover::FileId) -> u64 {
+    fn seen_from_ns(&self, pid: u32, file: crate::process::discover::FileId) -> u64 {
         // Per process with `--pid`; for all system-wide.
         let tracked = self.tracked.get(&pid);
         let attached = tracked

@@ -17,8 +17,8 @@ use super::{
 use crate::{
     ids::{HostPid, Pid, Tid},
     kernel::KernelSnapshot,
-    profile::{ProcessKey, ProcessState},
-    stats::Totals,
+    model::profile::{ProcessKey, ProcessState},
+    model::stats::Totals,
     symbolize::Frame,
 };
 
@@ -31,7 +31,7 @@ pub(super) struct Frozen {
     pub state: ProcessState,
     /// It ran before the session attached (see `Session::predates_attach`).
     pub since_attach: bool,
-    pub ledger: Option<crate::ledger::LedgerStatus>,
+    pub ledger: Option<crate::process::ledger::LedgerStatus>,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
     /// Its stacks' names, and those still at the symbolizer.
@@ -316,7 +316,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 "more than {} process images, or {} of them, have exited or exec'ed: \
                  the oldest are no longer shown (--max-gone-memory raises the memory cap)",
                 self.max_frozen,
-                crate::stats::human_bytes(self.max_gone_bytes as f64)
+                crate::model::stats::human_bytes(self.max_gone_bytes as f64)
             ));
         }
         self.dropped_images += excess as u64;

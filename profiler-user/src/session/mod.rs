@@ -39,12 +39,12 @@ use thiserror::Error;
 pub use self::ports::{BackendBlock, KernelPort, ProcessPort, Procfs};
 use self::{lifecycle::Frozen, record::Tracked};
 use crate::{
-    discover::FileId,
     kernel::{Kernel, KernelError, Limits},
-    normalize::AddressSpace,
+    model::profile::Profile,
     oom::OomRecorder,
-    pidns::PidMap,
-    profile::Profile,
+    process::discover::FileId,
+    process::normalize::AddressSpace,
+    process::pidns::PidMap,
     symbolize::SymbolizerThread,
     unwind::tables::UnwindTables,
 };
@@ -143,7 +143,7 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     ambiguous: HashSet<crate::ids::HostPid>,
     /// When the live samples were last read, and the ages they gave.
     live_read_at: Option<Instant>,
-    ages: HashMap<profiler_common::AggKey, crate::age::StackAges>,
+    ages: HashMap<profiler_common::AggKey, crate::model::age::StackAges>,
     /// When the session attached: clock ticks since boot, and wall time.
     attach_ticks: u64,
     attached_at: SystemTime,
@@ -308,8 +308,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         // Each frozen victim once: a later victim may have the same pid,
         // even the same pid and generation.
-        let due =
-            |f: &Frozen| f.state == crate::profile::ProcessState::OomKilled && !f.oom_recorded;
+        let due = |f: &Frozen| {
+            f.state == crate::model::profile::ProcessState::OomKilled && !f.oom_recorded
+        };
         if self.frozen.iter().any(|f| due(f) && !f.stacks_reclaimed) {
             return; // the next refresh has them
         }

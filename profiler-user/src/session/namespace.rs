@@ -9,7 +9,7 @@ use super::{KernelPort, ProcessPort, Session};
 use crate::{
     ids::{HostPid, Pid},
     kernel::{KernelError, KernelSnapshot},
-    pidns::{Correlation, PidMap, correlate},
+    process::pidns::{Correlation, PidMap, correlate},
 };
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {

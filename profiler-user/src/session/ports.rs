@@ -12,12 +12,12 @@ use profiler_common::{
 use std::collections::HashMap;
 
 use crate::{
-    backend_stats::{self, BackendHeap},
-    discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
     ids::{HostPid, Tid},
     kernel::{Kernel, KernelError, KernelSnapshot, Scope},
-    ledger::{self, LedgerEntry, LedgerRead},
-    target_memory::{LiveThread, TargetMemory, Unreadable},
+    process::backend_stats::{self, BackendHeap},
+    process::discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
+    process::ledger::{self, LedgerEntry, LedgerRead},
+    process::target_memory::{LiveThread, TargetMemory, Unreadable},
 };
 
 /// The kernel programs and maps, as the session uses them. Pids here are
@@ -117,7 +117,7 @@ pub trait ProcessPort {
     /// and the ledgers' times (a port, so tests set it: on a freshly booted
     /// machine it reads only minutes).
     fn monotonic_ns(&self) -> u64 {
-        crate::age::monotonic_now_ns()
+        crate::model::age::monotonic_now_ns()
     }
     fn all_pids(&self) -> Vec<u32>;
     /// Where its live-sample ledger's header is: the library file that
@@ -126,7 +126,7 @@ pub trait ProcessPort {
         None
     }
     /// Reads its ledger, each live record to `live` (see
-    /// [`crate::ledger::read`]).
+    /// [`crate::process::ledger::read`]).
     fn read_ledger(
         &self,
         pid: u32,
@@ -134,7 +134,7 @@ pub trait ProcessPort {
         live: &mut dyn FnMut(LedgerEntry),
     ) -> Result<LedgerRead, ledger::ReadError>;
     /// The sequence words of its ledger records at `addresses` (see
-    /// [`crate::ledger::sequences`]).
+    /// [`crate::process::ledger::sequences`]).
     fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>>;
     /// What went wrong reading processes' memory since the last call (a
     /// process marked unreadable, said once).
@@ -294,14 +294,14 @@ impl ProcessPort for Procfs {
             return None;
         }
         // The library stamps its refreshes with CLOCK_MONOTONIC too.
-        let now = crate::age::monotonic_now_ns();
+        let now = crate::model::age::monotonic_now_ns();
         match block.0 {
             Some(None) => return None,
             Some(Some((address, thread))) => {
                 match backend_stats::read(&self.memory, thread, address, now) {
                     Ok(heap) => return Some(heap),
                     Err(backend_stats::ReadError::Memory(
-                        crate::target_memory::ReadError::Unreadable(_),
+                        crate::process::target_memory::ReadError::Unreadable(_),
                     )) => return None,
                     // Its thread ended, or an exec: found again.
                     Err(_) => {}

@@ -10,10 +10,12 @@ use profiler_common::{DROP_REASONS, DropReason, ProcCounters};
 
 use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen};
 use crate::{
-    age,
     kernel::KernelSnapshot,
-    profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes},
-    stats::Totals,
+    model::age,
+    model::profile::{
+        ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
+    },
+    model::stats::Totals,
     symbolize::Frame,
 };
 
@@ -23,9 +25,9 @@ struct Image {
     rate: u64,
     state: ProcessState,
     since_attach: bool,
-    ledger: Option<crate::ledger::LedgerStatus>,
+    ledger: Option<crate::process::ledger::LedgerStatus>,
     /// What its backend allocator says (a live image's).
-    backend_heap: Option<crate::backend_stats::BackendHeap>,
+    backend_heap: Option<crate::process::backend_stats::BackendHeap>,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {

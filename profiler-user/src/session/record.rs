@@ -12,7 +12,7 @@ use profiler_common::{ProcCounters, unwind::ProcUnwind};
 use super::{BackendBlock, Incarnation, ledger::LedgerImage};
 use crate::{
     ids::{FileId, Tid},
-    normalize::AddressSpace,
+    process::normalize::AddressSpace,
     symbolize::Frame,
 };
 

@@ -10,7 +10,7 @@ use std::{collections::HashMap, sync::Arc};
 use super::{Incarnation, KernelPort, ProcessPort, Session, SymbolKey, record::Symbols};
 use crate::{
     kernel::KernelSnapshot,
-    profile::synthetic_stack,
+    model::profile::synthetic_stack,
     symbolize::{Frame, Request, Response, heap_bytes},
 };
 
@@ -191,7 +191,7 @@ pub(super) fn frames(names: &HashMap<u64, Arc<[Frame]>>, stack_id: u64) -> Arc<[
 fn newly_mapped(
     symbols: &Symbols,
     stack: u64,
-    space: Option<&crate::normalize::AddressSpace>,
+    space: Option<&crate::process::normalize::AddressSpace>,
 ) -> bool {
     match (symbols.unresolved.get(&stack), space) {
         (Some(addrs), Some(space)) => addrs.iter().any(|&a| space.normalize(a).is_some()),

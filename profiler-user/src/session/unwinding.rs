@@ -12,8 +12,8 @@ use profiler_common::unwind::{
 use super::{KernelPort, ProcessPort, Session};
 use crate::ids::Pid;
 use crate::{
-    discover::FileId,
-    normalize::FileAddr,
+    process::discover::FileId,
+    process::normalize::FileAddr,
     unwind::tables::{RowSink, TablesStatus},
 };
 

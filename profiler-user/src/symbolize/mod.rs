@@ -24,8 +24,8 @@ use profiler_common::unwind::{
 pub(crate) use self::frames::strip_allocator_frames;
 pub use self::frames::{is_allocator_frame, is_library_frame, most_informative};
 use crate::{
-    discover::OpenFile,
-    normalize::{FileAddr, MappedFile},
+    process::discover::OpenFile,
+    process::normalize::{FileAddr, MappedFile},
 };
 
 mod frames;
@@ -372,7 +372,7 @@ pub(crate) fn symbolize_stack(
             out.push(truncation_marker(previous));
             continue;
         }
-        if *addr == crate::ledger::CUT_FRAME {
+        if *addr == crate::process::ledger::CUT_FRAME {
             out.push(Frame::named("[cut short by the allocator]"));
             continue;
         }

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::{App, AppEvent, AppOptions, Exporter, ui, view_model};
 use crate::tui::rows::tests::{process, profile, totals};
 use allocprof::{
-    profile::{ProcessProfile, Profile},
+    model::profile::{ProcessProfile, Profile},
     symbolize::Frame,
 };
 
@@ -77,7 +77,7 @@ fn world() -> Vec<ProcessProfile> {
                         });
                     }
                     let live = (1 + next(1000)) as f64 * 4096.0;
-                    allocprof::profile::StackProfile {
+                    allocprof::model::profile::StackProfile {
                         frames: frames.into(),
                         totals: totals(live, live * 3.0),
                     }

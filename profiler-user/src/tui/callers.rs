@@ -11,7 +11,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use allocprof::{
-    profile::{ProcessKey, ProcessState, Profile},
+    model::profile::{ProcessKey, ProcessState, Profile},
     symbolize::Frame,
 };
 

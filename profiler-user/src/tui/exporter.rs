@@ -9,10 +9,10 @@ use std::{
 
 use super::rows::Grouping;
 use allocprof::{
-    export::{self, Format},
+    model::profile::{ProcessKey, Profile},
+    model::stats::Quantity,
+    output::export::{self, Format},
     output::{self, Existing},
-    profile::{ProcessKey, Profile},
-    stats::Quantity,
 };
 
 /// Which part of the profile the exported view is.

@@ -12,8 +12,8 @@ use std::collections::{HashMap, hash_map::Entry};
 use foldhash::fast::RandomState;
 
 use allocprof::{
-    profile::{ProcessKey, ProcessState, Profile, StackProfile},
-    stats::Totals,
+    model::profile::{ProcessKey, ProcessState, Profile, StackProfile},
+    model::stats::Totals,
     symbolize::{Frame, Name},
 };
 

@@ -7,7 +7,7 @@
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use super::rows::{RowId, totals_of};
-use allocprof::profile::Profile;
+use allocprof::model::profile::Profile;
 
 /// Span of the total-live-bytes series.
 pub const TOTALS_SPAN: Duration = Duration::from_secs(600);

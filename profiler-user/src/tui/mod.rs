@@ -51,7 +51,7 @@ pub use self::{
     state::{App, AppEvent, AppOptions, Effect},
 };
 use allocprof::{
-    inert::inert,
+    output::inert::inert,
     session::{Session, Target},
 };
 

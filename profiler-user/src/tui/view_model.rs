@@ -20,7 +20,7 @@ use super::{
     rows::{self, Grouping, Inputs, Row},
     state::{AppEvent, View},
 };
-use allocprof::profile::{ProcessKey, Profile};
+use allocprof::model::profile::{ProcessKey, Profile};
 
 /// Which rows to build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

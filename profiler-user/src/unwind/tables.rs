@@ -21,8 +21,8 @@ use profiler_common::unwind::{FRAME_POINTERS, UnwindMapping, UnwindRow};
 
 use super::{LoadSegment, UnwindTable, bias, pool::RowPool};
 use crate::{
-    discover::{FileId, OpenFile},
-    normalize::Mapping,
+    process::discover::{FileId, OpenFile},
+    process::normalize::Mapping,
 };
 
 /// Rows written into the kernel per call of [`UnwindTables::progress`]
@@ -574,7 +574,7 @@ mod tests {
         .unwrap();
         let here =
             a_mapping_of_our_own_code_has_a_bias_that_finds_our_functions as *const () as u64;
-        let space = crate::normalize::AddressSpace::read(std::process::id()).unwrap();
+        let space = crate::process::normalize::AddressSpace::read(std::process::id()).unwrap();
         let m = space
             .mappings()
             .iter()

@@ -294,7 +294,10 @@ impl Drop for Workload {
 }
 
 /// Totals of the stacks that pass through `function`.
-pub fn site(p: &allocprof::profile::ProcessProfile, function: &str) -> allocprof::stats::Totals {
+pub fn site(
+    p: &allocprof::model::profile::ProcessProfile,
+    function: &str,
+) -> allocprof::model::stats::Totals {
     p.stacks
         .iter()
         .filter(|s| s.frames.iter().any(|f| &*f.function == function))
@@ -304,9 +307,9 @@ pub fn site(p: &allocprof::profile::ProcessProfile, function: &str) -> allocprof
 
 /// The image of `pid` in `profile` (failing the test if it is missing).
 pub fn process(
-    profile: &allocprof::profile::Profile,
+    profile: &allocprof::model::profile::Profile,
     pid: u32,
-) -> &allocprof::profile::ProcessProfile {
+) -> &allocprof::model::profile::ProcessProfile {
     profile
         .processes
         .iter()
@@ -448,7 +451,7 @@ impl Drop for Proc {
 }
 
 /// The function names of all of a process's frames.
-pub fn functions(p: &allocprof::profile::ProcessProfile) -> Vec<&str> {
+pub fn functions(p: &allocprof::model::profile::ProcessProfile) -> Vec<&str> {
     p.stacks
         .iter()
         .flat_map(|s| s.frames.iter().map(|f| &*f.function))
@@ -465,13 +468,16 @@ pub const SITES: [(&str, u64, u64, bool); 4] = [
 
 /// alloc_sites.c's sites within 5 sigma of the truth at [`RATE`]; freed
 /// sites leave no live bytes.
-pub fn assert_sites_within_bounds(p: &allocprof::profile::ProcessProfile) {
+pub fn assert_sites_within_bounds(p: &allocprof::model::profile::ProcessProfile) {
     assert_renamed_sites_within_bounds(p, "site_");
 }
 
 /// The same for alloc_sites.c built with its `site_` functions renamed to
 /// `prefix` (`-Dsite_small=PREFIXsmall`, ...).
-pub fn assert_renamed_sites_within_bounds(p: &allocprof::profile::ProcessProfile, prefix: &str) {
+pub fn assert_renamed_sites_within_bounds(
+    p: &allocprof::model::profile::ProcessProfile,
+    prefix: &str,
+) {
     for (function, n, size, freed) in SITES {
         let function = function.replacen("site_", prefix, 1);
         let function = function.as_str();
@@ -498,7 +504,7 @@ pub fn assert_renamed_sites_within_bounds(p: &allocprof::profile::ProcessProfile
             // The kernel's variance estimate agrees with the a-priori one to
             // within sampling noise (loosely: a factor of 3). Sites sampled
             // almost surely have next to no variance, below byte rounding.
-            let sd = t.live_ci95() / allocprof::stats::Z95;
+            let sd = t.live_ci95() / allocprof::model::stats::Z95;
             if sigma > 0.01 * truth {
                 assert!(
                     sd > sigma / 3.0 && sd < sigma * 3.0,
@@ -512,15 +518,15 @@ pub fn assert_renamed_sites_within_bounds(p: &allocprof::profile::ProcessProfile
 /// The ledger header's address in `pid`, found as allocprof finds it.
 pub fn header_address(pid: u32) -> u64 {
     let lib = preload_library();
-    let notes = allocprof::usdt::notes_in_elf(&std::fs::read(&lib).unwrap()).unwrap();
+    let notes = allocprof::process::usdt::notes_in_elf(&std::fs::read(&lib).unwrap()).unwrap();
     let offset = notes.ledger.expect("liballocprof.so names its ledger");
-    let maps = allocprof::discover::Process::find(pid)
+    let maps = allocprof::process::discover::Process::find(pid)
         .unwrap()
         .maps()
         .unwrap();
     let meta = std::fs::metadata(&lib).unwrap();
-    let id = allocprof::discover::FileId::of(&meta);
-    allocprof::ledger::header_address(&maps, id, offset).expect("the header is mapped")
+    let id = allocprof::process::discover::FileId::of(&meta);
+    allocprof::process::ledger::header_address(&maps, id, offset).expect("the header is mapped")
 }
 
 pub fn read_words(pid: u32, address: u64, n: usize) -> Vec<u64> {

@@ -4,7 +4,7 @@
 use profiler_common::ledger::{FLAG_LIVE, FLAG_TRUNCATED, FRAMES, LiveRecord};
 
 use super::*;
-use crate::ledger::LedgerEntry;
+use crate::process::ledger::LedgerEntry;
 
 /// A live record of `size` bytes at `ptr`, allocated at `time_ns`, on `frames`.
 fn record(ptr: u64, size: u64, time_ns: u64, frames: &[u64]) -> LedgerEntry {

@@ -24,11 +24,11 @@ use profiler_common::{
 
 use super::{KernelPort, ProcessPort, Session, Target};
 use crate::{
-    discover::{FileId, OpenFile, ProbeFile, ProbeKind, ProbeSite, Scan, Scanner},
     ids::{HostPid, Tid},
     kernel::{KernelError, KernelSnapshot, Scope},
-    pidns::PidMap,
-    profile::{ProcessProfile, ProcessState, Profile},
+    model::profile::{ProcessProfile, ProcessState, Profile},
+    process::discover::{FileId, OpenFile, ProbeFile, ProbeKind, ProbeSite, Scan, Scanner},
+    process::pidns::PidMap,
 };
 
 const RATE: u64 = 512 * 1024;
@@ -87,7 +87,7 @@ struct FakeProcess {
 /// A ledger's live records and each record's sequence now.
 #[derive(Clone, Default)]
 struct FakeLedger {
-    live: Vec<crate::ledger::LedgerEntry>,
+    live: Vec<crate::process::ledger::LedgerEntry>,
     seqs: HashMap<u64, u64>,
 }
 
@@ -471,15 +471,15 @@ impl ProcessPort for FakeProcesses {
         &self,
         pid: u32,
         _address: u64,
-        live: &mut dyn FnMut(crate::ledger::LedgerEntry),
-    ) -> Result<crate::ledger::LedgerRead, crate::ledger::ReadError> {
+        live: &mut dyn FnMut(crate::process::ledger::LedgerEntry),
+    ) -> Result<crate::process::ledger::LedgerRead, crate::process::ledger::ReadError> {
         let ledger = {
             let w = self.world.0.borrow();
             w.processes.get(&pid).and_then(|p| p.ledger.clone())
         };
         let ledger = ledger.ok_or(std::io::Error::from(std::io::ErrorKind::NotFound))?;
         ledger.live.into_iter().for_each(live);
-        Ok(crate::ledger::LedgerRead::default())
+        Ok(crate::process::ledger::LedgerRead::default())
     }
 
     fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>> {

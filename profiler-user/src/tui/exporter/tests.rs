@@ -12,7 +12,7 @@ use crate::tui::{
         tests::{options, press, sample, type_str},
     },
 };
-use allocprof::export::collapsed;
+use allocprof::output::export::collapsed;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("allocprof-tui-{name}-{}", std::process::id()));

@@ -15,7 +15,7 @@ use crate::tui::{
     callers::Edge,
     state::{App, CallersView},
 };
-use allocprof::{inert::inert, stats::human_bytes};
+use allocprof::{model::stats::human_bytes, output::inert::inert};
 
 pub(super) fn draw(frame: &mut Frame, app: &App, view: &CallersView, area: Rect) {
     let c = &view.callers;

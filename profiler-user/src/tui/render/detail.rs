@@ -15,9 +15,9 @@ use crate::tui::{
     state::App,
 };
 use allocprof::{
-    inert::inert,
-    profile::ProcessProfile,
-    stats::{Totals, human_bytes, human_count},
+    model::profile::ProcessProfile,
+    model::stats::{Totals, human_bytes, human_count},
+    output::inert::inert,
     symbolize::{Frame as StackFrame, is_allocator_frame, is_library_frame, most_informative},
 };
 
@@ -280,7 +280,7 @@ fn process_detail(p: &ProcessProfile, attached: Option<&str>) -> Vec<Line<'stati
     }
     for reason in DropReason::ALL
         .into_iter()
-        .filter(|&r| allocprof::profile::is_loss(r))
+        .filter(|&r| allocprof::model::profile::is_loss(r))
     {
         let n = p.drops[reason as usize];
         if n > 0 {

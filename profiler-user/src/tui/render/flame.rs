@@ -16,7 +16,7 @@ use crate::tui::{
     flame::{Mode, NodeId, ROOT, Scope},
     state::{App, FlameView, first_row, format_elapsed},
 };
-use allocprof::{inert::inert, stats::human_bytes};
+use allocprof::{model::stats::human_bytes, output::inert::inert};
 
 /// Frames narrower than this show no text: a letter or two misleads.
 const LABEL_MIN: u16 = 3;

@@ -11,7 +11,7 @@ use ratatui::{
 
 use super::{ACCENT, BOLD, DIM, GROWING};
 use crate::tui::state::{App, Notice};
-use allocprof::inert::inert;
+use allocprof::output::inert::inert;
 
 pub(super) fn footer(frame: &mut Frame, app: &App, area: Rect) {
     let wide = area.width >= 110 && app.notice().is_none();

@@ -11,8 +11,8 @@ use ratatui::{
 use super::{ACCENT, BOLD, DIM, GROWING, interval};
 use crate::tui::state::{App, format_elapsed};
 use allocprof::{
-    profile::{ProcessState, Profile},
-    stats::{human_bytes, human_count},
+    model::profile::{ProcessState, Profile},
+    model::stats::{human_bytes, human_count},
 };
 
 pub(super) fn header(frame: &mut Frame, app: &App, area: Rect) {

@@ -30,7 +30,7 @@ use ratatui::{
 };
 
 use super::state::{App, Screen};
-use allocprof::stats::human_bytes;
+use allocprof::model::stats::human_bytes;
 
 /// Below this, the layout cannot show a useful table; say so instead.
 pub const MIN_WIDTH: u16 = 60;

@@ -12,7 +12,7 @@ use crate::tui::{
         tests::{options, press},
     },
 };
-use allocprof::profile::{ProcessState, Profile};
+use allocprof::model::profile::{ProcessState, Profile};
 
 /// An hour in, a leak that took 347.2 MiB in the last minute, an exited
 /// process and a long target.

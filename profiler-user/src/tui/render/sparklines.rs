@@ -13,7 +13,7 @@ use crate::tui::{
     history::GROWTH_WINDOW,
     state::{App, format_elapsed},
 };
-use allocprof::stats::human_bytes;
+use allocprof::model::stats::human_bytes;
 
 pub(super) fn history(frame: &mut Frame, app: &App, area: Rect) {
     let block = Block::bordered().border_style(DIM).title(" History ");

@@ -15,8 +15,8 @@ use crate::tui::{
     state::{App, Column, View},
 };
 use allocprof::{
-    profile::ProcessState,
-    stats::{human_bytes, human_count},
+    model::profile::ProcessState,
+    model::stats::{human_bytes, human_count},
 };
 
 /// Table rows that fit in the table's `inner` area, under the column titles.

@@ -11,9 +11,9 @@ use std::{
 use foldhash::fast::RandomState;
 
 use allocprof::{
-    inert::inert,
-    profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile},
-    stats::Totals,
+    model::profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile},
+    model::stats::Totals,
+    output::inert::inert,
     symbolize::{Frame, Name, is_allocator_frame, is_library_frame, most_informative},
 };
 
@@ -121,7 +121,7 @@ pub struct ProcessInfo {
     pub name: String,
     pub state: ProcessState,
     /// What it has resident (running processes).
-    pub resident: Option<allocprof::discover::Resident>,
+    pub resident: Option<allocprof::process::discover::Resident>,
 }
 
 /// The profiles a set of rows is computed from.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use profiler_common::DROP_REASONS;
 
 use super::*;
-use allocprof::profile::ProcessState;
+use allocprof::model::profile::ProcessState;
 
 pub fn frames(names: &[&str]) -> Arc<[Frame]> {
     names

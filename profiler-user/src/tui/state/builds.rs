@@ -10,7 +10,7 @@ use crate::tui::{
     history::{GROWTH_WINDOW, RATE_WINDOW},
     view_model::{Builder, Built, Request, RowsOf, build},
 };
-use allocprof::profile::{ProcessProfile, Profile};
+use allocprof::model::profile::{ProcessProfile, Profile};
 
 /// The state's side of the builds.
 #[derive(Default)]

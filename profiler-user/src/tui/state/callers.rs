@@ -13,7 +13,7 @@ use crate::tui::{
     callers::{Callers, ROOT, SELF},
     rows::{RowId, function_of},
 };
-use allocprof::profile::{ProcessKey, Profile};
+use allocprof::model::profile::{ProcessKey, Profile};
 
 pub struct CallersView {
     pub callers: Callers,

@@ -3,7 +3,7 @@
 use std::cmp::Ordering;
 
 use crate::tui::rows::{Row, RowId};
-use allocprof::profile::ProcessState;
+use allocprof::model::profile::ProcessState;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum View {

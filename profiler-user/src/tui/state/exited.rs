@@ -4,7 +4,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use allocprof::profile::{ProcessKey, ProcessState, Profile};
+use allocprof::model::profile::{ProcessKey, ProcessState, Profile};
 
 /// How long a gone process stays in the tables by default.
 pub const EXITED_TTL: Duration = Duration::from_secs(60);

@@ -13,8 +13,8 @@ use crate::tui::{
     rows::{Grouping, from_naming_frame},
 };
 use allocprof::{
-    export::diff,
-    profile::{ProcessKey, Profile, StackProfile},
+    model::profile::{ProcessKey, Profile, StackProfile},
+    output::export::diff,
 };
 
 /// What of a profile the view shows.

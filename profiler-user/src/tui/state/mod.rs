@@ -46,8 +46,8 @@ use super::{
     view_model::Built,
 };
 use allocprof::{
-    inert::inert,
-    profile::{ProcessKey, Profile},
+    model::profile::{ProcessKey, Profile},
+    output::inert::inert,
 };
 
 /// How long a notice stays in the status line: an information, and a

@@ -151,12 +151,12 @@ fn a_deep_stack_says_how_many_frames_are_not_shown_and_scrolls() {
 fn the_process_detail_sets_the_heap_against_resident_memory() {
     let mut app = App::new(options());
     let mut profile = sample(0);
-    profile.processes[0].resident = Some(allocprof::discover::Resident {
+    profile.processes[0].resident = Some(allocprof::process::discover::Resident {
         anon: 100 << 20,
         file: 18 << 20,
         shmem: 2 << 20,
     });
-    profile.processes[0].backend_heap = Some(allocprof::backend_stats::BackendHeap {
+    profile.processes[0].backend_heap = Some(allocprof::process::backend_stats::BackendHeap {
         backend: "glibc",
         reserved: Some(90 << 20),
         committed: None,
@@ -201,7 +201,7 @@ fn the_heap_from_before_attach_is_named_in_the_details() {
             s.totals.before_attach_bytes = s.totals.live_bytes;
         }
         p.totals.before_attach_bytes = p.totals.live_bytes;
-        p.ledger = Some(allocprof::ledger::LedgerStatus {
+        p.ledger = Some(allocprof::process::ledger::LedgerStatus {
             read: true,
             seeded: 4,
             retired: 1,

@@ -56,7 +56,9 @@ fn the_status_line_describes_the_selected_frame() {
     }
     let (text, buffer) = screen(&mut app, 80, 24);
     let s = status(&text);
-    let ci = allocprof::stats::human_ci(crate::tui::rows::tests::totals(50_000.0, 0.0).live_ci95());
+    let ci = allocprof::model::stats::human_ci(
+        crate::tui::rows::tests::totals(50_000.0, 0.0).live_ci95(),
+    );
     assert!(s.contains(" cache_fill\n"), "{s}");
     assert!(
         s.contains(&format!(

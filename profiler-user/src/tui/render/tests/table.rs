@@ -171,7 +171,7 @@ fn the_selection_stays_on_screen() {
     let mut app = App::new(options());
     let mut p = sample(1);
     p.processes[0].stacks = (0..100)
-        .map(|i| allocprof::profile::StackProfile {
+        .map(|i| allocprof::model::profile::StackProfile {
             frames: crate::tui::rows::tests::frames(&[&format!("f{i:03}"), "main"]),
             totals: crate::tui::rows::tests::totals(1e6 - f64::from(i), 0.0),
         })
@@ -202,8 +202,9 @@ fn the_selection_stays_on_screen() {
 fn the_stack_flood_is_shown_as_its_frame() {
     let mut app = App::new(options());
     let mut profile = sample(0);
-    profile.processes[0].stacks[0].frames =
-        std::sync::Arc::from(vec![StackFrame::named(allocprof::profile::STACK_FLOOD)]);
+    profile.processes[0].stacks[0].frames = std::sync::Arc::from(vec![StackFrame::named(
+        allocprof::model::profile::STACK_FLOOD,
+    )]);
     profile.processes[0].stacks[0].totals.live_bytes = 1e9;
     app.update(AppEvent::Profile(profile));
     let (text, _) = screen(&mut app, 120, 24);
@@ -220,7 +221,7 @@ fn exited_processes_are_not_live_heap() {
     let live_before = profile.live_totals().live_bytes;
     let mut gone = profile.processes[0].clone();
     gone.key.pid = 99;
-    gone.state = allocprof::profile::ProcessState::Exited;
+    gone.state = allocprof::model::profile::ProcessState::Exited;
     for s in &mut gone.stacks {
         s.totals.live_bytes = 5e9;
     }

@@ -1,0 +1,708 @@
+//! OTLP profiles export: a [`Profile`] as one `ProfilesData` (the messages
+//! of the OpenTelemetry Collector's `ProfilesService`), for backends that
+//! take OTLP (Pyroscope, Elastic, Datadog, Parca... through the collector).
+//!
+//! - One `ResourceProfiles` per process image, its resource attributes the
+//!   process's (`process.pid`, `process.executable.name`, `service.name`).
+//! - Four sibling `Profile`s per process, one per sample type (OTLP gives
+//!   each profile one): `inuse_space/bytes` and `inuse_objects/count`, the
+//!   live heap at the end of the window (a snapshot), and
+//!   `alloc_space/bytes` and `alloc_objects/count`, what was allocated
+//!   within the window (a delta against the previous export of the same
+//!   [`Encoder`]). These are the names of the OTel memory-profiling design
+//!   (ebpf-profiler design-docs 00003), the same as Go's heap profiles.
+//! - Values are allocprof's unbiased estimates (nothing further to scale),
+//!   rounded so that each profile's sum is the rounded total; `period` is the
+//!   process's sampling rate, in `allocated_bytes` (the proto's own example).
+//! - Each profile carries the window: `time_unix_nano` its start,
+//!   `duration_nano` its length.
+//! - The dictionary (strings, functions, locations, mappings, stacks) is
+//!   shared by all processes; index 0 of each table is its zero value. A
+//!   location is a symbolized frame chain (a machine frame and the functions
+//!   inlined into it, innermost first), address 0 as in the pprof export;
+//!   mappings carry their file's GNU build id
+//!   (`process.executable.build_id.gnu`).
+//!
+//! The tables are built the way `export::pprof` builds its own (strings,
+//! functions by name and file, locations by frame chain, mappings by file):
+//! issue 28 wants one table builder for both encoders, to be shared once the
+//! pprof module's split has landed.
+
+pub mod http;
+pub mod proto;
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use self::proto::{
+    common::{AnyValue, InstrumentationScope, KeyValue, any_value},
+    profiles::{
+        Function, KeyValueAndUnit, Line, Link, Location, Mapping, Profile as OtlpProfile,
+        ProfilesData, ProfilesDictionary, ResourceProfiles, Sample, ScopeProfiles, Stack,
+        ValueType,
+    },
+    resource::Resource,
+};
+use super::build_id::build_id;
+use crate::{
+    model::profile::{ProcessKey, ProcessProfile, ProcessState, Profile},
+    model::stats::Totals,
+    symbolize::Frame,
+};
+
+/// The sample types, in the order of each process's profiles.
+pub const SAMPLE_TYPES: [(&str, &str); 4] = [
+    ("inuse_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("alloc_objects", "count"),
+];
+
+/// Semantic-convention attribute names.
+pub const ATTR_PID: &str = "process.pid";
+pub const ATTR_EXECUTABLE_NAME: &str = "process.executable.name";
+pub const ATTR_SERVICE_NAME: &str = "service.name";
+pub const ATTR_BUILD_ID: &str = "process.executable.build_id.gnu";
+/// allocprof's own: the exec generation after an exec (absent before), and
+/// the state of an image that is gone (absent while it runs).
+pub const ATTR_GENERATION: &str = "allocprof.process.generation";
+pub const ATTR_STATE: &str = "allocprof.process.state";
+
+/// Exports of one stream of profiles: remembers what each process's stacks
+/// had allocated at the previous export (the `alloc_*` deltas) and which
+/// gone processes were already exported (once is enough). Bounded by the
+/// last profile: what is no longer in it is forgotten.
+#[derive(Default)]
+pub struct Encoder {
+    allocated: HashMap<(ProcessKey, Arc<[Frame]>), [f64; 2]>,
+    gone_exported: HashSet<ProcessKey>,
+    last_end: Option<SystemTime>,
+}
+
+impl Encoder {
+    pub fn new() -> Encoder {
+        Encoder::default()
+    }
+
+    /// The profile as it stands at `end`. The window starts at the previous
+    /// export's end, or at the profile's start (when allocprof attached).
+    pub fn encode(&mut self, profile: &Profile, end: SystemTime) -> ProfilesData {
+        let start = self.last_end.unwrap_or_else(|| {
+            profile
+                .attached_at
+                .unwrap_or_else(|| end.checked_sub(profile.elapsed).unwrap_or(end))
+        });
+        let window = Window {
+            start: unix_nanos(start),
+            duration: end.duration_since(start).unwrap_or(Duration::ZERO),
+        };
+        let mut b = Builder::new();
+        let mut resource_profiles = Vec::new();
+        let mut allocated = HashMap::new();
+        let mut gone_exported = HashSet::new();
+        for p in &profile.processes {
+            if p.state != ProcessState::Live && self.gone_exported.contains(&p.key) {
+                gone_exported.insert(p.key);
+                continue;
+            }
+            if p.state != ProcessState::Live {
+                gone_exported.insert(p.key);
+            }
+            let values: Vec<(&[Frame], [f64; 4])> = p
+                .stacks
+                .iter()
+                .map(|s| {
+                    let now = [s.totals.alloc_bytes, s.totals.alloc_objects];
+                    let before = self
+                        .allocated
+                        .get(&(p.key, s.frames.clone()))
+                        .copied()
+                        .unwrap_or_default();
+                    allocated.insert((p.key, s.frames.clone()), now);
+                    let delta = |i: usize| {
+                        // A baseline above the figure is a stack restarted
+                        // from zero: all of it is new.
+                        if now[i] >= before[i] {
+                            now[i] - before[i]
+                        } else {
+                            now[i]
+                        }
+                    };
+                    (&s.frames[..], live_and(&s.totals, [delta(0), delta(1)]))
+                })
+                .collect();
+            resource_profiles.push(b.resource_profiles(p, &values, window));
+        }
+        self.allocated = allocated;
+        self.gone_exported = gone_exported;
+        self.last_end = Some(end);
+        ProfilesData {
+            resource_profiles,
+            dictionary: Some(b.finish()),
+        }
+    }
+}
+
+/// The profile on its own: one export, its alloc figures those since
+/// allocprof attached.
+pub fn encode(profile: &Profile, end: SystemTime) -> ProfilesData {
+    Encoder::new().encode(profile, end)
+}
+
+/// `[inuse_space, inuse_objects, alloc_space, alloc_objects]`.
+fn live_and(t: &Totals, allocated: [f64; 2]) -> [f64; 4] {
+    [t.live_bytes, t.live_objects, allocated[0], allocated[1]]
+}
+
+#[derive(Clone, Copy)]
+struct Window {
+    start: u64,
+    duration: Duration,
+}
+
+fn unix_nanos(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// Rounds a running sum, so that the values written add up to the rounded
+/// total rather than drifting by half a unit per stack.
+#[derive(Default)]
+struct Rounding {
+    exact: f64,
+    written: i64,
+}
+
+impl Rounding {
+    fn round(&mut self, value: f64) -> i64 {
+        self.exact += value;
+        let target = self.exact.round() as i64;
+        let v = target - self.written;
+        self.written = target;
+        v
+    }
+}
+
+/// The dictionary under construction: each table with its zero value at
+/// index 0, and an index of what is in it.
+struct Builder {
+    dict: ProfilesDictionary,
+    strings: HashMap<String, i32>,
+    functions: HashMap<(i32, i32), i32>,
+    locations: HashMap<Vec<Frame>, i32>,
+    mappings: HashMap<String, i32>,
+    stacks: HashMap<Vec<i32>, i32>,
+    attributes: HashMap<(i32, String), i32>,
+}
+
+/// The table's next index (tables stay far below 2³¹ entries: they grow
+/// with a profile's distinct frames, which the session bounds).
+fn next_index<T>(table: &[T]) -> i32 {
+    i32::try_from(table.len()).expect("dictionary within 2^31 entries")
+}
+
+impl Builder {
+    fn new() -> Builder {
+        let mut b = Builder {
+            dict: ProfilesDictionary {
+                mapping_table: vec![Mapping::default()],
+                location_table: vec![Location::default()],
+                function_table: vec![Function::default()],
+                // The spec's preferred zero link: ids of their full lengths.
+                link_table: vec![Link {
+                    trace_id: vec![0; 16],
+                    span_id: vec![0; 8],
+                }],
+                string_table: Vec::new(),
+                attribute_table: vec![KeyValueAndUnit::default()],
+                stack_table: vec![Stack::default()],
+            },
+            strings: HashMap::new(),
+            functions: HashMap::new(),
+            locations: HashMap::new(),
+            mappings: HashMap::new(),
+            stacks: HashMap::new(),
+            attributes: HashMap::new(),
+        };
+        b.string("");
+        b
+    }
+
+    fn finish(self) -> ProfilesDictionary {
+        self.dict
+    }
+
+    fn string(&mut self, s: &str) -> i32 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = next_index(&self.dict.string_table);
+        self.dict.string_table.push(s.to_owned());
+        self.strings.insert(s.to_owned(), i);
+        i
+    }
+
+    fn string_attribute(&mut self, key: &str, value: &str) -> i32 {
+        let key = self.string(key);
+        if let Some(&i) = self.attributes.get(&(key, value.to_owned())) {
+            return i;
+        }
+        let i = next_index(&self.dict.attribute_table);
+        self.dict.attribute_table.push(KeyValueAndUnit {
+            key_strindex: key,
+            value: Some(string_value(value)),
+            unit_strindex: 0,
+        });
+        self.attributes.insert((key, value.to_owned()), i);
+        i
+    }
+
+    fn value_type(&mut self, (r#type, unit): (&str, &str)) -> ValueType {
+        ValueType {
+            type_strindex: self.string(r#type),
+            unit_strindex: self.string(unit),
+        }
+    }
+
+    fn mapping(&mut self, module: &str) -> i32 {
+        if let Some(&i) = self.mappings.get(module) {
+            return i;
+        }
+        let attribute_indices = build_id(Path::new(module))
+            .map(|id| vec![self.string_attribute(ATTR_BUILD_ID, &id)])
+            .unwrap_or_default();
+        let i = next_index(&self.dict.mapping_table);
+        let filename_strindex = self.string(module);
+        self.dict.mapping_table.push(Mapping {
+            filename_strindex,
+            attribute_indices,
+            ..Default::default()
+        });
+        self.mappings.insert(module.to_owned(), i);
+        i
+    }
+
+    fn function(&mut self, name: &str, file: &str) -> i32 {
+        let key = (self.string(name), self.string(file));
+        if let Some(&i) = self.functions.get(&key) {
+            return i;
+        }
+        let i = next_index(&self.dict.function_table);
+        self.dict.function_table.push(Function {
+            name_strindex: key.0,
+            system_name_strindex: key.0,
+            filename_strindex: key.1,
+            start_line: 0,
+        });
+        self.functions.insert(key, i);
+        i
+    }
+
+    /// A machine frame and the frames inlined into it, innermost first.
+    fn location(&mut self, chain: &[Frame]) -> i32 {
+        if let Some(&i) = self.locations.get(chain) {
+            return i;
+        }
+        let outer = chain.last().expect("a location has a frame");
+        let mapping_index = outer.module.as_deref().map_or(0, |m| self.mapping(m));
+        let lines = chain
+            .iter()
+            .map(|f| {
+                let (file, line) = split_location(f.location.as_deref());
+                Line {
+                    function_index: self.function(&f.function, file),
+                    line,
+                    column: 0,
+                }
+            })
+            .collect();
+        let i = next_index(&self.dict.location_table);
+        self.dict.location_table.push(Location {
+            mapping_index,
+            address: 0,
+            lines,
+            attribute_indices: Vec::new(),
+        });
+        self.locations.insert(chain.to_vec(), i);
+        i
+    }
+
+    /// The stack of `frames` (innermost first): each machine frame with the
+    /// frames inlined into it (which precede it).
+    fn stack(&mut self, frames: &[Frame]) -> i32 {
+        let mut location_indices = Vec::new();
+        let mut start = 0;
+        for (i, f) in frames.iter().enumerate() {
+            if f.inlined && i + 1 < frames.len() {
+                continue;
+            }
+            location_indices.push(self.location(&frames[start..=i]));
+            start = i + 1;
+        }
+        if let Some(&i) = self.stacks.get(&location_indices) {
+            return i;
+        }
+        let i = next_index(&self.dict.stack_table);
+        self.stacks.insert(location_indices.clone(), i);
+        self.dict.stack_table.push(Stack { location_indices });
+        i
+    }
+
+    fn resource_profiles(
+        &mut self,
+        p: &ProcessProfile,
+        values: &[(&[Frame], [f64; 4])],
+        window: Window,
+    ) -> ResourceProfiles {
+        let mut attributes = vec![
+            KeyValue {
+                key: ATTR_PID.into(),
+                value: Some(AnyValue {
+                    value: Some(any_value::Value::IntValue(i64::from(p.key.pid))),
+                }),
+                ..Default::default()
+            },
+            string_key_value(ATTR_EXECUTABLE_NAME, &p.name),
+            string_key_value(ATTR_SERVICE_NAME, &p.name),
+        ];
+        if p.key.generation != 0 {
+            attributes.push(KeyValue {
+                key: ATTR_GENERATION.into(),
+                value: Some(AnyValue {
+                    value: Some(any_value::Value::IntValue(i64::from(p.key.generation))),
+                }),
+                ..Default::default()
+            });
+        }
+        if p.state != ProcessState::Live {
+            attributes.push(string_key_value(ATTR_STATE, p.state.describe()));
+        }
+        let period_type = self.value_type(("allocated_bytes", "bytes"));
+        let mut profiles = Vec::with_capacity(SAMPLE_TYPES.len());
+        for (i, &sample_type) in SAMPLE_TYPES.iter().enumerate() {
+            let mut rounding = Rounding::default();
+            let mut samples = Vec::new();
+            for &(frames, v) in values {
+                let value = rounding.round(v[i]);
+                // Stacks enter the dictionary with their first sample: none
+                // is left unreferenced.
+                if value != 0 {
+                    samples.push(Sample {
+                        stack_index: self.stack(frames),
+                        values: vec![value],
+                        ..Default::default()
+                    });
+                }
+            }
+            profiles.push(OtlpProfile {
+                sample_type: Some(self.value_type(sample_type)),
+                samples,
+                time_unix_nano: window.start,
+                duration_nano: u64::try_from(window.duration.as_nanos()).unwrap_or(u64::MAX),
+                period_type: Some(period_type),
+                period: i64::try_from(p.rate).unwrap_or(i64::MAX),
+                ..Default::default()
+            });
+        }
+        ResourceProfiles {
+            resource: Some(Resource {
+                attributes,
+                ..Default::default()
+            }),
+            scope_profiles: vec![ScopeProfiles {
+                scope: Some(InstrumentationScope {
+                    name: "allocprof".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    ..Default::default()
+                }),
+                profiles,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }
+    }
+}
+
+fn string_value(s: &str) -> AnyValue {
+    AnyValue {
+        value: Some(any_value::Value::StringValue(s.to_owned())),
+    }
+}
+
+fn string_key_value(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(string_value(value)),
+        ..Default::default()
+    }
+}
+
+/// `file:line` → (file, line); a location without a line number → (it, 0).
+fn split_location(location: Option<&str>) -> (&str, i64) {
+    let Some(loc) = location else {
+        return ("", 0);
+    };
+    match loc.rsplit_once(':') {
+        Some((file, line)) => match line.parse::<i64>() {
+            Ok(n) if n > 0 => (file, n),
+            _ => (loc, 0),
+        },
+        None => (loc, 0),
+    }
+}
+
+/// The function names of a stack of `dict`, innermost first, inlined frames
+/// included (for reading exports back; unknown indices read as nothing).
+pub fn stack_functions(dict: &ProfilesDictionary, stack_index: i32) -> Vec<String> {
+    let get = |i: i32| usize::try_from(i).ok();
+    let string = |i: i32| {
+        get(i)
+            .and_then(|i| dict.string_table.get(i))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let Some(stack) = get(stack_index).and_then(|i| dict.stack_table.get(i)) else {
+        return Vec::new();
+    };
+    stack
+        .location_indices
+        .iter()
+        .filter_map(|&l| get(l).and_then(|l| dict.location_table.get(l)))
+        .flat_map(|l| &l.lines)
+        .filter_map(|line| get(line.function_index).and_then(|f| dict.function_table.get(f)))
+        .map(|f| string(f.name_strindex))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::{proto::common::any_value::Value, *};
+    use crate::output::export::tests::hand_made;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn decoded(data: &ProfilesData) -> ProfilesData {
+        ProfilesData::decode(&data.encode_to_vec()[..]).unwrap()
+    }
+
+    fn attribute<'a>(r: &'a ResourceProfiles, key: &str) -> Option<&'a Value> {
+        r.resource
+            .as_ref()?
+            .attributes
+            .iter()
+            .find(|a| a.key == key)?
+            .value
+            .as_ref()?
+            .value
+            .as_ref()
+    }
+
+    fn pid(r: &ResourceProfiles) -> i64 {
+        match attribute(r, ATTR_PID) {
+            Some(Value::IntValue(pid)) => *pid,
+            other => panic!("process.pid: {other:?}"),
+        }
+    }
+
+    /// Per sample type name: the sum of the process's samples.
+    fn sums(data: &ProfilesData, r: &ResourceProfiles) -> HashMap<String, i64> {
+        let dict = data.dictionary.as_ref().unwrap();
+        r.scope_profiles[0]
+            .profiles
+            .iter()
+            .map(|p| {
+                let t = p.sample_type.unwrap().type_strindex as usize;
+                let sum = p.samples.iter().flat_map(|s| &s.values).sum();
+                (dict.string_table[t].clone(), sum)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_resource_per_process_and_totals_are_the_rounded_estimates() {
+        let profile = hand_made();
+        let data = decoded(&encode(&profile, at(1_000)));
+        assert_eq!(data.resource_profiles.len(), profile.processes.len());
+        for (r, p) in data.resource_profiles.iter().zip(&profile.processes) {
+            assert_eq!(pid(r), i64::from(p.key.pid));
+            for key in [ATTR_EXECUTABLE_NAME, ATTR_SERVICE_NAME] {
+                assert_eq!(attribute(r, key), Some(&Value::StringValue(p.name.clone())));
+            }
+            let sums = sums(&data, r);
+            let t = &p.totals;
+            // A single export: allocated within the window is all since attach.
+            for (name, total) in [
+                ("inuse_space", t.live_bytes),
+                ("inuse_objects", t.live_objects),
+                ("alloc_space", t.alloc_bytes),
+                ("alloc_objects", t.alloc_objects),
+            ] {
+                assert_eq!(sums[name], total.round() as i64, "{} {name}", p.name);
+            }
+            let scope = &r.scope_profiles[0];
+            assert_eq!(scope.scope.as_ref().unwrap().name, "allocprof");
+            for profile in &scope.profiles {
+                assert_eq!(profile.period, p.rate as i64);
+                assert_eq!(profile.time_unix_nano, 1_000_000_000_000 - 12_500_000_000);
+                assert_eq!(profile.duration_nano, 12_500_000_000);
+            }
+        }
+        // The exited process says so; the running one says nothing.
+        let states: Vec<_> = data
+            .resource_profiles
+            .iter()
+            .map(|r| attribute(r, ATTR_STATE).cloned())
+            .collect();
+        assert_eq!(states, [None, Some(Value::StringValue("exited".into()))]);
+        assert_eq!(
+            attribute(&data.resource_profiles[1], ATTR_GENERATION),
+            Some(&Value::IntValue(1))
+        );
+    }
+
+    #[test]
+    fn the_dictionary_starts_with_zero_values_and_stacks_read_back() {
+        let data = decoded(&encode(&hand_made(), at(1_000)));
+        let d = data.dictionary.as_ref().unwrap();
+        assert_eq!(d.string_table[0], "");
+        assert_eq!(d.mapping_table[0], Mapping::default());
+        assert_eq!(d.location_table[0], Location::default());
+        assert_eq!(d.function_table[0], Function::default());
+        assert_eq!(d.attribute_table[0], KeyValueAndUnit::default());
+        assert_eq!(d.stack_table[0], Stack::default());
+        assert_eq!(
+            (
+                d.link_table[0].trace_id.len(),
+                d.link_table[0].span_id.len()
+            ),
+            (16, 8)
+        );
+        // Every stack is referenced, none twice.
+        let mut referenced: Vec<i32> = data
+            .resource_profiles
+            .iter()
+            .flat_map(|r| &r.scope_profiles[0].profiles)
+            .flat_map(|p| &p.samples)
+            .map(|s| s.stack_index)
+            .collect();
+        referenced.sort_unstable();
+        referenced.dedup();
+        assert_eq!(
+            referenced,
+            (1..d.stack_table.len() as i32).collect::<Vec<_>>()
+        );
+
+        // The demo's inuse_space samples, by their stacks' function names.
+        let demo = &data.resource_profiles[0].scope_profiles[0].profiles[0];
+        let stacks: Vec<Vec<String>> = demo
+            .samples
+            .iter()
+            .map(|s| stack_functions(d, s.stack_index))
+            .collect();
+        assert_eq!(
+            stacks,
+            [
+                vec![
+                    "inlined_helper",
+                    "site_large",
+                    "main",
+                    "__libc_start_call_main"
+                ],
+                vec!["site_small", "__libc_start_call_main", "main"],
+            ]
+        );
+        // The inlined frame shares its caller's location (lines innermost
+        // first), with the file and line of each.
+        let stack = &d.stack_table[demo.samples[0].stack_index as usize];
+        assert_eq!(stack.location_indices.len(), 3);
+        let location = &d.location_table[stack.location_indices[0] as usize];
+        let lines: Vec<(String, i64)> = location
+            .lines
+            .iter()
+            .map(|l| {
+                let f = &d.function_table[l.function_index as usize];
+                (d.string_table[f.filename_strindex as usize].clone(), l.line)
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            [("/src/demo.c".into(), 40), ("/src/demo.c".into(), 42)]
+        );
+        let mapping = &d.mapping_table[location.mapping_index as usize];
+        assert_eq!(
+            d.string_table[mapping.filename_strindex as usize],
+            "/usr/bin/demo"
+        );
+    }
+
+    #[test]
+    fn mappings_carry_the_files_gnu_build_id() {
+        let exe = std::env::current_exe().unwrap();
+        let id = build_id(&exe).expect("cargo links test binaries with a build id");
+        let mut profile = hand_made();
+        profile.processes.truncate(1);
+        let mut frame = crate::output::export::tests::frame("main", exe.to_str());
+        frame.location = Some("/src/main.rs:3".into());
+        profile.processes[0].stacks[0].frames = vec![frame].into();
+        let data = decoded(&encode(&profile, at(1_000)));
+        let d = data.dictionary.as_ref().unwrap();
+        let mapping = d
+            .mapping_table
+            .iter()
+            .find(|m| d.string_table[m.filename_strindex as usize] == exe.to_str().unwrap())
+            .expect("a mapping of the executable");
+        let attributes: Vec<(&str, &Option<AnyValue>)> = mapping
+            .attribute_indices
+            .iter()
+            .map(|&i| {
+                let a = &d.attribute_table[i as usize];
+                (d.string_table[a.key_strindex as usize].as_str(), &a.value)
+            })
+            .collect();
+        assert_eq!(attributes, [(ATTR_BUILD_ID, &Some(string_value(&id)))]);
+    }
+
+    #[test]
+    fn alloc_figures_are_deltas_and_gone_processes_are_sent_once() {
+        let mut profile = hand_made();
+        let mut encoder = Encoder::new();
+        encoder.encode(&profile, at(1_000));
+        // Later: the demo's largest stack allocated 3 MiB more, of which
+        // 1 MiB is still live; nothing else changed.
+        let s = &mut profile.processes[0].stacks[0].totals;
+        s.alloc_bytes += 3.0 * 1048576.0;
+        s.alloc_objects += 3.0;
+        s.live_bytes += 1048576.0;
+        let live = profile.processes[0].totals.live_bytes + 1048576.0;
+        let data = decoded(&encoder.encode(&profile, at(1_015)));
+        assert_eq!(data.resource_profiles.len(), 1, "the exited one was sent");
+        let r = &data.resource_profiles[0];
+        let sums = sums(&data, r);
+        assert_eq!(sums["alloc_space"], 3 * 1048576);
+        assert_eq!(sums["alloc_objects"], 3);
+        assert_eq!(sums["inuse_space"], live.round() as i64, "a snapshot");
+        let p = &r.scope_profiles[0].profiles[0];
+        assert_eq!(
+            (p.time_unix_nano, p.duration_nano),
+            (1_000_000_000_000, 15_000_000_000),
+            "the window from the last export"
+        );
+        let alloc = &r.scope_profiles[0].profiles[2];
+        assert_eq!(alloc.samples.len(), 1, "the stack that allocated");
+    }
+
+    #[test]
+    fn an_empty_profile_is_an_empty_export() {
+        let data = decoded(&encode(&Profile::default(), at(1)));
+        assert!(data.resource_profiles.is_empty());
+        assert_eq!(data.dictionary.unwrap().string_table, [""]);
+    }
+}
