@@ -6,6 +6,9 @@
 //!
 //! The state (`state/flame.rs`) keeps the selection and zoom as paths of
 //! [`Key`]s, so they survive a rebuild from the next profile.
+//!
+//! (Over 600 lines on purpose: building the tree and laying it out share
+//! one node type and its invariants.)
 
 use std::collections::{HashMap, hash_map::Entry};
 
