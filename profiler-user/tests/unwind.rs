@@ -11,6 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::profile::{ProcessProfile, Profile, StackProfile},
@@ -54,7 +55,7 @@ const SITES: [Site; 3] = [
 /// A session on `pid` once the unwind tables of its files are built and
 /// loaded (so its allocations are walked with them from the first).
 fn session_with_tables(pid: u32, limits: Limits) -> Session {
-    let mut session = Session::start(Target::Pids(vec![pid]), limits).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), limits).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         session.poll_events();
@@ -610,7 +611,7 @@ fn a_crafted_eh_frame_is_refused_and_holds_up_no_other_process_s_tables() {
     common::wait_for_mapping(w.pid(), "liballocprof.so");
     // The crafted process first: its files are asked for first.
     let mut session = Session::start(
-        Target::Pids(vec![crafted.pid(), w.pid()]),
+        Target::Pids(vec![Pid(crafted.pid()), Pid(w.pid())]),
         Limits::default(),
     )
     .unwrap();
@@ -760,7 +761,7 @@ fn with_pid_a_program_sampling_while_allocprof_attaches_has_whole_stacks_from_th
     let pid = w.pid();
     // Allocating already, and all the while allocprof attaches.
     w.expect("started");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     while session
         .refresh()
@@ -973,7 +974,7 @@ fn deep_stack(flags: &[&str], limits: Limits) -> (Proc, Profile) {
     let mut w = Proc::spawn(cmd);
     common::wait_for_mapping(w.pid(), "liballocprof.so");
     let mut session = if limits.max_unwind_rows == 0 {
-        Session::start(Target::Pids(vec![w.pid()]), limits).unwrap()
+        Session::start(Target::Pids(vec![Pid(w.pid())]), limits).unwrap()
     } else {
         session_with_tables(w.pid(), limits)
     };

@@ -9,6 +9,7 @@ use std::{
 use profiler_common::{DROP_REASONS, DropReason, ProcCounters};
 
 use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen};
+use crate::ids::Pid;
 use crate::{
     kernel::KernelSnapshot,
     model::age,
@@ -32,7 +33,7 @@ struct Image {
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// A process's name and sampling rate, read once while it is alive.
-    pub(super) fn identity(&mut self, pid: u32) -> (String, u64) {
+    pub(super) fn identity(&mut self, pid: Pid) -> (String, u64) {
         if let Some(known) = self
             .tracked
             .get(&pid)
@@ -46,7 +47,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         let name = self.processes.name(pid).or_else(|| {
             // The kernel knows it by its host pid.
-            let host = self.pids.host(crate::ids::Pid(pid))?;
+            let host = self.pids.host(pid)?;
             let counters = self.kernel.process(host)?;
             Some(String::from_utf8_lossy(counters.comm_bytes()?).into_owned())
         });
@@ -62,17 +63,19 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The image ran before we attached: its live figures count only what
     /// it allocated since (its first image, started before the session).
     pub(super) fn predates_attach(&self, key: ProcessKey) -> bool {
-        key.generation == 0 && self.started_before_attach(key.pid) && !self.whole_heap_seen(key)
+        key.generation == 0
+            && self.started_before_attach(Pid(key.pid))
+            && !self.whole_heap_seen(key)
     }
 
     /// Its ledger was read: what it allocated before attach is seen too.
     fn whole_heap_seen(&self, key: ProcessKey) -> bool {
-        self.ledger_status(key.pid, key.generation)
+        self.ledger_status(Pid(key.pid), key.generation)
             .is_some_and(|s| s.read)
     }
 
     /// Process `pid` started before the session attached (as far as known).
-    fn started_before_attach(&self, pid: u32) -> bool {
+    fn started_before_attach(&self, pid: Pid) -> bool {
         self.tracked
             .get(&pid)
             .and_then(|t| t.start)
@@ -82,13 +85,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The followed processes whose current image ran before we attached,
     /// sampled since or not, as `name (pid)`.
     fn ran_before_attach(&self) -> Vec<String> {
-        let mut pids: Vec<u32> = self
+        let mut pids: Vec<Pid> = self
             .tracked
             .iter()
             .filter(|&(&pid, t)| {
                 self.started_before_attach(pid)
                     && !t.execed_since_attach
-                    && !self.whole_heap_seen(ProcessKey { pid, generation: 0 })
+                    && !self.whole_heap_seen(ProcessKey {
+                        pid: pid.0,
+                        generation: 0,
+                    })
             })
             .map(|(&pid, _)| pid)
             .collect();
@@ -128,7 +134,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 agg.live_samples = old.live_samples;
             }
             let totals = self.mark(
-                key.pid,
+                Pid(key.pid),
                 key.stack_id,
                 Totals {
                     ages: stack_ages.ages,
@@ -141,8 +147,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // beside what they have resident), not "0 processes".
         if let super::Target::Pids(pids) = &self.target {
             for &pid in pids {
-                let generation = snapshot.processes.get(&pid).map_or(0, |p| p.generation);
-                let key = ProcessKey { pid, generation };
+                let generation = snapshot.processes.get(&pid.0).map_or(0, |p| p.generation);
+                let key = ProcessKey {
+                    pid: pid.0,
+                    generation,
+                };
                 if !live.contains_key(&key) && self.processes.alive(pid) {
                     live.insert(key, Vec::new());
                 }
@@ -155,21 +164,21 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .get(&key.pid)
                 .copied()
                 .unwrap_or_default();
-            let proc = self.image_counters(key.pid, &proc);
-            let (name, rate) = self.identity(key.pid);
-            self.incarnation(key.pid);
-            let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
+            let proc = self.image_counters(Pid(key.pid), &proc);
+            let (name, rate) = self.identity(Pid(key.pid));
+            self.incarnation(Pid(key.pid));
+            let tracked = self.tracked.get_mut(&Pid(key.pid)).expect("tracked above");
             let block = &mut tracked.image.backend_block;
-            let backend_heap = self.processes.backend_heap(key.pid, block);
+            let backend_heap = self.processes.backend_heap(Pid(key.pid), block);
             let image = Image {
                 backend_heap,
                 name,
                 rate,
                 state: ProcessState::Live,
                 since_attach: self.predates_attach(key),
-                ledger: self.ledger_status(key.pid, key.generation),
+                ledger: self.ledger_status(Pid(key.pid), key.generation),
             };
-            let names = &self.tracked[&key.pid].symbols.names;
+            let names = &self.tracked[&Pid(key.pid)].symbols.names;
             processes.push(self.process_profile(key, image, &proc, &stacks, names));
         }
         for f in &self.frozen {
@@ -243,7 +252,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             thinned_events: proc.thinned_events,
             thin_factor: proc.thin_factor.max(1),
             resident: if image.state == ProcessState::Live {
-                self.processes.resident(key.pid)
+                self.processes.resident(Pid(key.pid))
             } else {
                 None
             },
