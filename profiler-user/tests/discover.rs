@@ -33,7 +33,7 @@ fn a_process_whose_main_thread_called_pthread_exit_is_alive() {
     w.send("go");
     w.expect("leader-gone");
     assert!(
-        discover::process_alive(pid),
+        discover::process_alive(Pid(pid)),
         "a process with a running thread is alive"
     );
     // Attaching now (the leader a zombie, /proc/PID/maps empty) works too.
@@ -67,7 +67,7 @@ fn a_process_whose_main_thread_called_pthread_exit_is_alive() {
     assert!(session.targets_alive());
     w.send("exit");
     assert!(w.child.wait().unwrap().success());
-    assert!(!discover::process_alive(pid));
+    assert!(!discover::process_alive(Pid(pid)));
 }
 
 #[test]

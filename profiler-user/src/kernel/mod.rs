@@ -26,6 +26,7 @@ use profiler_common::{
 };
 use thiserror::Error;
 
+use crate::ids::Tid;
 use crate::process::discover::{FileId, OpenFile, ProbeKind, ProbeSite};
 
 /// The kernel object, built by build.rs (from source, or the committed one).
@@ -111,7 +112,7 @@ pub enum KernelError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
     AllProcesses,
-    Process(u32),
+    Process(Tid),
 }
 
 /// A consistent-enough copy of the kernel's aggregates.
@@ -382,8 +383,8 @@ impl Kernel {
         };
         let aya_scope = match scope {
             Scope::AllProcesses => UProbeScope::AllProcesses,
-            Scope::Process(pid) => match NonZeroU32::new(pid) {
-                Some(pid) => UProbeScope::OneProcess(pid),
+            Scope::Process(tid) => match NonZeroU32::new(tid.0) {
+                Some(tid) => UProbeScope::OneProcess(tid),
                 None => UProbeScope::AllProcesses,
             },
         };
@@ -394,12 +395,12 @@ impl Kernel {
         Ok(())
     }
 
-    /// Detaches every probe attached for `pid` alone (it exited).
-    pub(crate) fn detach_process(&mut self, pid: u32) {
+    /// Detaches every probe attached for thread `tid` alone (it exited).
+    pub(crate) fn detach_process(&mut self, tid: Tid) {
         let keys: Vec<LinkKey> = self
             .links
             .keys()
-            .filter(|k| k.3 == Scope::Process(pid))
+            .filter(|k| k.3 == Scope::Process(tid))
             .copied()
             .collect();
         for key in keys {

@@ -32,7 +32,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         let mut stale = Vec::new();
         for file in &scan.probes {
-            stale.extend(self.attach(pid, Tid(scan.tid), file)?);
+            stale.extend(self.attach(pid, scan.tid, file)?);
         }
         // Only now, so that no probe is unattached in between.
         stale.sort_unstable();
@@ -65,7 +65,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
             Target::Pids(_) => match self.track_pid(pid).attached.insert(file.id(), tid) {
                 Some(old) if old == tid => return Ok(None),
-                old => (Scope::Process(tid.0), old),
+                old => (Scope::Process(tid), old),
             },
         };
         self.probe_ids.insert(file.id());

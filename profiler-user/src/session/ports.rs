@@ -154,7 +154,7 @@ impl KernelPort for Kernel {
     }
 
     fn detach_process(&mut self, tid: Tid) {
-        Kernel::detach_process(self, tid.0);
+        Kernel::detach_process(self, tid);
     }
 
     fn attachments(&self) -> usize {
@@ -261,11 +261,11 @@ pub struct BackendBlock(Option<Option<(u64, LiveThread)>>);
 
 impl ProcessPort for Procfs {
     fn alive(&self, pid: Pid) -> bool {
-        discover::process_alive(pid.0)
+        discover::process_alive(pid)
     }
 
     fn scan(&mut self, pid: Pid) -> std::io::Result<Scan> {
-        let scan = self.scanner.scan(pid.0)?;
+        let scan = self.scanner.scan(pid)?;
         for probe in &scan.probes {
             if let Some(offset) = probe.backend_stats {
                 self.stats_blocks.insert(probe.id(), offset);
@@ -278,15 +278,15 @@ impl ProcessPort for Procfs {
     }
 
     fn name(&self, pid: Pid) -> Option<String> {
-        discover::process_name(pid.0)
+        discover::process_name(pid)
     }
 
     fn resident(&self, pid: Pid) -> Option<discover::Resident> {
-        discover::Process::find(pid.0)?.resident()
+        discover::Process::find(pid)?.resident()
     }
 
     fn code_size(&self, pid: Pid) -> Option<u64> {
-        discover::Process::find(pid.0)?.code_size()
+        discover::Process::find(pid)?.code_size()
     }
 
     fn backend_heap(&self, pid: Pid, block: &mut BackendBlock) -> Option<BackendHeap> {
@@ -309,7 +309,7 @@ impl ProcessPort for Procfs {
             }
             None => {}
         }
-        let process = discover::Process::find(pid.0)?;
+        let process = discover::Process::find(pid)?;
         let address = process.maps().ok().and_then(|maps| {
             self.stats_blocks
                 .iter()
@@ -321,13 +321,13 @@ impl ProcessPort for Procfs {
     }
 
     fn start_ticks(&self, pid: Pid) -> Option<u64> {
-        discover::Process::find(pid.0)?.start_ticks()
+        discover::Process::find(pid)?.start_ticks()
     }
 
     fn sampling_rate(&self, pid: Pid) -> u64 {
         // Its environment is its memory (`/proc/PID/environ` reads it).
         let default = profiler_common::rate::DEFAULT_RATE;
-        let Some(process) = discover::Process::find(pid.0) else {
+        let Some(process) = discover::Process::find(pid) else {
             return default;
         };
         self.memory
@@ -336,14 +336,14 @@ impl ProcessPort for Procfs {
     }
 
     fn all_pids(&self) -> Vec<Pid> {
-        discover::all_pids().into_iter().map(Pid).collect()
+        discover::all_pids()
     }
 
     fn ledger_address(&self, pid: Pid) -> Option<(FileId, u64)> {
         if self.ledger_headers.is_empty() {
             return None;
         }
-        let maps = discover::Process::find(pid.0)?.maps().ok()?;
+        let maps = discover::Process::find(pid)?.maps().ok()?;
         self.ledger_headers
             .iter()
             .find_map(|(&file, &offset)| Some((file, ledger::header_address(&maps, file, offset)?)))
@@ -355,13 +355,13 @@ impl ProcessPort for Procfs {
         address: u64,
         live: &mut dyn FnMut(LedgerEntry),
     ) -> Result<LedgerRead, ledger::ReadError> {
-        let process = discover::Process::find(pid.0)
+        let process = discover::Process::find(pid)
             .ok_or(Unreadable::NoThread(std::io::ErrorKind::NotFound))?;
         ledger::read(&self.memory, process.thread(), address, live)
     }
 
     fn ledger_sequences(&self, pid: Pid, addresses: &[u64]) -> Vec<Option<u64>> {
-        match discover::Process::find(pid.0) {
+        match discover::Process::find(pid) {
             Some(process) => ledger::sequences(&self.memory, process.thread(), addresses),
             None => vec![None; addresses.len()],
         }

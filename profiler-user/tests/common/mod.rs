@@ -520,7 +520,7 @@ pub fn header_address(pid: u32) -> u64 {
     let lib = preload_library();
     let notes = allocprof::process::usdt::notes_in_elf(&std::fs::read(&lib).unwrap()).unwrap();
     let offset = notes.ledger.expect("liballocprof.so names its ledger");
-    let maps = allocprof::process::discover::Process::find(pid)
+    let maps = allocprof::process::discover::Process::find(allocprof::ids::Pid(pid))
         .unwrap()
         .maps()
         .unwrap();

@@ -18,7 +18,7 @@ fn a_dlopened_probe_file_is_attached_at_the_next_refresh() {
         assert!(s.is_attached(Pid(100), plugin), "{target:?}");
         let scope = match target {
             Target::All => Scope::AllProcesses,
-            Target::Pids(_) => Scope::Process(100),
+            Target::Pids(_) => Scope::Process(Tid(100)),
         };
         assert!(world.kernel().attached.contains(&(plugin, scope)));
     }

@@ -290,7 +290,9 @@ impl KernelPort for FakeKernel {
 
     fn detach_process(&mut self, Tid(tid): Tid) {
         let mut w = self.0.0.borrow_mut();
-        w.kernel.attached.retain(|(_, s)| *s != Scope::Process(tid));
+        w.kernel
+            .attached
+            .retain(|(_, s)| *s != Scope::Process(Tid(tid)));
         w.kernel.detached.push(tid);
     }
 
@@ -423,7 +425,7 @@ impl ProcessPort for FakeProcesses {
         if !process.maps_readable {
             return Err(std::io::ErrorKind::PermissionDenied.into());
         }
-        let mut own = self.scanner.scan(std::process::id())?;
+        let mut own = self.scanner.scan(Pid(std::process::id()))?;
         if let Some(addr) = process.not_mapped {
             own.space = own.space.without(addr);
         }
@@ -438,7 +440,7 @@ impl ProcessPort for FakeProcesses {
             })
             .collect();
         Ok(Scan {
-            tid: pid,
+            tid: Tid(pid),
             probes,
             space: own.space,
         })
