@@ -174,7 +174,7 @@ impl KernelPort for Kernel {
     }
 
     fn process(&self, pid: HostPid) -> Option<ProcCounters> {
-        Kernel::process(self, pid.0)
+        Kernel::process(self, pid)
     }
 
     fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
@@ -191,8 +191,7 @@ impl KernelPort for Kernel {
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize {
-        let gone: Vec<(u32, Option<u32>)> = gone.iter().map(|(p, g)| (p.0, *g)).collect();
-        Kernel::forget_images(self, &gone, aggregates, live_samples)
+        Kernel::forget_images(self, gone, aggregates, live_samples)
     }
 
     fn forget_stacks(&mut self, ids: &[u64]) -> usize {
@@ -208,30 +207,27 @@ impl KernelPort for Kernel {
     }
 
     fn set_process_unwind(&mut self, pid: HostPid, table: &ProcUnwind) -> Result<(), KernelError> {
-        Kernel::set_process_unwind(self, pid.0, table)
+        Kernel::set_process_unwind(self, pid, table)
     }
 
     fn clear_process_unwind(&mut self, pid: HostPid) {
-        Kernel::clear_process_unwind(self, pid.0);
+        Kernel::clear_process_unwind(self, pid);
     }
 
     fn watch_unseen_frees(&mut self, pid: HostPid) -> Result<(), KernelError> {
-        Kernel::watch_unseen_frees(self, pid.0)
+        Kernel::watch_unseen_frees(self, pid)
     }
 
     fn unwatch_unseen_frees(&mut self, pid: HostPid) {
-        Kernel::unwatch_unseen_frees(self, pid.0);
+        Kernel::unwatch_unseen_frees(self, pid);
     }
 
     fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         Kernel::unseen_frees(self)
-            .into_iter()
-            .map(|(pid, ptr)| (HostPid(pid), ptr))
-            .collect()
     }
 
     fn has_live_sample(&self, pid: HostPid, ptr: u64) -> bool {
-        Kernel::has_live_sample(self, pid.0, ptr)
+        Kernel::has_live_sample(self, pid, ptr)
     }
 }
 

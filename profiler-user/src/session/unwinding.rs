@@ -49,7 +49,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         for m in space.mappings().iter().filter(|m| m.executable) {
             if let Some(file) = &m.file.open {
-                self.unwind.want(file, pid.0);
+                self.unwind.want(file, pid);
             }
         }
         self.give_tables(pid);
