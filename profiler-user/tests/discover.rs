@@ -325,14 +325,14 @@ fn an_exec_storm_leaves_nothing_behind() {
         if profile
             .processes
             .iter()
-            .any(|p| p.key.pid == pid && p.state == ProcessState::Exited)
+            .any(|p| p.key.pid.0 == pid && p.state == ProcessState::Exited)
         {
             break profile;
         }
         assert!(Instant::now() < deadline, "the exit was never noticed");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let images = profile.processes.iter().filter(|p| p.key.pid == pid);
+    let images = profile.processes.iter().filter(|p| p.key.pid.0 == pid);
     assert!(images.count() > 1, "the execs made images: {profile:#?}");
     assert_eq!(
         session.held_address_spaces(),

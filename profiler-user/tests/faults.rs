@@ -45,7 +45,7 @@ fn profile_once(session: &mut Session, pid: u32, state: ProcessState) -> Profile
         let found = p
             .processes
             .iter()
-            .any(|i| i.key.pid == pid && i.state == state);
+            .any(|i| i.key.pid.0 == pid && i.state == state);
         profile = Some(p);
         found
     });
@@ -57,7 +57,7 @@ fn images(profile: &Profile, pid: u32) -> Vec<&ProcessProfile> {
     profile
         .processes
         .iter()
-        .filter(|p| p.key.pid == pid)
+        .filter(|p| p.key.pid.0 == pid)
         .collect()
 }
 
@@ -505,7 +505,7 @@ fn fork_children_of_a_probed_process_survive_their_samples() {
                 seen = profile
                     .processes
                     .iter()
-                    .filter(|p| p.key.pid != pid)
+                    .filter(|p| p.key.pid.0 != pid)
                     .filter(|p| site(p, "fork_child_keep").live_bytes == f64::from(1 << 20))
                     .count();
                 seen == 20

@@ -61,7 +61,7 @@ fn sort_with_a_huge_buffer_shows_no_interval_of_zero() {
     let profile = profile_until(&mut session, "sort's buffer", |p| {
         p.processes
             .iter()
-            .any(|p| p.key.pid == pid && p.totals.live_bytes >= 100e6)
+            .any(|p| p.key.pid.0 == pid && p.totals.live_bytes >= 100e6)
     });
     drop(stdin);
     let _ = sort.wait();
@@ -101,7 +101,7 @@ fn an_image_replaced_by_exec_keeps_its_weight_form_and_lost_bytes() {
     let before = profile_until(&mut session, "its samples", |p| {
         p.processes
             .iter()
-            .any(|p| p.key.pid == pid && p.totals.live_samples >= 200)
+            .any(|p| p.key.pid.0 == pid && p.totals.live_samples >= 200)
     });
     let live = common::process(&before, pid);
     assert_eq!(live.weight_form, WeightForm::Unrecognized);
@@ -113,12 +113,12 @@ fn an_image_replaced_by_exec_keeps_its_weight_form_and_lost_bytes() {
     let after = profile_until(&mut session, "the replaced image", |p| {
         p.processes
             .iter()
-            .any(|p| p.key.pid == pid && p.state == ProcessState::Replaced)
+            .any(|p| p.key.pid.0 == pid && p.state == ProcessState::Replaced)
     });
     let old = after
         .processes
         .iter()
-        .find(|p| p.key.pid == pid && p.state == ProcessState::Replaced)
+        .find(|p| p.key.pid.0 == pid && p.state == ProcessState::Replaced)
         .unwrap();
     assert_eq!(old.weight_form, WeightForm::Unrecognized, "{old:#?}");
     assert_eq!(old.totals.live_ci95_known(), None, "{old:#?}");

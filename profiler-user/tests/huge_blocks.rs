@@ -41,7 +41,7 @@ fn huge_and_numerous_live_blocks_within_statistical_bounds() {
     let p = profile
         .processes
         .iter()
-        .find(|p| p.key.pid == pid)
+        .find(|p| p.key.pid.0 == pid)
         .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"));
     let (mut all_truth, mut all_var, mut all_live) = (0.0, 0.0, 0.0);
     for (function, n, size) in SITES {

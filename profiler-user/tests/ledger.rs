@@ -101,7 +101,7 @@ fn profile_with(session: &mut Session, pid: u32) -> Profile {
     for _ in 0..50 {
         let profile = session.complete_profile().unwrap();
         if profile.processes.iter().any(|p| {
-            p.key.pid == pid && p.ledger.is_some_and(|l| l.read) && p.totals.live_bytes > 0.0
+            p.key.pid.0 == pid && p.ledger.is_some_and(|l| l.read) && p.totals.live_bytes > 0.0
         }) {
             return profile;
         }
@@ -175,7 +175,7 @@ fn a_process_exiting_while_its_ledger_is_read_is_no_error() {
         if let Ok(mut session) = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()) {
             killer.join().unwrap();
             let profile = session.complete_profile().unwrap();
-            if let Some(p) = profile.processes.iter().find(|p| p.key.pid == pid) {
+            if let Some(p) = profile.processes.iter().find(|p| p.key.pid.0 == pid) {
                 assert_ne!(
                     p.state,
                     allocprof::model::profile::ProcessState::Live,

@@ -211,7 +211,7 @@ fn exec_keeps_the_old_image_apart_from_the_new_one() {
         let replaced = profile
             .processes
             .iter()
-            .any(|p| p.key.pid == pid && p.state == ProcessState::Replaced);
+            .any(|p| p.key.pid.0 == pid && p.state == ProcessState::Replaced);
         if replaced && session.is_attached_to(Pid(pid)) {
             break;
         }
@@ -223,7 +223,7 @@ fn exec_keeps_the_old_image_apart_from_the_new_one() {
     let images: Vec<&ProcessProfile> = profile
         .processes
         .iter()
-        .filter(|p| p.key.pid == pid)
+        .filter(|p| p.key.pid.0 == pid)
         .collect();
     assert_eq!(images.len(), 2, "{images:#?}");
     let old = images

@@ -768,7 +768,7 @@ fn with_pid_a_program_sampling_while_allocprof_attaches_has_whole_stacks_from_th
         .unwrap()
         .processes
         .iter()
-        .find(|p| p.key.pid == pid)
+        .find(|p| p.key.pid.0 == pid)
         .is_none_or(|p| p.alloc_events < 5000)
     {
         assert!(Instant::now() < deadline, "too few samples");

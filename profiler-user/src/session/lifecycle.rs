@@ -182,7 +182,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             if is_gone(Pid(key.pid), key.generation) {
                 images
                     .entry(ProcessKey {
-                        pid: key.pid,
+                        pid: Pid(key.pid),
                         generation: key.generation,
                     })
                     .or_default()
@@ -203,19 +203,19 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // requests keep those files open until symbolized.
         self.request_symbols_where(snapshot, is_gone, false);
         for (key, stacks) in images {
-            let exited = gone.get(&Pid(key.pid)).is_some_and(Option::is_none);
+            let exited = gone.get(&key.pid).is_some_and(Option::is_none);
             // Counters are per pid: the image's are those since the last
             // image frozen by exec; its weight form is the pid's.
             let now = snapshot
                 .processes
-                .get(&key.pid)
+                .get(&key.pid.0)
                 .copied()
                 .unwrap_or_default();
-            let proc = self.image_counters(Pid(key.pid), &now);
-            let (name, rate) = self.identity(Pid(key.pid));
+            let proc = self.image_counters(key.pid, &now);
+            let (name, rate) = self.identity(key.pid);
             let since_attach = self.predates_attach(key);
-            let ledger = self.ledger_status(Pid(key.pid), key.generation);
-            let tracked = self.track_pid(Pid(key.pid));
+            let ledger = self.ledger_status(key.pid, key.generation);
+            let tracked = self.track_pid(key.pid);
             if !exited {
                 tracked.exec_counters = Some(now);
             }

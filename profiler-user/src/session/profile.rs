@@ -63,14 +63,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The image ran before we attached: its live figures count only what
     /// it allocated since (its first image, started before the session).
     pub(super) fn predates_attach(&self, key: ProcessKey) -> bool {
-        key.generation == 0
-            && self.started_before_attach(Pid(key.pid))
-            && !self.whole_heap_seen(key)
+        key.generation == 0 && self.started_before_attach(key.pid) && !self.whole_heap_seen(key)
     }
 
     /// Its ledger was read: what it allocated before attach is seen too.
     fn whole_heap_seen(&self, key: ProcessKey) -> bool {
-        self.ledger_status(Pid(key.pid), key.generation)
+        self.ledger_status(key.pid, key.generation)
             .is_some_and(|s| s.read)
     }
 
@@ -91,10 +89,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             .filter(|&(&pid, t)| {
                 self.started_before_attach(pid)
                     && !t.execed_since_attach
-                    && !self.whole_heap_seen(ProcessKey {
-                        pid: pid.0,
-                        generation: 0,
-                    })
+                    && !self.whole_heap_seen(ProcessKey { pid, generation: 0 })
             })
             .map(|(&pid, _)| pid)
             .collect();
@@ -119,7 +114,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut live: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
         for (key, agg) in &snapshot.aggregates {
             let pk = ProcessKey {
-                pid: key.pid,
+                pid: Pid(key.pid),
                 generation: key.generation,
             };
             let stack_ages = ages.get(key).copied().unwrap_or_default();
@@ -148,10 +143,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         if let super::Target::Pids(pids) = &self.target {
             for &pid in pids {
                 let generation = snapshot.processes.get(&pid.0).map_or(0, |p| p.generation);
-                let key = ProcessKey {
-                    pid: pid.0,
-                    generation,
-                };
+                let key = ProcessKey { pid, generation };
                 if !live.contains_key(&key) && self.processes.alive(pid) {
                     live.insert(key, Vec::new());
                 }
@@ -161,24 +153,24 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         for (key, stacks) in live {
             let proc = snapshot
                 .processes
-                .get(&key.pid)
+                .get(&key.pid.0)
                 .copied()
                 .unwrap_or_default();
-            let proc = self.image_counters(Pid(key.pid), &proc);
-            let (name, rate) = self.identity(Pid(key.pid));
-            self.incarnation(Pid(key.pid));
-            let tracked = self.tracked.get_mut(&Pid(key.pid)).expect("tracked above");
+            let proc = self.image_counters(key.pid, &proc);
+            let (name, rate) = self.identity(key.pid);
+            self.incarnation(key.pid);
+            let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
             let block = &mut tracked.image.backend_block;
-            let backend_heap = self.processes.backend_heap(Pid(key.pid), block);
+            let backend_heap = self.processes.backend_heap(key.pid, block);
             let image = Image {
                 backend_heap,
                 name,
                 rate,
                 state: ProcessState::Live,
                 since_attach: self.predates_attach(key),
-                ledger: self.ledger_status(Pid(key.pid), key.generation),
+                ledger: self.ledger_status(key.pid, key.generation),
             };
-            let names = &self.tracked[&Pid(key.pid)].symbols.names;
+            let names = &self.tracked[&key.pid].symbols.names;
             processes.push(self.process_profile(key, image, &proc, &stacks, names));
         }
         for f in &self.frozen {
@@ -252,7 +244,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             thinned_events: proc.thinned_events,
             thin_factor: proc.thin_factor.max(1),
             resident: if image.state == ProcessState::Live {
-                self.processes.resident(Pid(key.pid))
+                self.processes.resident(key.pid)
             } else {
                 None
             },

@@ -575,9 +575,7 @@ mod tests {
         .unwrap();
         let here =
             a_mapping_of_our_own_code_has_a_bias_that_finds_our_functions as *const () as u64;
-        let space =
-            crate::process::normalize::AddressSpace::read(Pid(std::process::id()))
-                .unwrap();
+        let space = crate::process::normalize::AddressSpace::read(Pid(std::process::id())).unwrap();
         let m = space
             .mappings()
             .iter()

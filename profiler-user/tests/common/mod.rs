@@ -313,7 +313,7 @@ pub fn process(
     profile
         .processes
         .iter()
-        .find(|p| p.key.pid == pid)
+        .find(|p| p.key.pid.0 == pid)
         .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"))
 }
 

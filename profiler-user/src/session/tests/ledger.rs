@@ -38,7 +38,7 @@ fn live_of(profile: &Profile, pid: u32) -> (f64, f64) {
     let p = profile
         .processes
         .iter()
-        .find(|p| p.key.pid == pid)
+        .find(|p| p.key.pid.0 == pid)
         .expect("the process is in the profile");
     (p.totals.live_bytes, p.totals.before_attach_bytes)
 }

@@ -538,7 +538,7 @@ fn images(profile: &Profile, pid: u32) -> Vec<&ProcessProfile> {
     profile
         .processes
         .iter()
-        .filter(|p| p.key.pid == pid)
+        .filter(|p| p.key.pid.0 == pid)
         .collect()
 }
 

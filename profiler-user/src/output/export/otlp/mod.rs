@@ -362,7 +362,7 @@ impl Builder {
             KeyValue {
                 key: ATTR_PID.into(),
                 value: Some(AnyValue {
-                    value: Some(any_value::Value::IntValue(i64::from(p.key.pid))),
+                    value: Some(any_value::Value::IntValue(i64::from(p.key.pid.0))),
                 }),
                 ..Default::default()
             },
@@ -532,7 +532,7 @@ mod tests {
         let data = decoded(&encode(&profile, at(1_000)));
         assert_eq!(data.resource_profiles.len(), profile.processes.len());
         for (r, p) in data.resource_profiles.iter().zip(&profile.processes) {
-            assert_eq!(pid(r), i64::from(p.key.pid));
+            assert_eq!(pid(r), i64::from(p.key.pid.0));
             for key in [ATTR_EXECUTABLE_NAME, ATTR_SERVICE_NAME] {
                 assert_eq!(attribute(r, key), Some(&Value::StringValue(p.name.clone())));
             }
