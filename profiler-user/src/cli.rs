@@ -168,7 +168,8 @@ impl TargetArgs {
         if self.pids.is_empty() {
             Target::All
         } else {
-            Target::Pids(self.pids.clone())
+            // The command line's numbers become our pids here.
+            Target::Pids(self.pids.iter().map(|&p| allocprof::ids::Pid(p)).collect())
         }
     }
 

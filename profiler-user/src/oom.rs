@@ -161,7 +161,10 @@ mod tests {
             },
         };
         let mut p = ProcessProfile::from_stacks(
-            ProcessKey { pid, generation: 0 },
+            ProcessKey {
+                pid: crate::ids::Pid(pid),
+                generation: 0,
+            },
             name.into(),
             ProcessState::OomKilled,
             4096,

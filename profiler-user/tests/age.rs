@@ -7,6 +7,7 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::age::OLD,
@@ -33,7 +34,7 @@ fn with_a_minimum_age_a_leak_ranks_above_a_larger_churning_cache() {
     let exe = common::compile_c("age_leak.c", &["-pthread"]);
     let mut w = Proc::spawn(Command::new(exe));
     common::wait_for_mapping(w.pid(), "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     w.send("go");
     w.expect("ready");
     // Every cache slot is replaced about twice a second: after 7 s, no

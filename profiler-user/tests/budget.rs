@@ -7,6 +7,7 @@ mod common;
 
 use std::process::Command;
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::stats::Z95,
@@ -35,7 +36,7 @@ fn under_a_budget_far_below_the_event_rate_estimates_stay_within_sigma() {
         max_event_rate: BUDGET,
         ..Limits::default()
     };
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), limits).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), limits).unwrap();
     w.send("go");
     let line = w.line();
     let fields: Vec<&str> = line.split_whitespace().collect();
@@ -131,7 +132,7 @@ fn huge_samples_under_a_huge_thin_factor_are_counted_in_full() {
         max_event_rate: 10,
         ..Limits::default()
     };
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), limits).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), limits).unwrap();
     w.send("go");
     w.expect("done");
     let profile = session.complete_profile().unwrap();

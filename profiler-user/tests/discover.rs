@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::profile::ProcessState,
@@ -27,16 +28,16 @@ fn a_process_whose_main_thread_called_pthread_exit_is_alive() {
     let mut w = Proc::spawn(Command::new(exe));
     let pid = w.pid();
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     // The main thread allocates and leaves; the worker runs on.
     w.send("go");
     w.expect("leader-gone");
     assert!(
-        discover::process_alive(pid),
+        discover::process_alive(Pid(pid)),
         "a process with a running thread is alive"
     );
     // Attaching now (the leader a zombie, /proc/PID/maps empty) works too.
-    let late = Session::start(Target::Pids(vec![pid]), Limits::default());
+    let late = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default());
     assert!(
         late.is_ok(),
         "attaching after pthread_exit: {:?}",
@@ -66,7 +67,7 @@ fn a_process_whose_main_thread_called_pthread_exit_is_alive() {
     assert!(session.targets_alive());
     w.send("exit");
     assert!(w.child.wait().unwrap().success());
-    assert!(!discover::process_alive(pid));
+    assert!(!discover::process_alive(Pid(pid)));
 }
 
 #[test]
@@ -81,7 +82,7 @@ fn system_wide_a_process_whose_main_thread_called_pthread_exit_is_profiled() {
     // Started now, the scan of every process meets a zombie main thread.
     let mut session = Session::start(Target::All, Limits::default()).unwrap();
     assert!(
-        session.is_attached_to(pid),
+        session.is_attached_to(Pid(pid)),
         "the process's probes were not found through its live thread"
     );
     w.send("go");
@@ -130,7 +131,7 @@ fn a_process_in_its_own_mount_namespace_is_symbolized_from_its_own_file() {
     // The shell maps the preloaded library too: wait for the program first.
     common::wait_for_mapping(pid, "mount-ns/program");
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     w.send("go");
     w.expect("ready");
     // It exits before anything was symbolized.
@@ -312,7 +313,7 @@ fn an_exec_storm_leaves_nothing_behind() {
     let mut w = Proc::spawn(cmd);
     let pid = w.pid();
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     w.send("go");
     w.expect("ready");
     session.refresh().unwrap();
@@ -324,21 +325,21 @@ fn an_exec_storm_leaves_nothing_behind() {
         if profile
             .processes
             .iter()
-            .any(|p| p.key.pid == pid && p.state == ProcessState::Exited)
+            .any(|p| p.key.pid.0 == pid && p.state == ProcessState::Exited)
         {
             break profile;
         }
         assert!(Instant::now() < deadline, "the exit was never noticed");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let images = profile.processes.iter().filter(|p| p.key.pid == pid);
+    let images = profile.processes.iter().filter(|p| p.key.pid.0 == pid);
     assert!(images.count() > 1, "the execs made images: {profile:#?}");
     assert_eq!(
         session.held_address_spaces(),
         0,
         "the address spaces (and open files) of a process that is gone are pruned"
     );
-    assert!(!session.kernel_tracks(pid));
+    assert!(!session.kernel_tracks(Pid(pid)));
 }
 
 #[test]
@@ -356,7 +357,7 @@ fn a_process_that_never_sampled_is_pruned_when_it_exits() {
         .unwrap();
     let pid = child.id();
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     session.refresh().unwrap();
     assert_eq!(session.held_address_spaces(), 1);
     drop(child.stdin.take());

@@ -121,7 +121,9 @@ impl Drop for MapsHugeFiles {
 fn discovery_of_huge_sparse_mappings_stays_bounded() {
     let target = MapsHugeFiles::start("discover-bounded-lib");
     let before = peak_rss();
-    let found = Scanner::default().probe_files(target.child.id()).unwrap();
+    let found = Scanner::default()
+        .probe_files(allocprof::ids::Pid(target.child.id()))
+        .unwrap();
     let grown = peak_rss().saturating_sub(before);
     assert!(found.is_empty(), "no probes there: {found:?}");
     assert!(

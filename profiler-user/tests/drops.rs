@@ -44,7 +44,7 @@ impl Emitter {
         let mut kernel = Kernel::load(limits, false).expect("loading the eBPF programs");
         for site in &sites {
             kernel
-                .attach(&exe, site, Scope::Process(child.id()))
+                .attach(&exe, site, Scope::Process(allocprof::ids::Tid(child.id())))
                 .unwrap();
         }
         Emitter {
@@ -380,7 +380,7 @@ fn second_emitter(e: &mut Emitter) -> (Child, ChildStdin, Lines<BufReader<ChildS
         .unwrap();
     for site in &sites {
         e.kernel
-            .attach(&exe, site, Scope::Process(other.id()))
+            .attach(&exe, site, Scope::Process(allocprof::ids::Tid(other.id())))
             .unwrap();
     }
     let stdin = other.stdin.take().unwrap();

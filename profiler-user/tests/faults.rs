@@ -12,6 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::profile::{ProcessProfile, ProcessState, Profile},
@@ -44,7 +45,7 @@ fn profile_once(session: &mut Session, pid: u32, state: ProcessState) -> Profile
         let found = p
             .processes
             .iter()
-            .any(|i| i.key.pid == pid && i.state == state);
+            .any(|i| i.key.pid.0 == pid && i.state == state);
         profile = Some(p);
         found
     });
@@ -56,7 +57,7 @@ fn images(profile: &Profile, pid: u32) -> Vec<&ProcessProfile> {
     profile
         .processes
         .iter()
-        .filter(|p| p.key.pid == pid)
+        .filter(|p| p.key.pid.0 == pid)
         .collect()
 }
 
@@ -71,7 +72,7 @@ fn every_allocation_sampled(mut cmd: Command) -> Command {
 fn wait_attached(session: &mut Session, pid: u32) {
     wait_until(&format!("process {pid} attached"), || {
         session.poll_events();
-        session.is_attached_to(pid)
+        session.is_attached_to(Pid(pid))
     });
 }
 
@@ -90,7 +91,7 @@ fn a_target_killed_mid_sample_is_accounted_and_forgotten() {
     hammer.expect("running");
     wait_until("the hammering process sampled", || {
         session.refresh().unwrap();
-        session.kernel_tracks(pid)
+        session.kernel_tracks(Pid(pid))
     });
     // Killed while its probes fire; the session looks at once, while the
     // threads may still be dying, and keeps looking.
@@ -115,7 +116,7 @@ fn a_target_killed_mid_sample_is_accounted_and_forgotten() {
         );
     }
     assert!(
-        !session.kernel_tracks(pid),
+        !session.kernel_tracks(Pid(pid)),
         "the kernel still holds state for the killed process"
     );
     // A target profiled in the same session all along is unaffected.
@@ -274,7 +275,7 @@ fn a_full_event_ring_loses_no_exit() {
     let mut session = Session::start(Target::All, Limits::default()).unwrap();
     w.allocate();
     session.refresh().unwrap();
-    assert!(session.kernel_tracks(pid), "the target sampled");
+    assert!(session.kernel_tracks(Pid(pid)), "the target sampled");
     // 6000 execs, unread: far more than the 64 KiB ring holds (~4096).
     let storm = Command::new(common::compile_c("exec_storm.c", &[]))
         .args(["6000", "again"])
@@ -295,7 +296,7 @@ fn a_full_event_ring_loses_no_exit() {
         "its figures are kept: {p:#?}"
     );
     assert!(
-        !session.kernel_tracks(pid),
+        !session.kernel_tracks(Pid(pid)),
         "the kernel state of the killed process is freed"
     );
     let profile = session.complete_profile().unwrap();
@@ -399,12 +400,12 @@ fn a_dlclosed_probe_library_keeps_its_figures_and_frames() {
     let mut w = Proc::spawn(cmd);
     let pid = w.pid();
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     w.send("go");
     w.expect("loaded");
     session.refresh().unwrap();
     assert!(
-        session.is_attached(pid, FileId::of_path(&plugin).unwrap()),
+        session.is_attached(Pid(pid), FileId::of_path(&plugin).unwrap()),
         "the plugin's own probes are attached"
     );
     // dlclose unmaps it (the workload checks), then it allocates on.
@@ -447,9 +448,9 @@ fn a_probed_file_replaced_on_disk_is_still_the_one_profiled() {
     // Another file takes its path while the target maps the old one.
     replace(&path, Path::new("/bin/true"));
     assert_ne!(FileId::of_path(&path).unwrap(), mapped);
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default())
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default())
         .expect("attaching through the mapped file");
-    assert!(session.is_attached(pid, mapped), "not the mapped file");
+    assert!(session.is_attached(Pid(pid), mapped), "not the mapped file");
     w.send("go");
     w.expect("ready");
     let profile = session.complete_profile().unwrap();
@@ -482,7 +483,7 @@ fn fork_children_of_a_probed_process_survive_their_samples() {
         let target = if all {
             Target::All
         } else {
-            Target::Pids(vec![pid])
+            Target::Pids(vec![Pid(pid)])
         };
         let mut session = Session::start(target, Limits::default()).unwrap();
         wait_attached(&mut session, pid);
@@ -504,7 +505,7 @@ fn fork_children_of_a_probed_process_survive_their_samples() {
                 seen = profile
                     .processes
                     .iter()
-                    .filter(|p| p.key.pid != pid)
+                    .filter(|p| p.key.pid.0 != pid)
                     .filter(|p| site(p, "fork_child_keep").live_bytes == f64::from(1 << 20))
                     .count();
                 seen == 20

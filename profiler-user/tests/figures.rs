@@ -11,6 +11,7 @@ use std::{
     time::Duration,
 };
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::profile::{ProcessState, Profile},
@@ -50,7 +51,7 @@ fn sort_with_a_huge_buffer_shows_no_interval_of_zero() {
         .expect("sort (coreutils)");
     let pid = sort.id();
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     let mut stdin = sort.stdin.take().unwrap();
     // Some lines: sort reads them into its buffer and waits for more.
     for i in 0..2000 {
@@ -60,7 +61,7 @@ fn sort_with_a_huge_buffer_shows_no_interval_of_zero() {
     let profile = profile_until(&mut session, "sort's buffer", |p| {
         p.processes
             .iter()
-            .any(|p| p.key.pid == pid && p.totals.live_bytes >= 100e6)
+            .any(|p| p.key.pid.0 == pid && p.totals.live_bytes >= 100e6)
     });
     drop(stdin);
     let _ = sort.wait();
@@ -94,13 +95,13 @@ fn an_image_replaced_by_exec_keeps_its_weight_form_and_lost_bytes() {
     let exe = common::compile_c("exec_weights.c", &[]);
     let mut w = Proc::spawn(Command::new(&exe));
     let pid = w.pid();
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     w.send("go");
     w.expect("fired");
     let before = profile_until(&mut session, "its samples", |p| {
         p.processes
             .iter()
-            .any(|p| p.key.pid == pid && p.totals.live_samples >= 200)
+            .any(|p| p.key.pid.0 == pid && p.totals.live_samples >= 200)
     });
     let live = common::process(&before, pid);
     assert_eq!(live.weight_form, WeightForm::Unrecognized);
@@ -112,12 +113,12 @@ fn an_image_replaced_by_exec_keeps_its_weight_form_and_lost_bytes() {
     let after = profile_until(&mut session, "the replaced image", |p| {
         p.processes
             .iter()
-            .any(|p| p.key.pid == pid && p.state == ProcessState::Replaced)
+            .any(|p| p.key.pid.0 == pid && p.state == ProcessState::Replaced)
     });
     let old = after
         .processes
         .iter()
-        .find(|p| p.key.pid == pid && p.state == ProcessState::Replaced)
+        .find(|p| p.key.pid.0 == pid && p.state == ProcessState::Replaced)
         .unwrap();
     assert_eq!(old.weight_form, WeightForm::Unrecognized, "{old:#?}");
     assert_eq!(old.totals.live_ci95_known(), None, "{old:#?}");
@@ -152,7 +153,7 @@ fn frees_of_blocks_from_before_attach_are_not_dropped_events() {
     w.send("alloc");
     w.expect("ready");
     let pid = w.pid();
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     // Freed after attach, before the ledger is read: the kernel finds no
     // live sample for them.
     w.send("half");

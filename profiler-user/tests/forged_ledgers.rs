@@ -12,6 +12,7 @@ mod common;
 
 use std::process::Command;
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     output::report::{self, ReportOptions},
@@ -92,7 +93,8 @@ fn forged_ledgers_are_held_to_the_kernels_caps_and_memory_stays_bounded() {
     let forgers = [exact.pid(), invalid.pid(), heavy.pid()];
     let mut pids = forgers.to_vec();
     pids.push(honest.pid());
-    let mut session = Session::start(Target::Pids(pids), limits).unwrap();
+    let mut session =
+        Session::start(Target::Pids(pids.iter().map(|&p| Pid(p)).collect()), limits).unwrap();
     let profile = session.complete_profile().unwrap();
     let after = vm_hwm_kib();
 

@@ -7,6 +7,7 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::process::Command;
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     session::{Session, Target},
@@ -27,7 +28,7 @@ fn huge_and_numerous_live_blocks_within_statistical_bounds() {
     let pid = child.id();
     common::wait_for_mapping(pid, "liballocprof.so");
     let mut stdin = child.stdin.take().unwrap();
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     writeln!(stdin, "go").unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.as_mut().unwrap())
@@ -40,7 +41,7 @@ fn huge_and_numerous_live_blocks_within_statistical_bounds() {
     let p = profile
         .processes
         .iter()
-        .find(|p| p.key.pid == pid)
+        .find(|p| p.key.pid.0 == pid)
         .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"));
     let (mut all_truth, mut all_var, mut all_live) = (0.0, 0.0, 0.0);
     for (function, n, size) in SITES {

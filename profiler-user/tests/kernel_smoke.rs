@@ -42,7 +42,9 @@ fn kernel_programs_account_probes_of_a_real_process() {
 
     let mut kernel = Kernel::load(Limits::default(), false).expect("loading the eBPF programs");
     for site in &sites {
-        kernel.attach(&exe, site, Scope::Process(pid)).unwrap();
+        kernel
+            .attach(&exe, site, Scope::Process(allocprof::ids::Tid(pid)))
+            .unwrap();
     }
     let mut stdin = child.stdin.take().unwrap();
     writeln!(stdin, "go").unwrap();

@@ -8,6 +8,7 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::profile::{ProcessProfile, Profile},
@@ -51,7 +52,7 @@ fn started(cmd: Command) -> Proc {
 fn a_late_pid_attach_sees_the_heap_from_before_and_what_is_freed_after() {
     common::require_bpf();
     let mut w = started(workload());
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     let profile = session.complete_profile().unwrap();
     let p = common::process(&profile, w.pid());
     let a = assert_live(p, "site_a", A);
@@ -100,7 +101,7 @@ fn profile_with(session: &mut Session, pid: u32) -> Profile {
     for _ in 0..50 {
         let profile = session.complete_profile().unwrap();
         if profile.processes.iter().any(|p| {
-            p.key.pid == pid && p.ledger.is_some_and(|l| l.read) && p.totals.live_bytes > 0.0
+            p.key.pid.0 == pid && p.ledger.is_some_and(|l| l.read) && p.totals.live_bytes > 0.0
         }) {
             return profile;
         }
@@ -148,7 +149,7 @@ fn blocks_churned_while_the_ledger_is_read_are_counted_once() {
     w.expect("ready");
     // Two threads replace their blocks without pause while allocprof reads
     // the ledger: each block is the ledger's or the kernel's, never both.
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     for _ in 0..3 {
         let profile = session.complete_profile().unwrap();
         let p = common::process(&profile, w.pid());
@@ -171,10 +172,10 @@ fn a_process_exiting_while_its_ledger_is_read_is_no_error() {
         });
         // Either it is gone before attach (no such process, no probes) or
         // it is followed and then retired; never a panic or a hang.
-        if let Ok(mut session) = Session::start(Target::Pids(vec![pid]), Limits::default()) {
+        if let Ok(mut session) = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()) {
             killer.join().unwrap();
             let profile = session.complete_profile().unwrap();
-            if let Some(p) = profile.processes.iter().find(|p| p.key.pid == pid) {
+            if let Some(p) = profile.processes.iter().find(|p| p.key.pid.0 == pid) {
                 assert_ne!(
                     p.state,
                     allocprof::model::profile::ProcessState::Live,
@@ -227,8 +228,11 @@ fn a_ledger_filled_with_garbage_is_checked_not_followed() {
     bad[header::CAPACITY] = u64::MAX;
     write_words(v.pid(), vh, &bad);
 
-    let mut session =
-        Session::start(Target::Pids(vec![w.pid(), v.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(
+        Target::Pids(vec![Pid(w.pid()), Pid(v.pid())]),
+        Limits::default(),
+    )
+    .unwrap();
     let profile = session.complete_profile().unwrap();
     let p = common::process(&profile, w.pid());
     let ledger = p.ledger.unwrap();
@@ -274,7 +278,7 @@ fn the_heap_from_before_attach_is_read_after_the_main_thread_called_pthread_exit
     // /proc/PID is a zombie's now, and process_vm_readv of PID fails
     // (ESRCH): the ledger and the allocator's block are read through a
     // live thread.
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     let profile = session.complete_profile().unwrap();
     let p = common::process(&profile, w.pid());
     let t = assert_live(p, "main_site", MAIN);

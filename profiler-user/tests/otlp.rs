@@ -11,6 +11,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     output::export::{
@@ -121,7 +122,7 @@ fn the_collector_writes_out_the_json_exports_totals_and_stacks() {
     common::require_bpf();
     let collector = Collector::start("same-figures");
     let mut w = Workload::c(&[]);
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     w.allocate();
     let profile = session.complete_profile().unwrap();
     let opts = export::Options::default();

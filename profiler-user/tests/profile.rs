@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::profile::{ProcessProfile, ProcessState, Profile},
@@ -27,7 +28,7 @@ fn final_profile(session: &mut Session) -> Profile {
 fn c_program_sites_within_statistical_bounds() {
     common::require_bpf();
     let mut w = Workload::c(&[]);
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     w.allocate();
     let profile = final_profile(&mut session);
     assert_sites_within_bounds(process(&profile, w.pid()));
@@ -38,7 +39,7 @@ fn c_program_sites_within_statistical_bounds() {
 fn rust_program_sites_within_statistical_bounds() {
     common::require_bpf();
     let mut w = Workload::rust();
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     w.allocate();
     let profile = final_profile(&mut session);
     let p = process(&profile, w.pid());
@@ -91,8 +92,11 @@ fn two_processes_are_separate_and_merge_by_sum() {
     common::require_bpf();
     let mut a = Workload::c(&[]);
     let mut b = Workload::c(&[]);
-    let mut session =
-        Session::start(Target::Pids(vec![a.pid(), b.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(
+        Target::Pids(vec![Pid(a.pid()), Pid(b.pid())]),
+        Limits::default(),
+    )
+    .unwrap();
     a.allocate();
     b.allocate();
     let profile = final_profile(&mut session);
@@ -122,7 +126,7 @@ fn process_started_later_is_profiled_system_wide() {
     let mut w = Workload::c(&[]);
     // Attachment follows the exec event; wait until the library is attached.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !session.is_attached_to(w.pid()) {
+    while !session.is_attached_to(Pid(w.pid())) {
         assert!(
             Instant::now() < deadline,
             "the new process was never attached"
@@ -141,7 +145,7 @@ fn dlopened_library_is_seen() {
     common::require_bpf();
     let plugin = common::compile_c_library("plugin.c");
     let mut w = Workload::c(&[plugin.as_os_str()]);
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     w.allocate();
     let profile = final_profile(&mut session);
     let p = process(&profile, w.pid());
@@ -158,7 +162,7 @@ fn dlopened_library_is_seen() {
         plugin_mallocs.live_bytes
     );
     assert!(
-        session.is_attached(w.pid(), FileId::of_path(&plugin).unwrap()),
+        session.is_attached(Pid(w.pid()), FileId::of_path(&plugin).unwrap()),
         "the library's own probes are attached"
     );
     w.exit();
@@ -169,7 +173,7 @@ fn exited_process_keeps_its_symbolized_stacks() {
     common::require_bpf();
     let mut w = Workload::c(&[]);
     let pid = w.pid();
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     w.allocate();
     session.refresh().unwrap();
     w.exit();
@@ -185,7 +189,7 @@ fn exited_process_keeps_its_symbolized_stacks() {
     let p = process(&profile, pid);
     assert_sites_within_bounds(p);
     assert!(
-        !session.kernel_tracks(pid),
+        !session.kernel_tracks(Pid(pid)),
         "the kernel state of an exited process is freed"
     );
 }
@@ -195,7 +199,7 @@ fn exec_keeps_the_old_image_apart_from_the_new_one() {
     common::require_bpf();
     let mut w = Workload::c(&[OsStr::new("--exec")]);
     let pid = w.pid();
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     w.allocate();
     session.refresh().unwrap();
     // The last line execs a new image under the same pid; wait until
@@ -207,8 +211,8 @@ fn exec_keeps_the_old_image_apart_from_the_new_one() {
         let replaced = profile
             .processes
             .iter()
-            .any(|p| p.key.pid == pid && p.state == ProcessState::Replaced);
-        if replaced && session.is_attached_to(pid) {
+            .any(|p| p.key.pid.0 == pid && p.state == ProcessState::Replaced);
+        if replaced && session.is_attached_to(Pid(pid)) {
             break;
         }
         assert!(Instant::now() < deadline, "the exec was never noticed");
@@ -219,7 +223,7 @@ fn exec_keeps_the_old_image_apart_from_the_new_one() {
     let images: Vec<&ProcessProfile> = profile
         .processes
         .iter()
-        .filter(|p| p.key.pid == pid)
+        .filter(|p| p.key.pid.0 == pid)
         .collect();
     assert_eq!(images.len(), 2, "{images:#?}");
     let old = images
@@ -244,7 +248,7 @@ fn short_c_names_are_not_demangled_as_cpp_types() {
     let mut w = common::Proc::spawn(std::process::Command::new(exe));
     let pid = w.pid();
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     w.send("go");
     w.expect("ready");
     let profile = session.complete_profile().unwrap();

@@ -7,6 +7,7 @@ mod common;
 
 use std::process::Command;
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     output::report::{self, ReportOptions},
@@ -25,7 +26,7 @@ fn a_fragmented_heap_shows_resident_memory_well_above_the_live_heap() {
     let exe = common::compile_c("fragment.c", &[]);
     let mut w = Proc::spawn(Command::new(exe));
     common::wait_for_mapping(w.pid(), "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     w.send("go");
     w.expect("ready");
     let profile = session.complete_profile().unwrap();
@@ -78,7 +79,8 @@ fn the_allocators_own_figures_show_what_it_holds_beyond_the_live_heap() {
             .env("ALLOCPROF_RATE", RATE.to_string());
         let mut w = Proc::spawn(cmd);
         common::wait_for_mapping(w.pid(), name);
-        let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+        let mut session =
+            Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
         w.send("go");
         w.expect("ready");
         let profile = session.complete_profile().unwrap();

@@ -200,7 +200,7 @@ fn leak_estimate(profile: &Profile, pid: u32) -> f64 {
     let process = profile
         .processes
         .iter()
-        .find(|p| p.key.pid == pid && p.state == ProcessState::Live)
+        .find(|p| p.key.pid.0 == pid && p.state == ProcessState::Live)
         .unwrap_or_else(|| panic!("process {pid} missing from the snapshot"));
     process
         .stacks

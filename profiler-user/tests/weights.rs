@@ -16,6 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::profile::{ProcessProfile, Profile},
@@ -79,7 +80,7 @@ fn profile_of_each(runs: &[(&Path, &str, &str, u64)]) -> (Profile, Vec<u32>) {
     let mut session = Session::start(Target::All, Limits::default()).unwrap();
     // Every run is attached before it fires.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !pids.iter().all(|&pid| session.is_attached_to(pid)) {
+    while !pids.iter().all(|&pid| session.is_attached_to(Pid(pid))) {
         assert!(Instant::now() < deadline, "a run was never attached");
         session.poll_events();
         std::thread::sleep(Duration::from_millis(10));

@@ -29,6 +29,7 @@ use profiler_common::{
 };
 use thiserror::Error;
 
+use crate::ids::{HostPid, Tid};
 use crate::process::discover::{FileId, OpenFile, ProbeKind, ProbeSite};
 
 /// The kernel object, built by build.rs (from source, or the committed one).
@@ -114,7 +115,7 @@ pub enum KernelError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
     AllProcesses,
-    Process(u32),
+    Process(Tid),
 }
 
 /// A consistent-enough copy of the kernel's aggregates.
@@ -385,8 +386,8 @@ impl Kernel {
         };
         let aya_scope = match scope {
             Scope::AllProcesses => UProbeScope::AllProcesses,
-            Scope::Process(pid) => match NonZeroU32::new(pid) {
-                Some(pid) => UProbeScope::OneProcess(pid),
+            Scope::Process(tid) => match NonZeroU32::new(tid.0) {
+                Some(tid) => UProbeScope::OneProcess(tid),
                 None => UProbeScope::AllProcesses,
             },
         };
@@ -397,12 +398,12 @@ impl Kernel {
         Ok(())
     }
 
-    /// Detaches every probe attached for `pid` alone (it exited).
-    pub(crate) fn detach_process(&mut self, pid: u32) {
+    /// Detaches every probe attached for thread `tid` alone (it exited).
+    pub(crate) fn detach_process(&mut self, tid: Tid) {
         let keys: Vec<LinkKey> = self
             .links
             .keys()
-            .filter(|k| k.3 == Scope::Process(pid))
+            .filter(|k| k.3 == Scope::Process(tid))
             .copied()
             .collect();
         for key in keys {
@@ -518,7 +519,7 @@ impl Kernel {
     /// processes that exited (`None` in `gone`). Returns the samples freed.
     pub(crate) fn forget_images(
         &mut self,
-        gone: &[(u32, Option<u32>)],
+        gone: &[(HostPid, Option<u32>)],
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize {
@@ -542,15 +543,15 @@ impl Kernel {
         }
         for (pid, b) in gone {
             if b.is_none() {
-                let _ = self.procs.remove(pid);
+                let _ = self.procs.remove(&pid.0);
             }
         }
         freed
     }
 
     /// The kernel's state of one process (a map lookup, no snapshot).
-    pub fn process(&self, pid: u32) -> Option<ProcCounters> {
-        self.procs.get(&pid, 0).ok()
+    pub fn process(&self, pid: HostPid) -> Option<ProcCounters> {
+        self.procs.get(&pid.0, 0).ok()
     }
 
     /// How many unwind rows the kernel holds at most (for all files).
@@ -576,17 +577,17 @@ impl Kernel {
     /// stacks are walked with them from now on.
     pub(crate) fn set_process_unwind(
         &mut self,
-        pid: u32,
+        pid: HostPid,
         table: &ProcUnwind,
     ) -> Result<(), KernelError> {
         self.unwind_procs
-            .insert(pid, table, 0)
+            .insert(pid.0, table, 0)
             .map_err(map_err(names::UNWIND_PROCS))
     }
 
     /// Back to frame pointers for `pid` (it exec'ed or exited).
-    pub(crate) fn clear_process_unwind(&mut self, pid: u32) {
-        let _ = self.unwind_procs.remove(&pid);
+    pub(crate) fn clear_process_unwind(&mut self, pid: HostPid) {
+        let _ = self.unwind_procs.remove(&pid.0);
     }
 
     /// The process exit/exec events reported since the last call.
@@ -602,41 +603,46 @@ impl Kernel {
 
     /// From now on, frees of process `pid` (host) with no live sample are
     /// reported ([`Kernel::unseen_frees`]): its ledger was read.
-    pub(crate) fn watch_unseen_frees(&mut self, pid: u32) -> Result<(), KernelError> {
+    pub(crate) fn watch_unseen_frees(&mut self, pid: HostPid) -> Result<(), KernelError> {
         self.seeded_pids
-            .insert(pid, 1, 0)
+            .insert(pid.0, 1, 0)
             .map_err(map_err(names::SEEDED_PIDS))
     }
 
-    pub(crate) fn unwatch_unseen_frees(&mut self, pid: u32) {
-        let _ = self.seeded_pids.remove(&pid);
+    pub(crate) fn unwatch_unseen_frees(&mut self, pid: HostPid) {
+        let _ = self.seeded_pids.remove(&pid.0);
     }
 
     /// The frees without a live sample of watched processes since the last
     /// call, as (host pid, pointer).
-    pub(crate) fn unseen_frees(&mut self) -> Vec<(u32, u64)> {
+    pub(crate) fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         let mut frees = Vec::new();
         while let Some(item) = self.unseen_frees.next() {
             if item.len() >= size_of::<UnseenFree>() {
                 // SAFETY: UnseenFree is plain data; the length was checked.
                 let f: UnseenFree =
                     unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<UnseenFree>()) };
-                frees.push((f.pid, f.ptr));
+                frees.push((HostPid(f.pid), f.ptr));
             }
         }
         frees
     }
 
     /// Whether the kernel holds a live sample of `pid` (host) at `ptr`.
-    pub(crate) fn has_live_sample(&self, pid: u32, ptr: u64) -> bool {
-        self.live.get(&LiveKey { pid, _pad: 0, ptr }, 0).is_ok()
+    pub(crate) fn has_live_sample(&self, pid: HostPid, ptr: u64) -> bool {
+        let key = LiveKey {
+            pid: pid.0,
+            _pad: 0,
+            ptr,
+        };
+        self.live.get(&key, 0).is_ok()
     }
 }
 
 /// Whether a (pid, generation) image is among `gone`: the pid exited
 /// (`None`), or exec'ed into a later generation than the image's.
-fn gone_images(gone: &[(u32, Option<u32>)]) -> impl Fn(u32, u32) -> bool {
-    let below: StdHashMap<u32, Option<u32>> = gone.iter().copied().collect();
+fn gone_images(gone: &[(HostPid, Option<u32>)]) -> impl Fn(u32, u32) -> bool {
+    let below: StdHashMap<u32, Option<u32>> = gone.iter().map(|&(p, g)| (p.0, g)).collect();
     move |pid, generation| {
         below
             .get(&pid)

@@ -6,7 +6,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use profiler_common::{DROP_REASONS, DropReason, NO_STACK, OVERFLOW_STACK, WeightForm};
 
-use crate::{model::stats::Totals, symbolize::Frame, unwind::tables::TablesStatus};
+use crate::{ids::Pid, model::stats::Totals, symbolize::Frame, unwind::tables::TablesStatus};
 
 /// The one frame of a stack the kernel could not take.
 pub(crate) const STACK_UNAVAILABLE: &str = "[stack unavailable]";
@@ -43,7 +43,7 @@ pub(crate) fn synthetic_stack(stack_id: u64) -> Option<&'static str> {
 /// One process image: a pid, and which exec of it (generation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProcessKey {
-    pub pid: u32,
+    pub pid: Pid,
     pub generation: u32,
 }
 
@@ -346,7 +346,10 @@ mod tests {
             })
             .collect();
         ProcessProfile::from_stacks(
-            ProcessKey { pid, generation: 0 },
+            ProcessKey {
+                pid: Pid(pid),
+                generation: 0,
+            },
             "w".into(),
             ProcessState::Live,
             524_288,

@@ -5,6 +5,7 @@
 
 use std::{path::PathBuf, sync::Arc};
 
+use crate::ids::Pid;
 use crate::process::discover::{MapsEntry, OpenFile, Scanner, parse_maps};
 
 /// A file a process maps.
@@ -79,7 +80,7 @@ impl AddressSpace {
     }
 
     /// A process's address space with its files opened.
-    pub fn read(pid: u32) -> std::io::Result<AddressSpace> {
+    pub fn read(pid: Pid) -> std::io::Result<AddressSpace> {
         Ok(Scanner::default().scan(pid)?.space)
     }
 

@@ -170,7 +170,7 @@ mod tests {
     fn correlation_needs_one_probe_file_at_the_addresses() {
         // Our own address space: this function's address is in our
         // executable; say the executable carries the probes.
-        let ours = AddressSpace::read(std::process::id()).unwrap();
+        let ours = AddressSpace::read(Pid(std::process::id())).unwrap();
         let addr = correlation_needs_one_probe_file_at_the_addresses as *const () as u64;
         let exe = ours.normalize(addr).unwrap().file.open.clone().unwrap().id;
         let elsewhere = AddressSpace::default();

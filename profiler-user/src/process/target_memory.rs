@@ -34,6 +34,8 @@ use std::{
 
 use thiserror::Error;
 
+use crate::ids::{Pid, Tid};
+
 /// How long one read may take before its process is marked unreadable.
 /// A copy of a ledger chunk (1.2 MiB) takes about a millisecond; this
 /// leaves room for a loaded host and memory swapped out.
@@ -49,8 +51,8 @@ const READER_STACK: usize = 256 << 10;
 /// may have called `pthread_exit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveThread {
-    pid: u32,
-    tid: u32,
+    pid: Pid,
+    tid: Tid,
     /// When the process started (clock ticks since boot; 0 where unknown):
     /// with the pid, which process it is (pids are reused).
     started: u64,
@@ -58,7 +60,7 @@ pub struct LiveThread {
 
 impl LiveThread {
     /// Only discovery finds live threads (see the type's documentation).
-    pub(crate) fn found(pid: u32, tid: u32, started: u64) -> LiveThread {
+    pub(crate) fn found(pid: Pid, tid: Tid, started: u64) -> LiveThread {
         LiveThread { pid, tid, started }
     }
 
@@ -66,25 +68,25 @@ impl LiveThread {
     /// tests).
     pub fn current() -> LiveThread {
         // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() } as u32;
+        let tid = Tid(unsafe { libc::gettid() } as u32);
         LiveThread {
-            pid: std::process::id(),
+            pid: Pid(std::process::id()),
             tid,
             started: 0,
         }
     }
 
     /// The process (thread-group) id.
-    pub fn pid(&self) -> u32 {
+    pub fn pid(&self) -> Pid {
         self.pid
     }
 
     /// The thread id to read through.
-    pub fn tid(&self) -> u32 {
+    pub fn tid(&self) -> Tid {
         self.tid
     }
 
-    fn process(&self) -> (u32, u64) {
+    fn process(&self) -> (Pid, u64) {
         (self.pid, self.started)
     }
 }
@@ -126,7 +128,7 @@ pub struct TargetMemory {
 struct State {
     reader: Option<Reader>,
     /// Processes (pid, start) whose read never finished.
-    unreadable: HashSet<(u32, u64)>,
+    unreadable: HashSet<(Pid, u64)>,
     /// Threads parked in a read that has not returned (shared with them:
     /// each takes itself off when its read returns).
     parked: Arc<AtomicUsize>,
@@ -272,7 +274,7 @@ fn spawn_reader(parked: &Arc<AtomicUsize>) -> Result<Reader, Unreadable> {
 }
 
 /// One `process_vm_readv` of `ranges` into `buf` (exactly their size).
-fn copy(tid: u32, buf: &mut [u64], ranges: &[(u64, usize)]) -> io::Result<usize> {
+fn copy(tid: Tid, buf: &mut [u64], ranges: &[(u64, usize)]) -> io::Result<usize> {
     let mut local = Vec::with_capacity(ranges.len());
     let mut rest = &mut buf[..];
     let mut remote = Vec::with_capacity(ranges.len());
@@ -293,7 +295,7 @@ fn copy(tid: u32, buf: &mut [u64], ranges: &[(u64, usize)]) -> io::Result<usize>
     // kernel, in the other process.
     let n = unsafe {
         libc::process_vm_readv(
-            tid as libc::pid_t,
+            tid.0 as libc::pid_t,
             local.as_ptr(),
             local.len() as libc::c_ulong,
             remote.as_ptr(),
@@ -330,8 +332,8 @@ mod tests {
     #[test]
     fn a_read_that_never_returns_marks_its_process_and_parks_its_thread() {
         let mem = TargetMemory::default();
-        let hostile = LiveThread::found(1, 1, 42);
-        let other = LiveThread::found(2, 2, 7);
+        let hostile = LiveThread::found(Pid(1), Tid(1), 42);
+        let other = LiveThread::found(Pid(2), Tid(2), 7);
         let (release, wait) = mpsc::channel::<()>();
         // A read stuck until released (as a read of unserved memory is,
         // until its process exits).
@@ -368,7 +370,7 @@ mod tests {
             .borrow()
             .parked
             .store(MAX_PARKED, Ordering::Release);
-        let p = LiveThread::found(3, 3, 1);
+        let p = LiveThread::found(Pid(3), Tid(3), 1);
         assert_eq!(mem.run(p, || 1), Err(Unreadable::Saturated));
         assert_eq!(mem.run(p, || 1), Err(Unreadable::Saturated));
         assert_eq!(mem.take_warnings().len(), 1, "said once");

@@ -3,7 +3,7 @@
 
 use std::{path::Path, time::Instant};
 
-use crate::ids::Tid;
+use crate::ids::{Pid, Tid};
 
 use super::{ArmError, KernelPort, ProcessPort, Session, Target};
 use crate::{
@@ -13,7 +13,7 @@ use crate::{
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Attaches to the probe files `pid` maps; returns how many it carries.
-    pub(super) fn scan(&mut self, pid: u32) -> Result<usize, KernelError> {
+    pub(super) fn scan(&mut self, pid: Pid) -> Result<usize, KernelError> {
         let Ok(scan) = self.processes.scan(pid) else {
             return Ok(0); // gone already
         };
@@ -32,7 +32,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         let mut stale = Vec::new();
         for file in &scan.probes {
-            stale.extend(self.attach(pid, Tid(scan.tid), file)?);
+            stale.extend(self.attach(pid, scan.tid, file)?);
         }
         // Only now, so that no probe is unattached in between.
         stale.sort_unstable();
@@ -50,7 +50,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// before, whose attachments the caller detaches.
     pub(super) fn attach(
         &mut self,
-        pid: u32,
+        pid: Pid,
         tid: Tid,
         file: &ProbeFile,
     ) -> Result<Option<Tid>, KernelError> {
@@ -65,7 +65,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
             Target::Pids(_) => match self.track_pid(pid).attached.insert(file.id(), tid) {
                 Some(old) if old == tid => return Ok(None),
-                old => (Scope::Process(tid.0), old),
+                old => (Scope::Process(tid), old),
             },
         };
         self.probe_ids.insert(file.id());
@@ -106,14 +106,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return Ok(false);
         };
         if self.target == Target::All {
-            self.attach(0, Tid(0), &file)?;
+            self.attach(Pid(0), Tid(0), &file)?;
         }
         Ok(true)
     }
 
     pub(super) fn scan_all(&mut self) {
         for pid in self.processes.all_pids() {
-            if pid != std::process::id()
+            if pid != Pid(std::process::id())
                 && let Err(e) = self.scan(pid)
             {
                 self.warnings.push(format!("process {pid}: {e}"));
@@ -123,7 +123,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// Whether the probes of file `id` are attached for `pid`.
-    pub fn is_attached(&self, pid: u32, id: FileId) -> bool {
+    pub fn is_attached(&self, pid: Pid, id: FileId) -> bool {
         match self.target {
             Target::All => self.attached_files.contains_key(&id),
             Target::Pids(_) => self
@@ -134,7 +134,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// Whether every probe-carrying file `pid` maps now is attached for it.
-    pub fn is_attached_to(&mut self, pid: u32) -> bool {
+    pub fn is_attached_to(&mut self, pid: Pid) -> bool {
         let Ok(scan) = self.processes.scan(pid) else {
             return false;
         };

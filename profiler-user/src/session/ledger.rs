@@ -261,47 +261,47 @@ impl Seeding<'_> {
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
-    fn ledger(&self, pid: u32) -> Option<&LedgerImage> {
+    fn ledger(&self, pid: Pid) -> Option<&LedgerImage> {
         self.tracked.get(&pid)?.image.ledger.as_ref()
     }
 
-    fn ledger_mut(&mut self, pid: u32) -> Option<&mut LedgerImage> {
+    fn ledger_mut(&mut self, pid: Pid) -> Option<&mut LedgerImage> {
         self.tracked.get_mut(&pid)?.image.ledger.as_mut()
     }
 
     /// The image's ledger status, if the session read (or looked for) it.
-    pub(super) fn ledger_status(&self, pid: u32, generation: u32) -> Option<LedgerStatus> {
+    pub(super) fn ledger_status(&self, pid: Pid, generation: u32) -> Option<LedgerStatus> {
         self.ledger(pid)
             .filter(|i| i.generation == generation)
             .map(|i| i.status)
     }
 
-    pub(super) fn has_seeds(&self, pid: u32) -> bool {
+    pub(super) fn has_seeds(&self, pid: Pid) -> bool {
         self.ledger(pid).is_some_and(|i| !i.seeds.is_empty())
     }
 
     /// The generation of `pid`'s image that holds seeds, if one does.
-    pub(super) fn seeded_generation(&self, pid: u32) -> Option<u32> {
+    pub(super) fn seeded_generation(&self, pid: Pid) -> Option<u32> {
         self.ledger(pid)
             .filter(|i| !i.seeds.is_empty())
             .map(|i| i.generation)
     }
 
     /// A seeded stack's frames.
-    pub(super) fn seeded_stack(&self, pid: u32, id: u64) -> Option<&Arc<[u64]>> {
+    pub(super) fn seeded_stack(&self, pid: Pid, id: u64) -> Option<&Arc<[u64]>> {
         self.ledger(pid)?.stacks.get(&id)
     }
 
     /// A stack's totals, its live bytes marked as from before attach if it
     /// is a seeded stack.
-    pub(super) fn mark(&self, pid: u32, stack_id: u64, mut totals: Totals) -> Totals {
+    pub(super) fn mark(&self, pid: Pid, stack_id: u64, mut totals: Totals) -> Totals {
         if self.seeded_stack(pid, stack_id).is_some() {
             totals.before_attach_bytes = totals.live_bytes;
         }
         totals
     }
 
-    fn retire_seed(&mut self, pid: u32, ptr: u64) {
+    fn retire_seed(&mut self, pid: Pid, ptr: u64) {
         if let Some(image) = self.ledger_mut(pid)
             && image.seeds.remove(&ptr).is_some()
         {
@@ -310,19 +310,19 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// The images' ledgers.
-    fn ledgers(&self) -> impl Iterator<Item = (u32, &LedgerImage)> {
+    fn ledgers(&self) -> impl Iterator<Item = (Pid, &LedgerImage)> {
         self.tracked
             .iter()
             .filter_map(|(&pid, t)| Some((pid, t.image.ledger.as_ref()?)))
     }
     /// Reads the ledger of every followed process image not read yet.
     pub(super) fn read_ledgers(&mut self, snapshot: &KernelSnapshot) {
-        let mut due: Vec<(u32, u32, u64)> = self
+        let mut due: Vec<(Pid, u32, u64)> = self
             .tracked
             .iter()
             .filter(|(_, t)| t.image.space.is_some())
             .map(|(&pid, _)| {
-                let p = snapshot.processes.get(&pid);
+                let p = snapshot.processes.get(&pid.0);
                 (
                     pid,
                     p.map_or(0, |p| p.generation),
@@ -337,14 +337,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
     }
 
-    fn read_ledger(&mut self, pid: u32, generation: u32, kernel_live: u64) {
+    fn read_ledger(&mut self, pid: Pid, generation: u32, kernel_live: u64) {
         // In another pid namespace, its host pid is learnt from its first
         // stacks, which an idle process never has: its ledger is read all
         // the same. Its records from before attach cannot be the kernel's
         // samples (checked once it is recognised, `ledger_recognised`), and
         // their frees show in their sequences until the kernel can report
         // them.
-        let host = self.pids.host(Pid(pid));
+        let host = self.pids.host(pid);
         let mut image = LedgerImage::new(generation);
         if let Some((file, address)) = self.processes.ledger_address(pid) {
             // Before the read: a free from now on is reported.
@@ -369,7 +369,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     fn seed(
         &mut self,
         host: Option<HostPid>,
-        pid: u32,
+        pid: Pid,
         file: crate::process::discover::FileId,
         address: u64,
         kernel_live: u64,
@@ -380,7 +380,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let total = self.ledgers().map(|(_, i)| i.seeds.len() as u64).sum();
         let other_stacks = self.ledgers().map(|(_, i)| i.stacks.len() as u64).sum();
         let mut seeding = Seeding {
-            stack_seed: stack_seed(pid, image.generation) ^ LEDGER_STACK_TAG,
+            stack_seed: stack_seed(pid.0, image.generation) ^ LEDGER_STACK_TAG,
             image,
             other_stacks,
             limits,
@@ -423,7 +423,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// When the kernel started seeing `pid`'s allocations through `file`
     /// (CLOCK_MONOTONIC ns): the later of the file's attach and the
     /// process's start (a fork child's inherited blocks came before).
-    fn seen_from_ns(&self, pid: u32, file: crate::process::discover::FileId) -> u64 {
+    fn seen_from_ns(&self, pid: Pid, file: crate::process::discover::FileId) -> u64 {
         // Per process with `--pid`; for all system-wide.
         let tracked = self.tracked.get(&pid);
         let attached = tracked
@@ -442,7 +442,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// reports its unseen frees from now on, and a seed the kernel holds a
     /// live sample of (allocated as the probes were attached) is the
     /// kernel's.
-    pub(super) fn ledger_recognised(&mut self, pid: u32, host: HostPid) {
+    pub(super) fn ledger_recognised(&mut self, pid: Pid, host: HostPid) {
         let Some(image) = self.ledger(pid) else {
             return;
         };
@@ -469,14 +469,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub(super) fn retire_unseen_frees(&mut self) {
         for (host, ptr) in self.kernel.unseen_frees() {
             if let Some(pid) = self.pids.local(host) {
-                self.retire_seed(pid.0, ptr);
+                self.retire_seed(pid, ptr);
             }
         }
     }
 
     /// Retires the seeds of `pid` whose record was rewritten since it was
     /// read (their block was freed; its free may have been lost).
-    pub(super) fn check_seeds(&mut self, pid: u32) {
+    pub(super) fn check_seeds(&mut self, pid: Pid) {
         let Some(image) = self.ledger(pid) else {
             return;
         };
@@ -498,7 +498,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// [`Session::check_seeds`] for every image with seeds.
     pub(super) fn check_all_seeds(&mut self) {
-        let mut pids: Vec<u32> = self
+        let mut pids: Vec<Pid> = self
             .ledgers()
             .filter(|(_, i)| !i.seeds.is_empty())
             .map(|(pid, _)| pid)
@@ -515,7 +515,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub(super) fn add_seeds(&self, snapshot: &mut KernelSnapshot) {
         for (pid, image) in self.ledgers() {
             if image.counters != SeedCounters::default() {
-                let counters = snapshot.processes.entry(pid).or_default();
+                let counters = snapshot.processes.entry(pid.0).or_default();
                 image.counters.add_to(counters);
                 for (d, s) in snapshot.drops.iter_mut().zip(image.counters.drops) {
                     *d += s;
@@ -531,14 +531,21 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 agg.live_var += d.var;
                 agg.live_samples += 1;
                 if snapshot.live_read {
-                    snapshot.live.push((LiveKey { pid, _pad: 0, ptr }, *s));
+                    snapshot.live.push((
+                        LiveKey {
+                            pid: pid.0,
+                            _pad: 0,
+                            ptr,
+                        },
+                        *s,
+                    ));
                 }
             }
             snapshot
                 .aggregates
                 .extend(aggs.into_iter().map(|(stack_id, agg)| {
                     let key = AggKey {
-                        pid,
+                        pid: pid.0,
                         generation: image.generation,
                         stack_id,
                     };
@@ -549,7 +556,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Forgets `pid`'s ledger (its image is gone; a new image is read
     /// anew), and stops the kernel reporting its unseen frees.
-    pub(super) fn forget_ledger(&mut self, pid: u32) {
+    pub(super) fn forget_ledger(&mut self, pid: Pid) {
         // Seeded stack ids hash the image in: no other image shares them.
         let Some(image) = self
             .tracked
@@ -559,7 +566,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return;
         };
         if image.status.read
-            && let Some(host) = self.pids.host(Pid(pid))
+            && let Some(host) = self.pids.host(pid)
         {
             self.kernel.unwatch_unseen_frees(host);
         }

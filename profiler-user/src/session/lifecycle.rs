@@ -75,7 +75,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         for event in self.kernel.proc_events() {
             // Processes outside our pid namespace, or not recognised yet.
             let host = HostPid(event.pid);
-            let Some(Pid(pid)) = self.pids.local(host) else {
+            let Some(pid) = self.pids.local(host) else {
                 continue;
             };
             match event.kind {
@@ -140,9 +140,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// none when no process of it has kernel state; the kernel cleanup
     /// deletes the images' aggregates by key and walks the live samples only
     /// if the images still had some.
-    pub(super) fn retire(&mut self, exited: &[u32], execed: &[(u32, u32)]) {
+    pub(super) fn retire(&mut self, exited: &[Pid], execed: &[(Pid, u32)]) {
         // pid → the generations that go: those below this one, or all.
-        let mut gone: HashMap<u32, Option<u32>> = HashMap::new();
+        let mut gone: HashMap<Pid, Option<u32>> = HashMap::new();
         for (pid, generation) in execed {
             gone.insert(*pid, Some(*generation));
         }
@@ -156,7 +156,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.has_seeds(*pid)
                 || self
                     .pids
-                    .host(Pid(*pid))
+                    .host(*pid)
                     .is_some_and(|host| self.kernel.process(host).is_some())
         });
         // Frozen images keep no ages: their live samples are not read.
@@ -170,8 +170,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// The freezing half of [`Session::retire`].
-    pub(super) fn freeze(&mut self, snapshot: &KernelSnapshot, gone: &HashMap<u32, Option<u32>>) {
-        let is_gone = |pid: u32, generation: u32| {
+    pub(super) fn freeze(&mut self, snapshot: &KernelSnapshot, gone: &HashMap<Pid, Option<u32>>) {
+        let is_gone = |pid: Pid, generation: u32| {
             gone.get(&pid)
                 .is_some_and(|below| below.is_none_or(|g| generation < g))
         };
@@ -179,16 +179,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut keys = Vec::new();
         let mut live_samples = 0;
         for (key, agg) in &snapshot.aggregates {
-            if is_gone(key.pid, key.generation) {
+            if is_gone(Pid(key.pid), key.generation) {
                 images
                     .entry(ProcessKey {
-                        pid: key.pid,
+                        pid: Pid(key.pid),
                         generation: key.generation,
                     })
                     .or_default()
                     .push((
                         key.stack_id,
-                        self.mark(key.pid, key.stack_id, Totals::from_agg(agg)),
+                        self.mark(Pid(key.pid), key.stack_id, Totals::from_agg(agg)),
                     ));
                 live_samples += agg.live_samples;
                 if let Some(host) = self.pids.host(Pid(key.pid)) {
@@ -208,7 +208,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             // image frozen by exec; its weight form is the pid's.
             let now = snapshot
                 .processes
-                .get(&key.pid)
+                .get(&key.pid.0)
                 .copied()
                 .unwrap_or_default();
             let proc = self.image_counters(key.pid, &now);
@@ -263,7 +263,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.drop_oldest_frozen();
         let hosts: Vec<(HostPid, Option<u32>)> = gone
             .iter()
-            .filter_map(|(pid, below)| Some((self.pids.host(Pid(*pid))?, *below)))
+            .filter_map(|(pid, below)| Some((self.pids.host(*pid)?, *below)))
             .collect();
         self.kernel.forget_images(&hosts, &keys, live_samples > 0);
     }
@@ -271,7 +271,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The counters of `pid`'s current image: the kernel's (`now`, per pid)
     /// less those of its images frozen by exec. The weight form, the
     /// contracts and the back-pressure state stay the pid's.
-    pub(super) fn image_counters(&self, pid: u32, now: &ProcCounters) -> ProcCounters {
+    pub(super) fn image_counters(&self, pid: Pid, now: &ProcCounters) -> ProcCounters {
         let Some(before) = self
             .tracked
             .get(&pid)
@@ -325,14 +325,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Drops what only a retired image needed: for an exec, the image's
     /// state (the new image gets its own at the rescan); for an exit, the
     /// process's record, its pid mapping and its per-process attachments.
-    pub(super) fn prune(&mut self, pid: u32, exited: bool) {
+    pub(super) fn prune(&mut self, pid: Pid, exited: bool) {
         self.forget_tables(pid);
         self.forget_ledger(pid);
         if !exited {
             self.track_pid(pid).exec();
             return;
         }
-        self.pids.remove_local(Pid(pid));
+        self.pids.remove_local(pid);
         // A process that reuses the pid is another incarnation.
         let Some(tracked) = self.tracked.remove(&pid) else {
             return;
@@ -348,7 +348,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Whether a tracked process's maps may have changed since its last
     /// scan: never scanned with probes, its code size changed or is unknown,
     /// stacks of it fell outside its maps, or [`RESCAN_EVERY`] passed.
-    fn rescan_due(&self, pid: u32) -> bool {
+    fn rescan_due(&self, pid: Pid) -> bool {
         let Some(tracked) = self.tracked.get(&pid) else {
             return true;
         };
@@ -367,7 +367,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// out of `snapshot`, so the profile built from it shows them once,
     /// frozen (not also live).
     pub(super) fn track(&mut self, snapshot: &mut KernelSnapshot) {
-        let mut pids: Vec<u32> = snapshot.processes.keys().copied().collect();
+        let mut pids: Vec<Pid> = snapshot.processes.keys().map(|&p| Pid(p)).collect();
         if let Target::Pids(targets) = &self.target {
             pids.extend(targets);
         }
@@ -389,7 +389,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     }
                     Err(e) => self.warnings.push(format!("process {pid}: {e}")),
                 }
-            } else if snapshot.processes.contains_key(&pid) {
+            } else if snapshot.processes.contains_key(&pid.0) {
                 // Its exit event was lost (full ring buffer) or it died
                 // before we attached its exit: clean up all the same.
                 dead.push(pid);
@@ -402,7 +402,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .iter()
                 .filter(|(_, t)| t.image.space.is_some())
                 .map(|(pid, _)| *pid)
-                .filter(|pid| !snapshot.processes.contains_key(pid))
+                .filter(|pid| !snapshot.processes.contains_key(&pid.0))
                 .filter(|pid| !self.processes.alive(*pid))
                 .collect::<Vec<_>>(),
         );
@@ -410,8 +410,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         if !dead.is_empty() {
             snapshot
                 .aggregates
-                .retain(|(key, _)| !dead.contains(&key.pid));
-            snapshot.processes.retain(|pid, _| !dead.contains(pid));
+                .retain(|(key, _)| !dead.contains(&Pid(key.pid)));
+            snapshot
+                .processes
+                .retain(|pid, _| !dead.contains(&Pid(*pid)));
         }
         self.release_tables();
         if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {

@@ -79,7 +79,7 @@ pub const MAX_GONE_MEMORY: u64 = 64 << 20;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     /// These processes only.
-    Pids(Vec<u32>),
+    Pids(Vec<Pid>),
     /// Every process that carries the probes, now or later.
     All,
 }
@@ -99,28 +99,28 @@ pub enum ArmError {
 #[derive(Debug, Error)]
 pub enum StartError {
     #[error("no process with pid {0}")]
-    NoSuchProcess(u32),
+    NoSuchProcess(Pid),
     #[error(
         "process {pid} ({name}) has no otel_memory or ddheap probes: start it with \
          LD_PRELOAD=/path/to/liballocprof.so, or build it with the allocprof Rust global \
          allocator (allocator::SamplingAllocator)"
     )]
-    NoProbes { pid: u32, name: String },
+    NoProbes { pid: Pid, name: String },
     #[error(
         "process {pid} carries otel_memory or ddheap probes, but none can be attached: {problems}"
     )]
-    UnusableProbes { pid: u32, problems: String },
+    UnusableProbes { pid: Pid, problems: String },
     #[error(transparent)]
     Kernel(#[from] KernelError),
 }
 
-use crate::ids::Incarnation;
+use crate::ids::{Incarnation, Pid};
 
 /// A stack as the symbolizer is asked for it: of which process, which
 /// incarnation of it (the answer is dropped if that one is gone), which id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct SymbolKey {
-    pid: u32,
+    pid: Pid,
     incarnation: Incarnation,
     stack: u64,
 }
@@ -131,7 +131,7 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     target: Target,
     /// Every tracked process, by our pid: all the session knows of it
     /// (see [`Tracked`]); forgetting a process is dropping its record.
-    tracked: HashMap<u32, Tracked>,
+    tracked: HashMap<Pid, Tracked>,
     /// Files attached for all processes (system-wide), and when
     /// (CLOCK_MONOTONIC ns).
     attached_files: HashMap<FileId, u64>,
@@ -400,7 +400,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// The record of the process that has `pid` now (a new incarnation if
     /// none).
-    fn track_pid(&mut self, pid: u32) -> &mut Tracked {
+    fn track_pid(&mut self, pid: Pid) -> &mut Tracked {
         let next = &mut self.next_incarnation;
         self.tracked.entry(pid).or_insert_with(|| {
             next.0 += 1;
@@ -409,7 +409,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// `pid`'s address space, if known.
-    fn space(&self, pid: u32) -> Option<&AddressSpace> {
+    fn space(&self, pid: Pid) -> Option<&AddressSpace> {
         self.tracked.get(&pid)?.image.space.as_ref()
     }
 
@@ -423,8 +423,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Whether the kernel holds state for `pid`.
-    pub fn kernel_tracks(&self, pid: u32) -> bool {
-        let Some(host) = self.pids.host(crate::ids::Pid(pid)) else {
+    pub fn kernel_tracks(&self, pid: Pid) -> bool {
+        let Some(host) = self.pids.host(pid) else {
             return false;
         };
         self.kernel.process(host).is_some()

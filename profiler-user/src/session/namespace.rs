@@ -55,8 +55,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let candidates = self
                 .tracked
                 .iter()
-                .filter(|(local, _)| !self.pids.is_mapped(Pid(**local)))
-                .filter_map(|(local, t)| Some((Pid(*local), t.image.space.as_ref()?)));
+                .filter(|(local, _)| !self.pids.is_mapped(**local))
+                .filter_map(|(local, t)| Some((*local, t.image.space.as_ref()?)));
             match correlate(&addresses, candidates, |id| self.probe_ids.contains(&id)) {
                 Correlation::Unique(local) => matches.entry(local).or_default().push(host),
                 Correlation::Ambiguous(locals) => {
@@ -71,7 +71,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             match hosts.as_slice() {
                 [host] => {
                     self.pids.insert(*host, local);
-                    self.ledger_recognised(local.0, *host);
+                    self.ledger_recognised(local, *host);
                 }
                 _ => {
                     for host in hosts {

@@ -12,7 +12,7 @@ use profiler_common::{
 use std::collections::HashMap;
 
 use crate::{
-    ids::{HostPid, Tid},
+    ids::{HostPid, Pid, Tid},
     kernel::{Kernel, KernelError, KernelSnapshot, Scope},
     process::backend_stats::{self, BackendHeap},
     process::discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
@@ -86,56 +86,56 @@ pub trait KernelPort {
 /// The processes a session follows, as `/proc` shows them. Pids here are
 /// those of allocprof's own pid namespace.
 pub trait ProcessPort {
-    fn alive(&self, pid: u32) -> bool;
+    fn alive(&self, pid: Pid) -> bool;
     /// What `pid` maps: its probe files, its address space, a live thread.
     /// `Err` when it is gone.
-    fn scan(&mut self, pid: u32) -> std::io::Result<Scan>;
-    fn name(&self, pid: u32) -> Option<String>;
+    fn scan(&mut self, pid: Pid) -> std::io::Result<Scan>;
+    fn name(&self, pid: Pid) -> Option<String>;
     /// The size of its executable mappings, which a dlopen changes (none
     /// where unknown: then it is rescanned at every refresh).
-    fn code_size(&self, _pid: u32) -> Option<u64> {
+    fn code_size(&self, _pid: Pid) -> Option<u64> {
         None
     }
     /// What it has resident now (none where unknown).
-    fn resident(&self, _pid: u32) -> Option<discover::Resident> {
+    fn resident(&self, _pid: Pid) -> Option<discover::Resident> {
         None
     }
     /// What its backend allocator says of its heap (`liballocprof*.so`
     /// only; none where unknown). `block` is where the port keeps the
     /// block's address for the process's image (the session's record
     /// holds it, so it goes with the image).
-    fn backend_heap(&self, _pid: u32, _block: &mut BackendBlock) -> Option<BackendHeap> {
+    fn backend_heap(&self, _pid: Pid, _block: &mut BackendBlock) -> Option<BackendHeap> {
         None
     }
     /// When it started, in clock ticks since boot (none where unknown).
-    fn start_ticks(&self, _pid: u32) -> Option<u64> {
+    fn start_ticks(&self, _pid: Pid) -> Option<u64> {
         None
     }
     /// The sampling rate it runs with.
-    fn sampling_rate(&self, pid: u32) -> u64;
+    fn sampling_rate(&self, pid: Pid) -> u64;
     /// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of the kernel's
     /// and the ledgers' times (a port, so tests set it: on a freshly booted
     /// machine it reads only minutes).
     fn monotonic_ns(&self) -> u64 {
         crate::model::age::monotonic_now_ns()
     }
-    fn all_pids(&self) -> Vec<u32>;
+    fn all_pids(&self) -> Vec<Pid>;
     /// Where its live-sample ledger's header is: the library file that
     /// names it, and its address (none without one).
-    fn ledger_address(&self, _pid: u32) -> Option<(FileId, u64)> {
+    fn ledger_address(&self, _pid: Pid) -> Option<(FileId, u64)> {
         None
     }
     /// Reads its ledger, each live record to `live` (see
     /// [`crate::process::ledger::read`]).
     fn read_ledger(
         &self,
-        pid: u32,
+        pid: Pid,
         address: u64,
         live: &mut dyn FnMut(LedgerEntry),
     ) -> Result<LedgerRead, ledger::ReadError>;
     /// The sequence words of its ledger records at `addresses` (see
     /// [`crate::process::ledger::sequences`]).
-    fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>>;
+    fn ledger_sequences(&self, pid: Pid, addresses: &[u64]) -> Vec<Option<u64>>;
     /// What went wrong reading processes' memory since the last call (a
     /// process marked unreadable, said once).
     fn take_warnings(&mut self) -> Vec<String> {
@@ -154,7 +154,7 @@ impl KernelPort for Kernel {
     }
 
     fn detach_process(&mut self, tid: Tid) {
-        Kernel::detach_process(self, tid.0);
+        Kernel::detach_process(self, tid);
     }
 
     fn attachments(&self) -> usize {
@@ -174,7 +174,7 @@ impl KernelPort for Kernel {
     }
 
     fn process(&self, pid: HostPid) -> Option<ProcCounters> {
-        Kernel::process(self, pid.0)
+        Kernel::process(self, pid)
     }
 
     fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
@@ -191,8 +191,7 @@ impl KernelPort for Kernel {
         aggregates: &[AggKey],
         live_samples: bool,
     ) -> usize {
-        let gone: Vec<(u32, Option<u32>)> = gone.iter().map(|(p, g)| (p.0, *g)).collect();
-        Kernel::forget_images(self, &gone, aggregates, live_samples)
+        Kernel::forget_images(self, gone, aggregates, live_samples)
     }
 
     fn forget_stacks(&mut self, ids: &[u64]) -> usize {
@@ -208,30 +207,27 @@ impl KernelPort for Kernel {
     }
 
     fn set_process_unwind(&mut self, pid: HostPid, table: &ProcUnwind) -> Result<(), KernelError> {
-        Kernel::set_process_unwind(self, pid.0, table)
+        Kernel::set_process_unwind(self, pid, table)
     }
 
     fn clear_process_unwind(&mut self, pid: HostPid) {
-        Kernel::clear_process_unwind(self, pid.0);
+        Kernel::clear_process_unwind(self, pid);
     }
 
     fn watch_unseen_frees(&mut self, pid: HostPid) -> Result<(), KernelError> {
-        Kernel::watch_unseen_frees(self, pid.0)
+        Kernel::watch_unseen_frees(self, pid)
     }
 
     fn unwatch_unseen_frees(&mut self, pid: HostPid) {
-        Kernel::unwatch_unseen_frees(self, pid.0);
+        Kernel::unwatch_unseen_frees(self, pid);
     }
 
     fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         Kernel::unseen_frees(self)
-            .into_iter()
-            .map(|(pid, ptr)| (HostPid(pid), ptr))
-            .collect()
     }
 
     fn has_live_sample(&self, pid: HostPid, ptr: u64) -> bool {
-        Kernel::has_live_sample(self, pid.0, ptr)
+        Kernel::has_live_sample(self, pid, ptr)
     }
 }
 
@@ -260,11 +256,11 @@ pub struct Procfs {
 pub struct BackendBlock(Option<Option<(u64, LiveThread)>>);
 
 impl ProcessPort for Procfs {
-    fn alive(&self, pid: u32) -> bool {
+    fn alive(&self, pid: Pid) -> bool {
         discover::process_alive(pid)
     }
 
-    fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
+    fn scan(&mut self, pid: Pid) -> std::io::Result<Scan> {
         let scan = self.scanner.scan(pid)?;
         for probe in &scan.probes {
             if let Some(offset) = probe.backend_stats {
@@ -277,19 +273,19 @@ impl ProcessPort for Procfs {
         Ok(scan)
     }
 
-    fn name(&self, pid: u32) -> Option<String> {
+    fn name(&self, pid: Pid) -> Option<String> {
         discover::process_name(pid)
     }
 
-    fn resident(&self, pid: u32) -> Option<discover::Resident> {
+    fn resident(&self, pid: Pid) -> Option<discover::Resident> {
         discover::Process::find(pid)?.resident()
     }
 
-    fn code_size(&self, pid: u32) -> Option<u64> {
+    fn code_size(&self, pid: Pid) -> Option<u64> {
         discover::Process::find(pid)?.code_size()
     }
 
-    fn backend_heap(&self, pid: u32, block: &mut BackendBlock) -> Option<BackendHeap> {
+    fn backend_heap(&self, pid: Pid, block: &mut BackendBlock) -> Option<BackendHeap> {
         if self.stats_blocks.is_empty() {
             return None;
         }
@@ -320,11 +316,11 @@ impl ProcessPort for Procfs {
         backend_stats::read(&self.memory, thread, address?, now).ok()
     }
 
-    fn start_ticks(&self, pid: u32) -> Option<u64> {
+    fn start_ticks(&self, pid: Pid) -> Option<u64> {
         discover::Process::find(pid)?.start_ticks()
     }
 
-    fn sampling_rate(&self, pid: u32) -> u64 {
+    fn sampling_rate(&self, pid: Pid) -> u64 {
         // Its environment is its memory (`/proc/PID/environ` reads it).
         let default = profiler_common::rate::DEFAULT_RATE;
         let Some(process) = discover::Process::find(pid) else {
@@ -335,11 +331,11 @@ impl ProcessPort for Procfs {
             .unwrap_or(default)
     }
 
-    fn all_pids(&self) -> Vec<u32> {
+    fn all_pids(&self) -> Vec<Pid> {
         discover::all_pids()
     }
 
-    fn ledger_address(&self, pid: u32) -> Option<(FileId, u64)> {
+    fn ledger_address(&self, pid: Pid) -> Option<(FileId, u64)> {
         if self.ledger_headers.is_empty() {
             return None;
         }
@@ -351,7 +347,7 @@ impl ProcessPort for Procfs {
 
     fn read_ledger(
         &self,
-        pid: u32,
+        pid: Pid,
         address: u64,
         live: &mut dyn FnMut(LedgerEntry),
     ) -> Result<LedgerRead, ledger::ReadError> {
@@ -360,7 +356,7 @@ impl ProcessPort for Procfs {
         ledger::read(&self.memory, process.thread(), address, live)
     }
 
-    fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>> {
+    fn ledger_sequences(&self, pid: Pid, addresses: &[u64]) -> Vec<Option<u64>> {
         match discover::Process::find(pid) {
             Some(process) => ledger::sequences(&self.memory, process.thread(), addresses),
             None => vec![None; addresses.len()],

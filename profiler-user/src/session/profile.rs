@@ -9,6 +9,7 @@ use std::{
 use profiler_common::{DROP_REASONS, DropReason, ProcCounters};
 
 use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen};
+use crate::ids::Pid;
 use crate::{
     kernel::KernelSnapshot,
     model::age,
@@ -32,7 +33,7 @@ struct Image {
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// A process's name and sampling rate, read once while it is alive.
-    pub(super) fn identity(&mut self, pid: u32) -> (String, u64) {
+    pub(super) fn identity(&mut self, pid: Pid) -> (String, u64) {
         if let Some(known) = self
             .tracked
             .get(&pid)
@@ -46,7 +47,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         let name = self.processes.name(pid).or_else(|| {
             // The kernel knows it by its host pid.
-            let host = self.pids.host(crate::ids::Pid(pid))?;
+            let host = self.pids.host(pid)?;
             let counters = self.kernel.process(host)?;
             Some(String::from_utf8_lossy(counters.comm_bytes()?).into_owned())
         });
@@ -72,7 +73,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// Process `pid` started before the session attached (as far as known).
-    fn started_before_attach(&self, pid: u32) -> bool {
+    fn started_before_attach(&self, pid: Pid) -> bool {
         self.tracked
             .get(&pid)
             .and_then(|t| t.start)
@@ -82,7 +83,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The followed processes whose current image ran before we attached,
     /// sampled since or not, as `name (pid)`.
     fn ran_before_attach(&self) -> Vec<String> {
-        let mut pids: Vec<u32> = self
+        let mut pids: Vec<Pid> = self
             .tracked
             .iter()
             .filter(|&(&pid, t)| {
@@ -113,7 +114,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut live: BTreeMap<ProcessKey, Vec<(u64, Totals)>> = BTreeMap::new();
         for (key, agg) in &snapshot.aggregates {
             let pk = ProcessKey {
-                pid: key.pid,
+                pid: Pid(key.pid),
                 generation: key.generation,
             };
             let stack_ages = ages.get(key).copied().unwrap_or_default();
@@ -128,7 +129,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 agg.live_samples = old.live_samples;
             }
             let totals = self.mark(
-                key.pid,
+                Pid(key.pid),
                 key.stack_id,
                 Totals {
                     ages: stack_ages.ages,
@@ -141,7 +142,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // beside what they have resident), not "0 processes".
         if let super::Target::Pids(pids) = &self.target {
             for &pid in pids {
-                let generation = snapshot.processes.get(&pid).map_or(0, |p| p.generation);
+                let generation = snapshot.processes.get(&pid.0).map_or(0, |p| p.generation);
                 let key = ProcessKey { pid, generation };
                 if !live.contains_key(&key) && self.processes.alive(pid) {
                     live.insert(key, Vec::new());
@@ -152,7 +153,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         for (key, stacks) in live {
             let proc = snapshot
                 .processes
-                .get(&key.pid)
+                .get(&key.pid.0)
                 .copied()
                 .unwrap_or_default();
             let proc = self.image_counters(key.pid, &proc);

@@ -8,6 +8,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use super::{Incarnation, KernelPort, ProcessPort, Session, SymbolKey, record::Symbols};
+use crate::ids::Pid;
 use crate::{
     kernel::KernelSnapshot,
     model::profile::synthetic_stack,
@@ -20,7 +21,7 @@ const SYMBOLS_ENTRY_BYTES: usize = 48;
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The incarnation of the process that has `pid` now.
-    pub(super) fn incarnation(&mut self, pid: u32) -> Incarnation {
+    pub(super) fn incarnation(&mut self, pid: Pid) -> Incarnation {
         self.track_pid(pid).incarnation
     }
 
@@ -36,19 +37,19 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub(super) fn request_symbols_where(
         &mut self,
         snapshot: &KernelSnapshot,
-        wanted: impl Fn(u32, u32) -> bool,
+        wanted: impl Fn(Pid, u32) -> bool,
         wait_for_maps: bool,
     ) {
         let mut batch = Vec::new();
         for (key, _) in &snapshot.aggregates {
-            if synthetic_stack(key.stack_id).is_some() || !wanted(key.pid, key.generation) {
+            if synthetic_stack(key.stack_id).is_some() || !wanted(Pid(key.pid), key.generation) {
                 continue;
             }
-            if self.space(key.pid).is_none() && wait_for_maps {
+            if self.space(Pid(key.pid)).is_none() && wait_for_maps {
                 continue;
             }
-            let incarnation = self.incarnation(key.pid);
-            let tracked = &self.tracked[&key.pid];
+            let incarnation = self.incarnation(Pid(key.pid));
+            let tracked = &self.tracked[&Pid(key.pid)];
             let space = tracked.image.space.as_ref();
             let symbols = &tracked.symbols;
             let stack = key.stack_id;
@@ -57,7 +58,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             {
                 continue;
             }
-            let addrs = match self.seeded_stack(key.pid, stack) {
+            let addrs = match self.seeded_stack(Pid(key.pid), stack) {
                 Some(frames) => Some(frames.to_vec()),
                 None => self.kernel.stack(stack),
             };
@@ -80,7 +81,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .map(|(a, _)| *a)
                 .collect();
             let known_space = space.is_some();
-            let symbols = &mut self.track_pid(key.pid).symbols;
+            let symbols = &mut self.track_pid(Pid(key.pid)).symbols;
             // Only a live image's maps can still grow.
             if unresolved.is_empty() || !known_space {
                 symbols.unresolved.remove(&stack);
@@ -89,7 +90,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
             symbols.pending.insert(stack);
             let key = SymbolKey {
-                pid: key.pid,
+                pid: Pid(key.pid),
                 incarnation,
                 stack,
             };

@@ -40,7 +40,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Asks for the tables of `pid`'s executable files and gives it those
     /// that are ready.
-    pub(super) fn unwind_process(&mut self, pid: u32) {
+    pub(super) fn unwind_process(&mut self, pid: Pid) {
         let Some(space) = self.tracked.get(&pid).and_then(|t| t.image.space.as_ref()) else {
             return;
         };
@@ -57,7 +57,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// With `--pid`, before attaching: reads `pid`'s maps and asks for the
     /// tables of its files (as a scan would, without attaching).
-    pub(super) fn want_tables_of(&mut self, pid: u32) {
+    pub(super) fn want_tables_of(&mut self, pid: Pid) {
         let Ok(scan) = self.processes.scan(pid) else {
             return; // gone: the attach says so
         };
@@ -73,8 +73,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// the allocator's) would end at once in a marker, where frame
     /// pointers alone may walk whole. Later entries (a library loaded
     /// since) do not wait.
-    pub(super) fn give_tables(&mut self, pid: u32) {
-        let (Some(tracked), Some(host)) = (self.tracked.get(&pid), self.pids.host(Pid(pid))) else {
+    pub(super) fn give_tables(&mut self, pid: Pid) {
+        let (Some(tracked), Some(host)) = (self.tracked.get(&pid), self.pids.host(pid)) else {
             return;
         };
         let Some(space) = tracked.image.space.as_ref() else {
@@ -171,7 +171,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// Loads what the table thread finished; processes get the new tables.
     pub(super) fn load_tables(&mut self) {
         if self.unwind.progress(&mut KernelRows(&mut self.kernel)) {
-            let pids: Vec<u32> = self
+            let pids: Vec<Pid> = self
                 .tracked
                 .iter()
                 .filter(|(_, t)| t.image.space.is_some())
@@ -196,13 +196,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// The image of `pid` is gone (exec or exit): its tables no longer apply.
-    pub(super) fn forget_tables(&mut self, pid: u32) {
+    pub(super) fn forget_tables(&mut self, pid: Pid) {
         if self
             .tracked
             .get_mut(&pid)
             .and_then(|t| t.image.unwound.take())
             .is_some()
-            && let Some(host) = self.pids.host(Pid(pid))
+            && let Some(host) = self.pids.host(pid)
         {
             self.kernel.clear_process_unwind(host);
         }

@@ -125,7 +125,8 @@ fn allocator_frames_are_stripped_from_the_top_only() {
 #[test]
 fn own_test_binary_symbolizes_with_file_and_line() {
     // Symbolize an address of this very test function from our own file.
-    let space = crate::process::normalize::AddressSpace::read(std::process::id()).unwrap();
+    let space =
+        crate::process::normalize::AddressSpace::read(crate::ids::Pid(std::process::id())).unwrap();
     let addr = own_test_binary_symbolizes_with_file_and_line as *const () as u64;
     let at = space.normalize(addr).expect("our code is file-backed");
     let frames = symbolize_stack(&symbolizer(), &mut Interner::default(), &[(addr, Some(at))]);
@@ -145,7 +146,8 @@ fn own_test_binary_symbolizes_with_file_and_line() {
 
 #[test]
 fn files_are_released_once_their_stacks_are_symbolized() {
-    let space = crate::process::normalize::AddressSpace::read(std::process::id()).unwrap();
+    let space =
+        crate::process::normalize::AddressSpace::read(crate::ids::Pid(std::process::id())).unwrap();
     let addr = files_are_released_once_their_stacks_are_symbolized as *const () as u64;
     let at = space.normalize(addr).expect("our code is file-backed");
     let file = Arc::downgrade(at.file.open.as_ref().expect("opened"));
@@ -173,7 +175,8 @@ fn files_are_released_once_their_stacks_are_symbolized() {
 fn blazesym_forgets_released_files() {
     let mut symbolizer = symbolizer();
     let mut used = UsedFiles::default();
-    let space = crate::process::normalize::AddressSpace::read(std::process::id()).unwrap();
+    let space =
+        crate::process::normalize::AddressSpace::read(crate::ids::Pid(std::process::id())).unwrap();
     let addr = blazesym_forgets_released_files as *const () as u64;
     let frames = vec![(addr, space.normalize(addr))];
     used.note(&frames);
@@ -225,7 +228,8 @@ fn malformed_elf(name: &str) -> OpenFile {
 
 #[test]
 fn a_panic_in_one_file_costs_only_that_file_s_frames() {
-    let space = crate::process::normalize::AddressSpace::read(std::process::id()).unwrap();
+    let space =
+        crate::process::normalize::AddressSpace::read(crate::ids::Pid(std::process::id())).unwrap();
     // As a return address (callers' frames are looked up one byte back).
     let addr = a_panic_in_one_file_costs_only_that_file_s_frames as *const () as u64 + 1;
     let ours = space.normalize(addr).expect("our code is file-backed");

@@ -151,7 +151,7 @@ mod tests {
         let gone = Callers::of(
             &p,
             Some(ProcessKey {
-                pid: 3,
+                pid: allocprof::ids::Pid(3),
                 generation: 0,
             }),
             "parse",

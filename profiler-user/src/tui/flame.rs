@@ -450,7 +450,7 @@ pub(crate) mod tests {
         let missing = Tree::build(
             &p,
             Scope::Process(ProcessKey {
-                pid: 42,
+                pid: allocprof::ids::Pid(42),
                 generation: 0,
             }),
             None,

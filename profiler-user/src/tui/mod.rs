@@ -71,7 +71,7 @@ fn describe(target: &Target) -> String {
         Target::All => "all processes".into(),
         Target::Pids(pids) if pids.len() == 1 => format!("pid {}", pids[0]),
         Target::Pids(pids) => {
-            let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+            let pids: Vec<String> = pids.iter().map(allocprof::ids::Pid::to_string).collect();
             format!("pids {}", pids.join(", "))
         }
     }

@@ -21,6 +21,7 @@ use profiler_common::unwind::{FRAME_POINTERS, UnwindMapping, UnwindRow};
 
 use super::{LoadSegment, UnwindTable, bias, pool::RowPool};
 use crate::{
+    ids::Pid,
     process::discover::{FileId, OpenFile},
     process::normalize::Mapping,
 };
@@ -86,11 +87,11 @@ pub trait RowSink {
 struct Queue {
     /// Processes in turn, each with the files it waits for (a file may be
     /// in several lists; whoever's turn comes first takes it).
-    owners: VecDeque<(u32, VecDeque<FileId>)>,
+    owners: VecDeque<(Pid, VecDeque<FileId>)>,
     /// Files not taken yet.
     files: HashMap<FileId, Arc<OpenFile>>,
     /// Files being compiled, by the process whose turn took them.
-    in_flight: HashMap<u32, usize>,
+    in_flight: HashMap<Pid, usize>,
     /// No more work: the workers end.
     closed: bool,
 }
@@ -98,7 +99,7 @@ struct Queue {
 impl Queue {
     /// The next file in turn: the first still waiting of the next process
     /// with fewer than [`PER_OWNER`] files being compiled.
-    fn next(&mut self) -> Option<(u32, FileId, Arc<OpenFile>)> {
+    fn next(&mut self) -> Option<(Pid, FileId, Arc<OpenFile>)> {
         for _ in 0..self.owners.len() {
             let (owner, mut wanted) = self.owners.pop_front()?;
             if self.in_flight.get(&owner).copied().unwrap_or(0) >= PER_OWNER {
@@ -118,7 +119,7 @@ impl Queue {
         None
     }
 
-    fn done(&mut self, owner: u32) {
+    fn done(&mut self, owner: Pid) {
         if let Some(n) = self.in_flight.get_mut(&owner) {
             *n -= 1;
             if *n == 0 {
@@ -127,7 +128,7 @@ impl Queue {
         }
     }
 
-    fn add(&mut self, owner: u32, id: FileId) {
+    fn add(&mut self, owner: Pid, id: FileId) {
         match self.owners.iter_mut().find(|(o, _)| *o == owner) {
             Some((_, wanted)) if wanted.contains(&id) => {}
             Some((_, wanted)) => wanted.push_back(id),
@@ -220,7 +221,7 @@ impl UnwindTables {
     /// Asks for the table of a file process `owner` maps executable
     /// (compiled once per file; a file still waiting also waits in
     /// `owner`'s turn).
-    pub fn want(&mut self, file: &Arc<OpenFile>, owner: u32) {
+    pub fn want(&mut self, file: &Arc<OpenFile>, owner: Pid) {
         match self.files.get(&file.id) {
             Some(FileTable::Compiling) => {
                 let mut queue = self.shared.queue();
@@ -518,11 +519,11 @@ mod tests {
         // Process 1 maps two slow files and one it shares with process 2.
         let slow = [file(1, "/slow/one-a"), file(2, "/slow/one-b")];
         let shared = file(3, "/lib/shared.so");
-        tables.want(&slow[0], 1);
-        tables.want(&slow[1], 1);
-        tables.want(&shared, 1);
-        tables.want(&shared, 2);
-        tables.want(&file(4, "/bin/two"), 2);
+        tables.want(&slow[0], Pid(1));
+        tables.want(&slow[1], Pid(1));
+        tables.want(&shared, Pid(1));
+        tables.want(&shared, Pid(2));
+        tables.want(&file(4, "/bin/two"), Pid(2));
         until(&mut tables, "process 2's tables held up", |t| {
             ready(t, 3) && ready(t, 4)
         });
@@ -544,8 +545,8 @@ mod tests {
     fn a_file_released_before_its_turn_is_not_compiled() {
         let mut tables = UnwindTables::new(1000, gated);
         // Process 1's slow file holds its turn; its second file waits.
-        tables.want(&file(11, "/slow/released-a"), 1);
-        tables.want(&file(12, "/slow/released-b"), 1);
+        tables.want(&file(11, "/slow/released-a"), Pid(1));
+        tables.want(&file(12, "/slow/released-b"), Pid(1));
         until(&mut tables, "the first file taken", |t| {
             !t.shared
                 .queue()
@@ -574,7 +575,7 @@ mod tests {
         .unwrap();
         let here =
             a_mapping_of_our_own_code_has_a_bias_that_finds_our_functions as *const () as u64;
-        let space = crate::process::normalize::AddressSpace::read(std::process::id()).unwrap();
+        let space = crate::process::normalize::AddressSpace::read(Pid(std::process::id())).unwrap();
         let m = space
             .mappings()
             .iter()

@@ -313,7 +313,7 @@ pub fn process(
     profile
         .processes
         .iter()
-        .find(|p| p.key.pid == pid)
+        .find(|p| p.key.pid.0 == pid)
         .unwrap_or_else(|| panic!("process {pid} is not in the profile: {profile:#?}"))
 }
 
@@ -520,7 +520,7 @@ pub fn header_address(pid: u32) -> u64 {
     let lib = preload_library();
     let notes = allocprof::process::usdt::notes_in_elf(&std::fs::read(&lib).unwrap()).unwrap();
     let offset = notes.ledger.expect("liballocprof.so names its ledger");
-    let maps = allocprof::process::discover::Process::find(pid)
+    let maps = allocprof::process::discover::Process::find(allocprof::ids::Pid(pid))
         .unwrap()
         .maps()
         .unwrap();

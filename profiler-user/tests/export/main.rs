@@ -20,6 +20,7 @@ use std::{
     time::Duration,
 };
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::stats::human_bytes,
@@ -171,7 +172,7 @@ fn scratch(name: &str) -> PathBuf {
 fn pprof_totals_in_go_tool_pprof_equal_the_json_export_of_the_same_profile() {
     common::require_bpf();
     let mut w = Workload::c(&[]);
-    let mut session = Session::start(Target::Pids(vec![w.pid()]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     w.allocate();
     let profile = session.complete_profile().unwrap();
     let opts = export::Options::default();

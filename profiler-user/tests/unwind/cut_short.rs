@@ -226,7 +226,7 @@ fn deep_stack(flags: &[&str], limits: Limits) -> (Proc, Profile) {
     let mut w = Proc::spawn(cmd);
     common::wait_for_mapping(w.pid(), "liballocprof.so");
     let mut session = if limits.max_unwind_rows == 0 {
-        Session::start(Target::Pids(vec![w.pid()]), limits).unwrap()
+        Session::start(Target::Pids(vec![Pid(w.pid())]), limits).unwrap()
     } else {
         session_with_tables(w.pid(), limits)
     };

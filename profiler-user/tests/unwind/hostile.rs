@@ -71,7 +71,7 @@ fn a_crafted_eh_frame_is_refused_and_holds_up_no_other_process_s_tables() {
     common::wait_for_mapping(w.pid(), "liballocprof.so");
     // The crafted process first: its files are asked for first.
     let mut session = Session::start(
-        Target::Pids(vec![crafted.pid(), w.pid()]),
+        Target::Pids(vec![Pid(crafted.pid()), Pid(w.pid())]),
         Limits::default(),
     )
     .unwrap();

@@ -17,6 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
     model::profile::{ProcessProfile, Profile, StackProfile},
@@ -60,7 +61,7 @@ const SITES: [Site; 3] = [
 /// A session on `pid` once the unwind tables of its files are built and
 /// loaded (so its allocations are walked with them from the first).
 fn session_with_tables(pid: u32, limits: Limits) -> Session {
-    let mut session = Session::start(Target::Pids(vec![pid]), limits).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), limits).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         session.poll_events();

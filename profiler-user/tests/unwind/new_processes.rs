@@ -84,14 +84,14 @@ fn with_pid_a_program_sampling_while_allocprof_attaches_has_whole_stacks_from_th
     let pid = w.pid();
     // Allocating already, and all the while allocprof attaches.
     w.expect("started");
-    let mut session = Session::start(Target::Pids(vec![pid]), Limits::default()).unwrap();
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     while session
         .refresh()
         .unwrap()
         .processes
         .iter()
-        .find(|p| p.key.pid == pid)
+        .find(|p| p.key.pid.0 == pid)
         .is_none_or(|p| p.alloc_events < 5000)
     {
         assert!(Instant::now() < deadline, "too few samples");

@@ -68,7 +68,7 @@ mod tests {
         let profile = Profile {
             processes: vec![ProcessProfile::from_stacks(
                 ProcessKey {
-                    pid: 7,
+                    pid: crate::ids::Pid(7),
                     generation: 0,
                 },
                 "demo".into(),

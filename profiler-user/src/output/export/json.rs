@@ -292,7 +292,7 @@ pub fn report(profile: &Profile) -> Report {
         .processes
         .iter()
         .map(|p| Process {
-            pid: p.key.pid,
+            pid: p.key.pid.0,
             generation: p.key.generation,
             name: p.name.clone(),
             state: match p.state {

@@ -202,7 +202,7 @@ pub(crate) mod tests {
         drops[profiler_common::DropReason::UnmatchedFree as usize] = 3;
         let demo = ProcessProfile {
             key: ProcessKey {
-                pid: 7,
+                pid: crate::ids::Pid(7),
                 generation: 0,
             },
             name: "demo".into(),
@@ -249,7 +249,7 @@ pub(crate) mod tests {
             weight_form: profiler_common::WeightForm::InverseProbability,
             ..ProcessProfile::from_stacks(
                 ProcessKey {
-                    pid: 8,
+                    pid: crate::ids::Pid(8),
                     generation: 1,
                 },
                 "other".into(),

@@ -36,6 +36,7 @@ pub use self::{
 };
 pub use crate::ids::FileId;
 use crate::{
+    ids::{Pid, Tid},
     process::normalize::AddressSpace,
     process::usdt::{self, NoteError},
 };
@@ -245,7 +246,7 @@ fn sites_of(probes: Vec<usdt::UsdtProbe>) -> Result<(Vec<ProbeSite>, Vec<String>
 pub struct Scan {
     /// A live thread of it (for per-process attachments: perf events
     /// follow a thread, and an exited main thread takes them along).
-    pub tid: u32,
+    pub tid: Tid,
     /// Its probe-carrying files.
     pub probes: Vec<Arc<ProbeFile>>,
     /// Its address space, each mapping with the file opened for it.
@@ -261,7 +262,7 @@ pub struct Scanner {
 
 impl Scanner {
     /// Opens and examines every file a process maps. `Err` when it is gone.
-    pub fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
+    pub fn scan(&mut self, pid: Pid) -> std::io::Result<Scan> {
         let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
         let process = Process::find(pid).ok_or_else(gone)?;
         let maps = process.maps()?;
@@ -289,7 +290,7 @@ impl Scanner {
     }
 
     /// The probe-carrying files a process maps (empty if none).
-    pub fn probe_files(&mut self, pid: u32) -> std::io::Result<Vec<Arc<ProbeFile>>> {
+    pub fn probe_files(&mut self, pid: Pid) -> std::io::Result<Vec<Arc<ProbeFile>>> {
         Ok(self.scan(pid)?.probes)
     }
 

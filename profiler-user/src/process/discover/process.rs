@@ -7,9 +7,9 @@ use super::*;
 /// A running process, reached through one of its live threads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Process {
-    pub pid: u32,
+    pub pid: Pid,
     /// A live thread: `pid` itself unless the main thread is gone.
-    pub tid: u32,
+    pub tid: Tid,
     /// `/proc/PID`, or `/proc/PID/task/TID` when the main thread is gone.
     dir: PathBuf,
     /// When the process started (clock ticks since boot), from its
@@ -19,14 +19,14 @@ pub struct Process {
 
 impl Process {
     /// The process, if it runs: its main thread, or else any live thread.
-    pub fn find(pid: u32) -> Option<Process> {
+    pub fn find(pid: Pid) -> Option<Process> {
         let dir = PathBuf::from(format!("/proc/{pid}"));
         let stat = read_string(&dir.join("stat"), MAX_SMALL_BYTES).ok()?;
         let started = stat_start_ticks(&stat);
         if stat_is_live(&stat) {
             return Some(Process {
                 pid,
-                tid: pid,
+                tid: Tid(pid.0),
                 dir,
                 started,
             });
@@ -41,13 +41,13 @@ impl Process {
                 continue;
             };
             let task = dir.join("task").join(tid.to_string());
-            if tid != pid
+            if tid != pid.0
                 && read_string(&task.join("stat"), MAX_SMALL_BYTES)
                     .is_ok_and(|stat| stat_is_live(&stat))
             {
                 return Some(Process {
                     pid,
-                    tid,
+                    tid: Tid(tid),
                     dir: task,
                     started,
                 });
@@ -170,22 +170,22 @@ fn open_in_root(root: &Path, path: &str) -> Option<File> {
 }
 
 /// Whether a process exists (a live thread of it does).
-pub fn process_alive(pid: u32) -> bool {
+pub fn process_alive(pid: Pid) -> bool {
     Process::find(pid).is_some()
 }
 
 /// The name of a process (its `comm`), if it still runs.
-pub(crate) fn process_name(pid: u32) -> Option<String> {
+pub(crate) fn process_name(pid: Pid) -> Option<String> {
     Process::find(pid)?.name()
 }
 
 /// Every process id in /proc.
-pub(crate) fn all_pids() -> Vec<u32> {
+pub(crate) fn all_pids() -> Vec<Pid> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut pids: Vec<u32> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+    let mut pids: Vec<Pid> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok().map(Pid))
         .collect();
     pids.sort_unstable();
     pids

@@ -113,7 +113,7 @@ proptest::proptest! {
 #[test]
 fn our_own_files_open_by_identity() {
     let mut scanner = Scanner::default();
-    let scan = scanner.scan(std::process::id()).unwrap();
+    let scan = scanner.scan(Pid(std::process::id())).unwrap();
     let exe = fs::metadata("/proc/self/exe").unwrap();
     let addr = our_own_files_open_by_identity as *const () as u64;
     let at = scan.space.normalize(addr).expect("our code is file-backed");

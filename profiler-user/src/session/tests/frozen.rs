@@ -16,7 +16,7 @@ fn the_oldest_frozen_images_go_past_the_cap() {
         s.refresh().unwrap();
     }
     let p = s.complete_profile().unwrap();
-    let mut pids: Vec<u32> = p.processes.iter().map(|p| p.key.pid).collect();
+    let mut pids: Vec<u32> = p.processes.iter().map(|p| p.key.pid.0).collect();
     pids.sort_unstable();
     assert_eq!(pids, vec![102, 103, 104], "the newest three are kept");
     assert_eq!(s.symbols_held(), 3, "the names of dropped images go too");
@@ -56,7 +56,7 @@ fn the_oldest_frozen_images_go_past_the_memory_cap() {
         }
     }
     let p = s.complete_profile().unwrap();
-    let mut pids: Vec<u32> = p.processes.iter().map(|p| p.key.pid).collect();
+    let mut pids: Vec<u32> = p.processes.iter().map(|p| p.key.pid.0).collect();
     pids.sort_unstable();
     assert_eq!(pids, vec![104, 105], "the newest two fit");
     assert!(s.gone_bytes <= one_image * 5 / 2);

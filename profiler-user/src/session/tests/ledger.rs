@@ -38,7 +38,7 @@ fn live_of(profile: &Profile, pid: u32) -> (f64, f64) {
     let p = profile
         .processes
         .iter()
-        .find(|p| p.key.pid == pid)
+        .find(|p| p.key.pid.0 == pid)
         .expect("the process is in the profile");
     (p.totals.live_bytes, p.totals.before_attach_bytes)
 }
@@ -60,7 +60,7 @@ fn blocks_from_before_attach_are_seeded_once_with_their_stacks() {
             record(0x4000, 100, u64::MAX / 2, &beta),
         ],
     );
-    let mut session = session(&world, Target::Pids(vec![10]));
+    let mut session = session(&world, Target::Pids(vec![Pid(10)]));
     // The kernel holds a live sample at 0x2000 (its probe fired after attach).
     world.0.borrow_mut().kernel.live.push((
         LiveKey {
@@ -99,7 +99,7 @@ fn a_stack_the_allocator_cut_short_says_so() {
     let mut cut = record(0x1000, 100, 1, &alpha);
     cut.record.flags |= FLAG_TRUNCATED;
     give_ledger(&world, 10, vec![cut, record(0x2000, 100, 1, &alpha)]);
-    let mut session = session(&world, Target::Pids(vec![10]));
+    let mut session = session(&world, Target::Pids(vec![Pid(10)]));
     session.finish_symbols();
     let profile = session.complete_profile().unwrap();
     let p = &profile.processes[0];
@@ -137,7 +137,7 @@ fn a_seed_leaves_when_its_free_is_reported_or_its_record_moves() {
             .map(|i| record(i * 0x1000, 100, 1, &alpha))
             .collect(),
     );
-    let mut session = session(&world, Target::Pids(vec![10]));
+    let mut session = session(&world, Target::Pids(vec![Pid(10)]));
     assert_eq!(
         live_of(&session.refresh().unwrap(), 10).0,
         3.0 * RATE as f64
@@ -161,7 +161,7 @@ fn a_seed_leaves_when_its_free_is_reported_or_its_record_moves() {
 fn a_process_without_a_ledger_keeps_the_since_attach_label() {
     let world = World::default();
     world.spawn(10, "foreign");
-    let mut session = session(&world, Target::Pids(vec![10]));
+    let mut session = session(&world, Target::Pids(vec![Pid(10)]));
     world.sample(10, 7, &[address_in(alpha_site)], 100);
     let profile = session.complete_profile().unwrap();
     let p = &profile.processes[0];
@@ -178,7 +178,7 @@ fn an_exiting_process_freezes_with_its_seeds_and_stops_being_watched() {
         10,
         vec![record(0x1000, 100, 1, &[address_in(alpha_site)])],
     );
-    let mut session = session(&world, Target::Pids(vec![10]));
+    let mut session = session(&world, Target::Pids(vec![Pid(10)]));
     session.refresh().unwrap();
     world.exit(10);
     let profile = session.complete_profile().unwrap();
@@ -216,7 +216,7 @@ fn seeds_obey_the_kernels_caps_and_what_they_drop_is_counted() {
             .map(|i| record(i * 0x1000, 100, 1, &[alpha]))
             .collect(),
     );
-    let mut session = session(&world, Target::Pids(vec![10, 11]));
+    let mut session = session(&world, Target::Pids(vec![Pid(10), Pid(11)]));
     // The kernel holds one live sample of 10 already.
     world.0.borrow_mut().kernel.procs.insert(
         10,
@@ -281,7 +281,7 @@ fn seeded_weights_decide_the_weight_form_as_the_kernels_do() {
     let mut bad = record(0x1000, 100, 1, &alpha);
     bad.record.weight = profiler_common::MAX_WEIGHT;
     give_ledger(&world, 11, vec![bad, record(0x2000, 100, 1, &alpha)]);
-    let mut session = session(&world, Target::Pids(vec![10, 11]));
+    let mut session = session(&world, Target::Pids(vec![Pid(10), Pid(11)]));
     let profile = session.complete_profile().unwrap();
     let exact = images(&profile, 10)[0];
     assert!(exact.totals.live_ci95() > 0.0, "{:?}", exact.totals);
@@ -298,7 +298,7 @@ fn an_image_with_only_seeds_is_frozen_when_it_execs() {
         10,
         vec![record(0x1000, 100, 1, &[address_in(alpha_site)])],
     );
-    let mut session = session(&world, Target::Pids(vec![10]));
+    let mut session = session(&world, Target::Pids(vec![Pid(10)]));
     session.refresh().unwrap();
     // No kernel sample: the kernel does not track it, its ledger alone
     // knows its heap.
@@ -330,7 +330,7 @@ fn stacks_ending_in_a_marker_do_not_keep_their_process_rescanned() {
     let mut cut = record(0x1000, 100, 1, &alpha);
     cut.record.flags |= FLAG_TRUNCATED;
     give_ledger(&world, 10, vec![cut]);
-    let mut session = session(&world, Target::Pids(vec![10]));
+    let mut session = session(&world, Target::Pids(vec![Pid(10)]));
     world.sample(
         10,
         7,

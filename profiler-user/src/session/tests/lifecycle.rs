@@ -155,7 +155,7 @@ fn nothing_outlives_its_process(target: Target) {
     world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
     world.oom(200);
     s.complete_profile().unwrap();
-    assert!(s.tracked.contains_key(&100) && s.per_process_entries() > 0);
+    assert!(s.tracked.contains_key(&Pid(100)) && s.per_process_entries() > 0);
 
     // An exec: the record stays, the old image is frozen with its names.
     world.exec(100, "app2");
@@ -177,11 +177,11 @@ fn nothing_outlives_its_process(target: Target) {
     // Another process reuses pid 100, execs and exits.
     world.spawn(100, "again");
     if let Target::Pids(_) = target {
-        s.scan(100).unwrap();
+        s.scan(Pid(100)).unwrap();
     }
     world.sample(100, 7, &[address_in(beta_site)], 1 << 20);
     s.complete_profile().unwrap();
-    let again = s.tracked[&100].incarnation;
+    let again = s.tracked[&Pid(100)].incarnation;
     assert!(
         s.frozen.iter().all(|f| f.incarnation != again),
         "a new incarnation"
@@ -211,7 +211,7 @@ fn nothing_outlives_its_process_system_wide() {
 
 #[test]
 fn nothing_outlives_its_process_with_pid() {
-    nothing_outlives_its_process(Target::Pids(vec![100, 200]));
+    nothing_outlives_its_process(Target::Pids(vec![Pid(100), Pid(200)]));
 }
 
 #[test]

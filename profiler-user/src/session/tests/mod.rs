@@ -24,7 +24,7 @@ use profiler_common::{
 
 use super::{KernelPort, ProcessPort, Session, Target};
 use crate::{
-    ids::{HostPid, Tid},
+    ids::{HostPid, Pid, Tid},
     kernel::{KernelError, KernelSnapshot, Scope},
     model::profile::{ProcessProfile, ProcessState, Profile},
     process::discover::{FileId, OpenFile, ProbeFile, ProbeKind, ProbeSite, Scan, Scanner},
@@ -290,7 +290,9 @@ impl KernelPort for FakeKernel {
 
     fn detach_process(&mut self, Tid(tid): Tid) {
         let mut w = self.0.0.borrow_mut();
-        w.kernel.attached.retain(|(_, s)| *s != Scope::Process(tid));
+        w.kernel
+            .attached
+            .retain(|(_, s)| *s != Scope::Process(Tid(tid)));
         w.kernel.detached.push(tid);
     }
 
@@ -408,22 +410,22 @@ impl KernelPort for FakeKernel {
 }
 
 impl ProcessPort for FakeProcesses {
-    fn alive(&self, pid: u32) -> bool {
+    fn alive(&self, Pid(pid): Pid) -> bool {
         self.world.0.borrow().processes.contains_key(&pid)
     }
 
-    fn code_size(&self, pid: u32) -> Option<u64> {
+    fn code_size(&self, Pid(pid): Pid) -> Option<u64> {
         self.world.0.borrow().processes.get(&pid)?.code_size
     }
 
-    fn scan(&mut self, pid: u32) -> std::io::Result<Scan> {
+    fn scan(&mut self, Pid(pid): Pid) -> std::io::Result<Scan> {
         self.world.0.borrow_mut().scans.push(pid);
         let process = self.world.0.borrow().processes.get(&pid).cloned();
         let process = process.ok_or(std::io::ErrorKind::NotFound)?;
         if !process.maps_readable {
             return Err(std::io::ErrorKind::PermissionDenied.into());
         }
-        let mut own = self.scanner.scan(std::process::id())?;
+        let mut own = self.scanner.scan(Pid(std::process::id()))?;
         if let Some(addr) = process.not_mapped {
             own.space = own.space.without(addr);
         }
@@ -438,17 +440,17 @@ impl ProcessPort for FakeProcesses {
             })
             .collect();
         Ok(Scan {
-            tid: pid,
+            tid: Tid(pid),
             probes,
             space: own.space,
         })
     }
 
-    fn name(&self, pid: u32) -> Option<String> {
+    fn name(&self, Pid(pid): Pid) -> Option<String> {
         Some(self.world.0.borrow().processes.get(&pid)?.name.clone())
     }
 
-    fn sampling_rate(&self, _pid: u32) -> u64 {
+    fn sampling_rate(&self, _pid: Pid) -> u64 {
         RATE
     }
 
@@ -456,11 +458,17 @@ impl ProcessPort for FakeProcesses {
         self.world.0.borrow().clock_ns
     }
 
-    fn all_pids(&self) -> Vec<u32> {
-        self.world.0.borrow().processes.keys().copied().collect()
+    fn all_pids(&self) -> Vec<Pid> {
+        self.world
+            .0
+            .borrow()
+            .processes
+            .keys()
+            .map(|&p| Pid(p))
+            .collect()
     }
 
-    fn ledger_address(&self, pid: u32) -> Option<(FileId, u64)> {
+    fn ledger_address(&self, Pid(pid): Pid) -> Option<(FileId, u64)> {
         let w = self.world.0.borrow();
         let p = w.processes.get(&pid)?;
         p.ledger.as_ref()?;
@@ -469,7 +477,7 @@ impl ProcessPort for FakeProcesses {
 
     fn read_ledger(
         &self,
-        pid: u32,
+        Pid(pid): Pid,
         _address: u64,
         live: &mut dyn FnMut(crate::process::ledger::LedgerEntry),
     ) -> Result<crate::process::ledger::LedgerRead, crate::process::ledger::ReadError> {
@@ -482,7 +490,7 @@ impl ProcessPort for FakeProcesses {
         Ok(crate::process::ledger::LedgerRead::default())
     }
 
-    fn ledger_sequences(&self, pid: u32, addresses: &[u64]) -> Vec<Option<u64>> {
+    fn ledger_sequences(&self, Pid(pid): Pid, addresses: &[u64]) -> Vec<Option<u64>> {
         let w = self.world.0.borrow();
         let ledger = w.processes.get(&pid).and_then(|p| p.ledger.as_ref());
         addresses
@@ -530,7 +538,7 @@ fn images(profile: &Profile, pid: u32) -> Vec<&ProcessProfile> {
     profile
         .processes
         .iter()
-        .filter(|p| p.key.pid == pid)
+        .filter(|p| p.key.pid.0 == pid)
         .collect()
 }
 

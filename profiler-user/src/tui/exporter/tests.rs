@@ -23,7 +23,7 @@ fn scratch(name: &str) -> PathBuf {
 fn one_process() -> ViewSelection {
     ViewSelection {
         process: Some(ProcessKey {
-            pid: 7,
+            pid: allocprof::ids::Pid(7),
             generation: 0,
         }),
         name: Some("w".into()),
@@ -90,7 +90,7 @@ fn files_are_named_after_the_process_and_the_time_inertly() {
     let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_602_662);
     let mut selection = ViewSelection {
         process: Some(ProcessKey {
-            pid: 1234,
+            pid: allocprof::ids::Pid(1234),
             generation: 0,
         }),
         name: Some("python3".into()),

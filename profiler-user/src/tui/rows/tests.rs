@@ -43,7 +43,10 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         })
         .collect();
     ProcessProfile {
-        key: ProcessKey { pid, generation: 0 },
+        key: ProcessKey {
+            pid: allocprof::ids::Pid(pid),
+            generation: 0,
+        },
         name: name.into(),
         state: ProcessState::Live,
         rate: 524_288,
@@ -250,7 +253,7 @@ fn function_grouping_sums_stacks_and_keeps_the_heaviest() {
         )],
     );
     let key = ProcessKey {
-        pid: 1,
+        pid: allocprof::ids::Pid(1),
         generation: 0,
     };
     let rows = stack_rows(

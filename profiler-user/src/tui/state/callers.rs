@@ -157,7 +157,10 @@ mod tests {
             shown(&app),
             ("leak".into(), vec!["handle".into()], vec![SELF.into()])
         );
-        assert_eq!(app.callers().unwrap().scope.map(|k| k.pid), Some(7));
+        assert_eq!(
+            app.callers().unwrap().scope.map(|k| k.pid),
+            Some(allocprof::ids::Pid(7))
+        );
         let live = app.callers().unwrap().callers.live_bytes;
         // Refreshed with the profiles: the leak grows.
         app.update(AppEvent::Profile(sample(4)));

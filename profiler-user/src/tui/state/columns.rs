@@ -113,7 +113,7 @@ fn anon(r: &Row) -> u64 {
 
 fn pid(r: &Row) -> u32 {
     match r.id {
-        RowId::Process(k) => k.pid,
+        RowId::Process(k) => k.pid.0,
         _ => 0,
     }
 }

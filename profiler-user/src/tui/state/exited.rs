@@ -169,7 +169,7 @@ mod tests {
         let Effect::Export { profile, .. } = press(&mut app, KeyCode::Char('e')) else {
             panic!("no export");
         };
-        let pids: Vec<u32> = profile.processes.iter().map(|p| p.key.pid).collect();
+        let pids: Vec<u32> = profile.processes.iter().map(|p| p.key.pid.0).collect();
         assert_eq!(pids, [7]);
     }
 

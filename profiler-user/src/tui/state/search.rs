@@ -10,7 +10,7 @@ pub struct Search {
     pub editing: bool,
 }
 
-pub(super) fn process_matches(name: &str, pid: u32, query: &str) -> bool {
+pub(super) fn process_matches(name: &str, pid: allocprof::ids::Pid, query: &str) -> bool {
     name.to_lowercase().contains(query) || pid.to_string().contains(query)
 }
 

@@ -218,7 +218,7 @@ fn processes_view_and_entering_a_process() {
     assert_eq!(
         app.scope(),
         Some(ProcessKey {
-            pid: 9,
+            pid: allocprof::ids::Pid(9),
             generation: 0
         })
     );
@@ -291,7 +291,10 @@ fn export_restricts_the_profile_to_the_view() {
     assert_eq!(profile.processes.len(), 1);
     assert_eq!(profile.processes[0].stacks.len(), 1);
     assert_eq!(profile.processes[0].totals.live_bytes, 2024.0);
-    assert_eq!(selection.process.map(|k| k.pid), Some(7));
+    assert_eq!(
+        selection.process.map(|k| k.pid),
+        Some(allocprof::ids::Pid(7))
+    );
     assert_eq!(
         app.describe_selection(&selection),
         "the stacks of server (7) matching \"leak\""
@@ -515,7 +518,7 @@ fn the_cursor_starts_on_the_first_row_and_stays_there_until_moved() {
     app.update(AppEvent::Profile(p));
     assert_eq!(app.selected_index(), Some(0));
     press(&mut app, KeyCode::Enter);
-    assert_eq!(app.scope().map(|k| k.pid), Some(9));
+    assert_eq!(app.scope().map(|k| k.pid), Some(allocprof::ids::Pid(9)));
 }
 
 #[test]

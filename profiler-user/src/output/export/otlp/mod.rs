@@ -362,7 +362,7 @@ impl Builder {
             KeyValue {
                 key: ATTR_PID.into(),
                 value: Some(AnyValue {
-                    value: Some(any_value::Value::IntValue(i64::from(p.key.pid))),
+                    value: Some(any_value::Value::IntValue(i64::from(p.key.pid.0))),
                 }),
                 ..Default::default()
             },

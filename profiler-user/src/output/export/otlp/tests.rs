@@ -50,7 +50,7 @@ fn one_resource_per_process_and_totals_are_the_rounded_estimates() {
     let data = decoded(&encode(&profile, at(1_000)));
     assert_eq!(data.resource_profiles.len(), profile.processes.len());
     for (r, p) in data.resource_profiles.iter().zip(&profile.processes) {
-        assert_eq!(pid(r), i64::from(p.key.pid));
+        assert_eq!(pid(r), i64::from(p.key.pid.0));
         for key in [ATTR_EXECUTABLE_NAME, ATTR_SERVICE_NAME] {
             assert_eq!(attribute(r, key), Some(&Value::StringValue(p.name.clone())));
         }

@@ -19,6 +19,7 @@ use super::{
     proto,
 };
 use crate::{
+    ids::Pid,
     model::profile::{
         ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
     },
@@ -207,14 +208,14 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
             )));
         }
         let mut key = ProcessKey {
-            pid: 0,
+            pid: Pid(0),
             generation: 0,
         };
         let mut name = None;
         for l in &s.label {
             match string(l.key)? {
                 LABEL_PROCESS => name = Some(string(l.str)?.to_string()),
-                LABEL_PID => key.pid = u32::try_from(l.num).unwrap_or(0),
+                LABEL_PID => key.pid = Pid(u32::try_from(l.num).unwrap_or(0)),
                 LABEL_GENERATION => key.generation = u32::try_from(l.num).unwrap_or(0),
                 _ => {}
             }

@@ -59,7 +59,7 @@ pub(crate) fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
             },
             Label {
                 key: keys[1],
-                num: i64::from(p.key.pid),
+                num: i64::from(p.key.pid.0),
                 ..Default::default()
             },
         ];

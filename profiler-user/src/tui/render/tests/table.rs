@@ -220,7 +220,7 @@ fn exited_processes_are_not_live_heap() {
     let mut profile = sample(0);
     let live_before = profile.live_totals().live_bytes;
     let mut gone = profile.processes[0].clone();
-    gone.key.pid = 99;
+    gone.key.pid = allocprof::ids::Pid(99);
     gone.state = allocprof::model::profile::ProcessState::Exited;
     for s in &mut gone.stacks {
         s.totals.live_bytes = 5e9;

@@ -98,7 +98,10 @@ fn arbitrary_profile() -> impl Strategy<Value = Profile> {
                         totals,
                     })
                     .collect();
-                let key = ProcessKey { pid, generation };
+                let key = ProcessKey {
+                    pid: crate::ids::Pid(pid),
+                    generation,
+                };
                 ProcessProfile::from_stacks(key, name, ProcessState::Live, 4096, stacks)
             })
             .collect();
