@@ -17,13 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define CHECK(c)                                                            \
-    do {                                                                    \
-        if (!(c)) {                                                         \
-            fprintf(stderr, "edges.c:%d: check failed: %s\n", __LINE__, #c); \
-            exit(1);                                                        \
-        }                                                                   \
-    } while (0)
+#include "check.h"
 
 struct stats { uint64_t sampled, unplaced, freed, live_pages; };
 

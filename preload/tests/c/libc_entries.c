@@ -22,13 +22,7 @@ extern void *__libc_memalign(size_t, size_t);
 extern void *__libc_valloc(size_t);
 extern void *__libc_pvalloc(size_t);
 
-#define CHECK(c)                                                                   \
-    do {                                                                           \
-        if (!(c)) {                                                                \
-            fprintf(stderr, "libc_entries.c:%d: check failed: %s\n", __LINE__, #c); \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "check.h"
 
 struct stats { uint64_t sampled, unplaced, freed, live_pages; };
 

@@ -34,13 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(c)                                                             \
-    do {                                                                     \
-        if (!(c)) {                                                          \
-            fprintf(stderr, "region.c:%d: check failed: %s\n", __LINE__, #c); \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 struct stats { uint64_t sampled, unplaced, freed, live_pages; };
 

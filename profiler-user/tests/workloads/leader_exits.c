@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "leader.h"
+
 #define N 20000
 static void *blocks[2][N];
 
@@ -25,17 +27,6 @@ __attribute__((noinline)) void main_site(void) {
 
 __attribute__((noinline)) void worker_site(void) {
     for (int i = 0; i < N; i++) { blocks[1][i] = malloc(1024); ESCAPE(blocks[1][i]); }
-}
-
-static int leader_is_zombie(void) {
-    char buf[512];
-    FILE *f = fopen("/proc/self/stat", "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *end = strrchr(buf, ')');
-    return end && end[1] == ' ' && end[2] == 'Z';
 }
 
 static void *worker(void *arg) {

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "leader.h"
+
 #define N 2000
 #define SIZE 65536
 
@@ -19,17 +21,6 @@ static void *blocks[N];
 
 __attribute__((noinline)) void main_site(void) {
     for (int i = 0; i < N; i++) { blocks[i] = malloc(SIZE); ESCAPE(blocks[i]); }
-}
-
-static int leader_is_zombie(void) {
-    char buf[512];
-    FILE *f = fopen("/proc/self/stat", "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *end = strrchr(buf, ')');
-    return end && end[1] == ' ' && end[2] == 'Z';
 }
 
 static void *worker(void *arg) {
