@@ -12,7 +12,7 @@ use allocprof::{
     model::profile::Profile,
     model::stats::{Quantity, human_bytes, human_ci},
     output::export::{self, Format, diff, otlp, pprof, svg},
-    output::{self, Existing},
+    output::{self, Existing, inert::inert},
     session::Session,
 };
 use anyhow::{Context, Result};
@@ -166,10 +166,12 @@ async fn push(session: &mut Session, encoder: &mut otlp::Encoder, endpoint: &str
     match pushed {
         Ok(accepted) if accepted.rejected_profiles > 0 => eprintln!(
             "allocprof: the collector rejected {} profiles: {}",
-            accepted.rejected_profiles, accepted.error_message
+            accepted.rejected_profiles,
+            // The collector's words: a peer's text, made inert like a target's.
+            inert(&accepted.error_message)
         ),
         Ok(_) => {}
-        Err(e) => eprintln!("allocprof: export dropped: {e}"),
+        Err(e) => eprintln!("allocprof: export dropped: {}", inert(&e.to_string())),
     }
     Ok(())
 }
