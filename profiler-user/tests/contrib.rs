@@ -23,16 +23,13 @@ fn agent_help() -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The `--flag` words of `text` (up to a `=`, a space, a quote, a comma or
-/// a closing punctuation mark).
+/// The `--flag` words of `text` (from a space, a quote, a comma or a `=`,
+/// up to the next, without closing punctuation).
 fn flags(text: &str) -> BTreeSet<String> {
-    text.split(|c: char| c.is_whitespace() || "\"',[]".contains(c))
+    text.split(|c: char| c.is_whitespace() || "\"',[]=".contains(c))
         .filter(|w| w.starts_with("--") && w.len() > 2)
         .map(|w| {
-            w.split('=')
-                .next()
-                .unwrap()
-                .trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+            w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
                 .to_owned()
         })
         .collect()
