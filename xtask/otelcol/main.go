@@ -1,6 +1,8 @@
 // A minimal OpenTelemetry Collector for allocprof's tests: the OTLP receiver
-// (gRPC and HTTP) and the file exporter, nothing else. Test infrastructure
-// only; the product never builds or ships it.
+// (gRPC and HTTP) and the file exporter, plus the OTLP/HTTP exporter and the
+// memory limiter that contrib/otelcol-pyroscope.yaml uses, so the tests can
+// validate it. Test infrastructure only; the product never builds or ships
+// it.
 package main
 
 import (
@@ -12,7 +14,10 @@ import (
 	"go.opentelemetry.io/collector/confmap/provider/envprovider"
 	"go.opentelemetry.io/collector/confmap/provider/fileprovider"
 	"go.opentelemetry.io/collector/exporter"
+	"go.opentelemetry.io/collector/exporter/otlphttpexporter"
 	"go.opentelemetry.io/collector/otelcol"
+	"go.opentelemetry.io/collector/processor"
+	"go.opentelemetry.io/collector/processor/memorylimiterprocessor"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/otlpreceiver"
 	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
@@ -23,14 +28,22 @@ func components() (otelcol.Factories, error) {
 	if err != nil {
 		return otelcol.Factories{}, err
 	}
-	exporters, err := otelcol.MakeFactoryMap[exporter.Factory](fileexporter.NewFactory())
+	exporters, err := otelcol.MakeFactoryMap[exporter.Factory](
+		fileexporter.NewFactory(),
+		otlphttpexporter.NewFactory(),
+	)
+	if err != nil {
+		return otelcol.Factories{}, err
+	}
+	processors, err := otelcol.MakeFactoryMap[processor.Factory](memorylimiterprocessor.NewFactory())
 	if err != nil {
 		return otelcol.Factories{}, err
 	}
 	return otelcol.Factories{
-		Receivers: receivers,
-		Exporters: exporters,
-		Telemetry: otelconftelemetry.NewFactory(),
+		Receivers:  receivers,
+		Exporters:  exporters,
+		Processors: processors,
+		Telemetry:  otelconftelemetry.NewFactory(),
 	}, nil
 }
 

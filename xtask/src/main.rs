@@ -1,6 +1,7 @@
 //! Developer tasks: `cargo xtask <setup|build|test|demo|bench|ebpf-object|fuzz|soak|otelcol>`.
 
 mod bench_alloc;
+mod bench_otlp;
 mod bench_peers;
 mod bench_pipeline;
 mod demo;
@@ -42,10 +43,11 @@ enum Command {
     /// Build everything, start the demo workload and profile it.
     Demo,
     /// Benchmarks: `alloc` (allocator overhead), `pipeline` (profiler costs)
-    /// `tui` (the live view's key-to-screen latency and CPU) or `peers` (wall
-    /// time against other allocators and heap profilers).
+    /// `tui` (the live view's key-to-screen latency and CPU), `peers` (wall
+    /// time against other allocators and heap profilers) or `otlp` (`allocprof
+    /// agent` pushing 500 processes' heaps to a real collector).
     Bench {
-        #[arg(value_parser = ["alloc", "pipeline", "tui", "peers"])]
+        #[arg(value_parser = ["alloc", "pipeline", "tui", "peers", "otlp"])]
         which: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -118,6 +120,7 @@ fn run(cli: Cli) -> Result<()> {
             match packages::ensure_bench_packages().map(|()| which.as_str())? {
                 "alloc" => bench_alloc::run(&root, &args),
                 "peers" => bench_peers::run(&root, &args),
+                "otlp" => bench_otlp::run(&root, &args),
                 _ => bench_pipeline::run(&root, &args),
             }
         }
