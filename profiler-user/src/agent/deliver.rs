@@ -279,11 +279,14 @@ mod tests {
 
     use super::{super::Accepted, *};
 
+    /// What a transport was given, and when.
+    type Seen = Arc<Mutex<Vec<(Vec<u8>, Instant)>>>;
+
     /// Answers from a script, one per attempt (the last repeated), and
     /// records what it was given and when.
     struct Scripted {
         script: Vec<Result<Accepted, Failure>>,
-        seen: Arc<Mutex<Vec<(Vec<u8>, Instant)>>>,
+        seen: Seen,
         calls: Arc<AtomicUsize>,
         gate: Option<Arc<(Mutex<bool>, Condvar)>>,
     }
@@ -315,9 +318,7 @@ mod tests {
         )
     }
 
-    fn scripted(
-        script: Vec<Result<Accepted, Failure>>,
-    ) -> (Scripted, Arc<Mutex<Vec<(Vec<u8>, Instant)>>>) {
+    fn scripted(script: Vec<Result<Accepted, Failure>>) -> (Scripted, Seen) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let t = Scripted {
             script,

@@ -118,7 +118,7 @@ impl Certs {
                 &["req", "-x509"][..],
                 &ec,
                 &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2"],
-                &["-subj", "/CN=allocprof test CA"],
+                &["-subj", &format!("/CN=allocprof test CA {name}")],
             ]
             .concat(),
         );
