@@ -169,7 +169,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
             Beat::Snapshot => {
                 push(&mut session, &mut encoder, &sender)?;
                 pushes += 1;
-                if pushes % STATS_EVERY == 0 {
+                if pushes.is_multiple_of(STATS_EVERY) {
                     let line = stats::line(&sender.counts(), cpu.percent(), stats::rss_bytes());
                     eprintln!("allocprof: {line}");
                 }

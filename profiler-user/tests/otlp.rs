@@ -124,6 +124,9 @@ fn the_collector_starts_listens_and_stops() {
     assert!(collector.stop_and_read().is_empty());
 }
 
+/// A transport to test: its name, endpoint, protocol and variables.
+type Way<'a> = (&'a str, String, Protocol, Vec<(&'a str, String)>);
+
 /// The same profile sent over each transport: OTLP/HTTP and OTLP/gRPC,
 /// plain and gzip'd, and over TLS with a CA the test made. Each export the
 /// collector writes out has the JSON's figures.
@@ -134,7 +137,7 @@ fn the_collector_writes_out_the_json_exports_totals_and_stacks() {
     let collector = Collector::start_with("same-figures", Some(&certs), None);
     let (grpcs, https) = collector.tls_endpoints();
     let ca = certs.ca.to_str().unwrap().to_owned();
-    let transports: Vec<(&str, String, Protocol, Vec<(&str, String)>)> = vec![
+    let transports: Vec<Way> = vec![
         (
             "http",
             collector.http_endpoint(),

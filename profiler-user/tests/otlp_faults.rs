@@ -1,11 +1,12 @@
 //! `allocprof agent` when the collector misbehaves: not there at start,
-//! restarted mid-run, refusing with 503 + Retry-After or RESOURCE_EXHAUSTED
-//! + RetryInfo, accepting connections and never answering, or presenting a
-//! certificate the agent's CA did not sign. Each shows that nothing is lost
-//! within the queue's bound (the alloc deltas add up) and nothing is sent
-//! twice (every export's window is distinct). The real collector is used
-//! where it can show the fault; the refusals come from small servers here,
-//! since the collector cannot be made to refuse on demand.
+//! restarted mid-run, refusing with 503 and Retry-After or with
+//! RESOURCE_EXHAUSTED and a RetryInfo, accepting connections and never
+//! answering, or presenting a certificate the agent's CA did not sign. Each
+//! shows that nothing is lost within the queue's bound (the alloc deltas add
+//! up) and nothing is sent twice (every export's window is distinct). The
+//! real collector is used where it can show the fault; the refusals come
+//! from small servers here, since the collector cannot be made to refuse on
+//! demand.
 
 mod common;
 
@@ -556,4 +557,36 @@ fn a_wrong_certificate_is_a_clear_error() {
     }
     w.exit();
     assert!(collector.stop_and_read().is_empty());
+}
+
+/// A variable allocprof cannot read is an error naming it; a start that
+/// fails once the transport is made (no such process) is that error, over
+/// either protocol, not a panic of the gRPC runtime torn down inside the
+/// driver's.
+#[test]
+fn a_bad_variable_and_a_failed_start_are_errors_not_panics() {
+    common::require_bpf();
+    let out = Command::new(env!("CARGO_BIN_EXE_allocprof"))
+        .args(["agent", "--pid", "1"])
+        .env("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "http/json")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL=\"http/json\": not grpc or http/protobuf"
+        ),
+        "{stderr}"
+    );
+    // Above any pid_max (2^22).
+    for protocol in ["grpc", "http/protobuf"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_allocprof"))
+            .args(["agent", "--pid", "999999999", "--otlp-protocol", protocol])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{protocol}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{protocol}: {stderr}");
+    }
 }

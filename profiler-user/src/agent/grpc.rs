@@ -2,7 +2,8 @@
 //! tonic (its channel reconnects by itself), TLS by rustls with ring, gzip
 //! if asked. The export is queued already encoded; [`Encoded`] hands those
 //! bytes to tonic's prost codec as they are. It runs on the sender's thread,
-//! on a small runtime of its own.
+//! on a small runtime of its own, made there at the first export (a runtime
+//! must not be dropped, or made and dropped, within the driver's).
 //!
 //! Outcomes: UNAVAILABLE is retried, and RESOURCE_EXHAUSTED when the
 //! collector says when (RetryInfo; the spec retries it only then), after
@@ -36,18 +37,15 @@ pub const EXPORT_PATH: &str =
 const MAX_RESPONSE_BYTES: usize = 64 << 10;
 
 pub struct Grpc {
-    runtime: tokio::runtime::Runtime,
-    channel: Channel,
+    endpoint: Endpoint,
+    /// Made at the first export, on the sender's thread.
+    live: Option<(tokio::runtime::Runtime, Channel)>,
     metadata: MetadataMap,
     gzip: bool,
 }
 
 impl Grpc {
     pub fn new(config: &Config) -> Result<Grpc> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the gRPC runtime")?;
         let scheme = if config.url.tls { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", config.url.authority))
             .with_context(|| format!("{}: not a gRPC endpoint", config.url))?
@@ -67,11 +65,6 @@ impl Grpc {
             }
             endpoint = endpoint.tls_config(tls).context("the TLS configuration")?;
         }
-        // The channel's worker runs on our runtime, while we block on it.
-        let channel = {
-            let _entered = runtime.enter();
-            endpoint.connect_lazy()
-        };
         let mut metadata = MetadataMap::new();
         for (k, v) in &config.headers {
             let key = AsciiMetadataKey::from_bytes(k.as_bytes())
@@ -81,8 +74,8 @@ impl Grpc {
             metadata.insert(key, value);
         }
         Ok(Grpc {
-            runtime,
-            channel,
+            endpoint,
+            live: None,
             metadata,
             gzip: config.compression == Compression::Gzip,
         })
@@ -91,8 +84,22 @@ impl Grpc {
 
 impl Transport for Grpc {
     fn export(&mut self, request: &Arc<Vec<u8>>, timeout: Duration) -> Result<Accepted, Failure> {
-        let mut client = tonic::client::Grpc::new(self.channel.clone())
-            .max_decoding_message_size(MAX_RESPONSE_BYTES);
+        if self.live.is_none() {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Failure::new("gRPC runtime", e.to_string(), Verdict::Drop))?;
+            // The channel's worker runs on this runtime, while we block on it;
+            // the channel connects (and reconnects) by itself.
+            let channel = {
+                let _entered = runtime.enter();
+                self.endpoint.connect_lazy()
+            };
+            self.live = Some((runtime, channel));
+        }
+        let (runtime, channel) = self.live.as_ref().expect("made above");
+        let mut client =
+            tonic::client::Grpc::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES);
         if self.gzip {
             // The collector answers in the request's encoding.
             client = client
@@ -103,7 +110,7 @@ impl Transport for Grpc {
         call.set_timeout(timeout);
         *call.metadata_mut() = self.metadata.clone();
         let path = ::http::uri::PathAndQuery::from_static(EXPORT_PATH);
-        let result = self.runtime.block_on(async {
+        let result = runtime.block_on(async {
             let call = async {
                 client
                     .ready()
