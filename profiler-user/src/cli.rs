@@ -194,23 +194,27 @@ pub enum Command {
     Agent(AgentArgs),
 }
 
-/// Run headless until stopped, pushing heap profiles over OTLP/HTTP
-/// (protobuf) to an OpenTelemetry Collector.
+/// Run headless until stopped, pushing heap profiles over OTLP (HTTP or
+/// gRPC) to an OpenTelemetry Collector.
 ///
 /// Every --push-interval, one export: per process, the live heap
 /// (inuse_space, inuse_objects) and what it allocated since the previous
-/// export (alloc_space, alloc_objects). SIGTERM and SIGINT push one last
-/// export, then exit. No TLS, retries or queue yet: a failed export is
-/// reported and dropped.
+/// export (alloc_space, alloc_objects). Exports are queued and sent apart
+/// from profiling, retried when the collector says so; SIGTERM and SIGINT
+/// push one last export, drain the queue for up to the export timeout, then
+/// exit. The OTEL_EXPORTER_OTLP_* variables (endpoint, protocol, headers,
+/// compression, timeout, certificates) apply; the flags override them.
 #[derive(Args, Debug)]
 pub struct AgentArgs {
     #[command(flatten)]
     pub targets: TargetArgs,
 
-    /// The collector's OTLP/HTTP endpoint (e.g. http://127.0.0.1:4318);
-    /// profiles go to its /v1development/profiles.
-    #[arg(long, value_name = "URL", value_parser = parse_http_endpoint)]
-    pub otlp_endpoint: String,
+    /// The collector's base endpoint (e.g. http://127.0.0.1:4318, or
+    /// https://); OTLP/HTTP posts to its /v1development/profiles. Overrides
+    /// OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT
+    /// [default: http://localhost:4318, or :4317 for gRPC].
+    #[arg(long, value_name = "URL", value_parser = parse_endpoint)]
+    pub otlp_endpoint: Option<String>,
 
     /// How often to export.
     #[arg(long, value_name = "D", default_value = "15s", value_parser = parse_duration)]
@@ -220,13 +224,36 @@ pub struct AgentArgs {
     /// SIGTERM, or when every --pid target has exited.
     #[arg(short, long, value_name = "D", value_parser = parse_duration)]
     pub duration: Option<Duration>,
+
+    #[command(flatten)]
+    pub otlp: OtlpArgs,
 }
 
-fn parse_http_endpoint(s: &str) -> Result<String, String> {
-    match s.strip_prefix("http://") {
-        Some(rest) if !rest.is_empty() => Ok(s.to_owned()),
-        _ => Err("an http:// URL (TLS is not supported yet)".into()),
-    }
+/// The agent's transport flags (overriding the `OTEL_EXPORTER_OTLP_*`
+/// variables).
+#[derive(Args, Debug)]
+pub struct OtlpArgs {
+    /// The OTLP protocol; overrides OTEL_EXPORTER_OTLP_PROTOCOL [default:
+    /// http/protobuf].
+    #[arg(long, value_parser = ["grpc", "http/protobuf"])]
+    pub otlp_protocol: Option<String>,
+
+    /// A header (gRPC metadata) sent with each export, e.g.
+    /// authorization=Bearer%20TOKEN (repeatable; the value percent-decoded);
+    /// added to OTEL_EXPORTER_OTLP_HEADERS, replacing the same keys.
+    #[arg(long, value_name = "K=V")]
+    pub otlp_header: Vec<String>,
+
+    /// Memory for exports waiting to be sent; when full, the oldest is
+    /// dropped (and counted).
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub otlp_queue_bytes: u64,
+}
+
+fn parse_endpoint(s: &str) -> Result<String, String> {
+    allocprof::agent::config::parse_url(s)
+        .map(|_| s.to_owned())
+        .map_err(|why| format!("{s}: {why}"))
 }
 
 /// Profile, then write pprof heap profiles (for `go tool pprof`).

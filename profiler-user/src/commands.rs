@@ -5,17 +5,25 @@
 use std::{
     io::{Read, Write},
     path::Path,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use allocprof::{
+    agent::{
+        self,
+        config::{Config, Protocol},
+        deliver::{self, Sender},
+        stats,
+    },
     model::profile::Profile,
     model::stats::{Quantity, human_bytes, human_ci},
     output::export::{self, Format, diff, otlp, pprof, svg},
-    output::{self, Existing, inert::inert},
+    output::{self, Existing},
     session::Session,
 };
 use anyhow::{Context, Result};
+use prost::Message;
 
 use crate::{
     cli::{self, AgentArgs, DiffArgs, RecordArgs},
@@ -118,28 +126,54 @@ fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Bounds each export's connection, write and read: the last export at a
-/// stop signal cannot hold allocprof longer than this.
-const PUSH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the exports line is logged, in pushes (and once at exit).
+const STATS_EVERY: u64 = 4;
 
 pub async fn agent(args: AgentArgs) -> Result<()> {
+    // The configuration first: a wrong variable is named before anything
+    // else is tried.
+    let flags = agent::config::Flags {
+        endpoint: args.otlp_endpoint.clone(),
+        protocol: args.otlp.otlp_protocol.as_deref().and_then(Protocol::parse),
+        headers: args.otlp.otlp_header.clone(),
+    };
+    let config = Config::from_env(&flags).context("the OTLP exporter's configuration")?;
+    let transport = agent::transport(&config).context("the OTLP exporter")?;
     cli::check_preconditions()?;
     let mut session = crate::start_session(&args.targets)?;
     let mut driver = Driver::new(args.push_interval.min(REFRESH))
         .with_deadline(args.duration)
         .with_snapshots(Some(args.push_interval))
         .stopped_by_signals()?;
+    let log: deliver::Log = Arc::new(|line: &str| eprintln!("allocprof: {line}"));
+    let sender = Sender::spawn(
+        transport,
+        usize::try_from(args.otlp.otlp_queue_bytes).unwrap_or(usize::MAX),
+        config.timeout,
+        log,
+    )
+    .context("starting the export thread")?;
     eprintln!(
-        "allocprof: attached {} probe sites; pushing to {} every {}",
+        "allocprof: attached {} probe sites; pushing to {} ({}) every {}",
         session.attachments(),
-        args.otlp_endpoint,
+        config.url,
+        config.protocol.name(),
         humantime::format_duration(args.push_interval)
     );
     let mut encoder = otlp::Encoder::new();
+    let mut cpu = stats::CpuMeter::new();
+    let mut pushes = 0u64;
     loop {
         match driver.next(&mut session).await {
             Beat::StopSignal | Beat::Deadline => break,
-            Beat::Snapshot => push(&mut session, &mut encoder, &args.otlp_endpoint).await?,
+            Beat::Snapshot => {
+                push(&mut session, &mut encoder, &sender)?;
+                pushes += 1;
+                if pushes.is_multiple_of(STATS_EVERY) {
+                    let line = stats::line(&sender.counts(), cpu.percent(), stats::rss_bytes());
+                    eprintln!("allocprof: {line}");
+                }
+            }
             Beat::Refresh => {
                 if !crate::refresh_tick(&mut session)? {
                     break;
@@ -147,32 +181,23 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
             }
         }
     }
-    push(&mut session, &mut encoder, &args.otlp_endpoint).await
+    push(&mut session, &mut encoder, &sender)?;
+    // The last export and what is still queued, for at most one export
+    // timeout; what is left then is counted.
+    let counts = sender.finish(config.timeout);
+    let line = stats::line(&counts, cpu.percent(), stats::rss_bytes());
+    eprintln!("allocprof: {line}");
+    Ok(())
 }
 
-/// One export of the profile as it stands. A failed push is reported and
-/// dropped (no retries yet): the kernel keeps counting meanwhile, and the
-/// next export's live figures are whole again.
-async fn push(session: &mut Session, encoder: &mut otlp::Encoder, endpoint: &str) -> Result<()> {
+/// One export of the profile as it stands, queued: the sender thread sends
+/// it, profiling goes on.
+fn push(session: &mut Session, encoder: &mut otlp::Encoder, sender: &Sender) -> Result<()> {
     let profile = session
         .complete_profile()
         .context("reading the kernel's maps")?;
-    let request = otlp::http::request(encoder.encode(&profile, SystemTime::now()));
-    let endpoint = endpoint.to_owned();
-    let pushed =
-        tokio::task::spawn_blocking(move || otlp::http::push(&endpoint, &request, PUSH_TIMEOUT))
-            .await
-            .context("the export task")?;
-    match pushed {
-        Ok(accepted) if accepted.rejected_profiles > 0 => eprintln!(
-            "allocprof: the collector rejected {} profiles: {}",
-            accepted.rejected_profiles,
-            // The collector's words: a peer's text, made inert like a target's.
-            inert(&accepted.error_message)
-        ),
-        Ok(_) => {}
-        Err(e) => eprintln!("allocprof: export dropped: {}", inert(&e.to_string())),
-    }
+    let request = agent::request(encoder.encode(&profile, SystemTime::now()));
+    sender.enqueue(request.encode_to_vec());
     Ok(())
 }
 

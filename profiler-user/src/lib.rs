@@ -9,10 +9,13 @@
 //!   the kernel's unwind tables;
 //! - [`session`]: a process's life, tying the above together;
 //! - [`output`]: the text report, the export formats, atomic writes;
+//! - [`agent`]: `allocprof agent`'s delivery of OTLP exports (queue,
+//!   retries, OTLP/HTTP and OTLP/gRPC, TLS);
 //! - [`oom`]: the images the OOM killer killed, written to disk;
 //! - [`ids`]: the typed ids (host pid, our pid, thread, incarnation, file)
 //!   every part above passes around.
 
+pub mod agent;
 pub mod ids;
 pub mod kernel;
 pub mod model;

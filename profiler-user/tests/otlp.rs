@@ -8,17 +8,21 @@ mod common;
 use std::{
     collections::{BTreeSet, HashMap},
     process::{Command, Stdio},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use allocprof::ids::Pid;
 use allocprof::{
+    agent::{
+        self, Accepted,
+        config::{Config, Flags, Protocol},
+    },
     kernel::Limits,
     output::export::{
         self, Format,
         otlp::{
             self, ATTR_BUILD_ID, ATTR_EXECUTABLE_NAME, ATTR_PID, ATTR_STATE,
-            http::Accepted,
             proto::{
                 common::any_value::Value,
                 profiles::{ProfilesData, ResourceProfiles},
@@ -30,7 +34,10 @@ use allocprof::{
 use prost::Message;
 use serde_json::Value as Json;
 
-use common::{Workload, otelcol::Collector};
+use common::{
+    Workload,
+    otelcol::{Certs, Collector},
+};
 
 /// site_large: 8 blocks of 1 MiB, sampled with probability 1 - e^-16 each,
 /// so its estimate is exact.
@@ -117,10 +124,52 @@ fn the_collector_starts_listens_and_stops() {
     assert!(collector.stop_and_read().is_empty());
 }
 
+/// A transport to test: its name, endpoint, protocol and variables.
+type Way<'a> = (&'a str, String, Protocol, Vec<(&'a str, String)>);
+
+/// The same profile sent over each transport: OTLP/HTTP and OTLP/gRPC,
+/// plain and gzip'd, and over TLS with a CA the test made. Each export the
+/// collector writes out has the JSON's figures.
 #[test]
 fn the_collector_writes_out_the_json_exports_totals_and_stacks() {
     common::require_bpf();
-    let collector = Collector::start("same-figures");
+    let certs = Certs::make("same-figures");
+    let collector = Collector::start_with("same-figures", Some(&certs), None);
+    let (grpcs, https) = collector.tls_endpoints();
+    let ca = certs.ca.to_str().unwrap().to_owned();
+    let transports: Vec<Way> = vec![
+        (
+            "http",
+            collector.http_endpoint(),
+            Protocol::HttpProtobuf,
+            vec![],
+        ),
+        ("grpc", collector.grpc_endpoint(), Protocol::Grpc, vec![]),
+        (
+            "http gzip",
+            collector.http_endpoint(),
+            Protocol::HttpProtobuf,
+            vec![("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip".into())],
+        ),
+        (
+            "grpc gzip",
+            collector.grpc_endpoint(),
+            Protocol::Grpc,
+            vec![("OTEL_EXPORTER_OTLP_PROFILES_COMPRESSION", "gzip".into())],
+        ),
+        (
+            "https",
+            https,
+            Protocol::HttpProtobuf,
+            vec![("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.clone())],
+        ),
+        (
+            "grpc tls",
+            grpcs,
+            Protocol::Grpc,
+            vec![("OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE", ca)],
+        ),
+    ];
     let mut w = Workload::c(&[]);
     let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
     w.allocate();
@@ -128,20 +177,41 @@ fn the_collector_writes_out_the_json_exports_totals_and_stacks() {
     let opts = export::Options::default();
     let json: Json =
         serde_json::from_slice(&export::render(&profile, Format::Json, &opts).unwrap()).unwrap();
-    let request = otlp::http::request(otlp::encode(&profile, SystemTime::now()));
-    let accepted = otlp::http::push(
-        &collector.http_endpoint(),
-        &request,
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    assert_eq!(accepted, Accepted::default(), "nothing rejected");
+    let request = Arc::new(Message::encode_to_vec(&agent::request(otlp::encode(
+        &profile,
+        SystemTime::now(),
+    ))));
+    for (name, endpoint, protocol, vars) in &transports {
+        let flags = Flags {
+            endpoint: Some(endpoint.clone()),
+            protocol: Some(*protocol),
+            headers: vec![],
+        };
+        let env = |k: &str| vars.iter().find(|(v, _)| *v == k).map(|(_, v)| v.clone());
+        let config = Config::new(&env, &flags).unwrap();
+        let accepted = agent::transport(&config)
+            .unwrap()
+            .export(&request, Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(accepted, Accepted::default(), "{name}: nothing rejected");
+    }
     let pid = w.pid();
     w.exit();
 
     let exported = decode_all(&collector.stop_and_read());
-    assert_eq!(exported.len(), 1, "one export, written once");
-    let data = &exported[0];
+    assert_eq!(
+        exported.len(),
+        transports.len(),
+        "one export per transport, written once"
+    );
+    for data in &exported {
+        same_figures(data, &json, pid);
+    }
+}
+
+/// What the collector wrote out for `pid` is what allocprof's JSON says:
+/// the totals per sample type, the stacks, the executable, the build id.
+fn same_figures(data: &ProfilesData, json: &Json, pid: u32) {
     let processes = json["processes"].as_array().unwrap();
     assert_eq!(processes.len(), 1);
     let p = &processes[0];

@@ -108,7 +108,7 @@ fn subcommands_and_the_plain_form_parse() {
 }
 
 #[test]
-fn agent_takes_an_http_endpoint_and_pushes_every_15s_by_default() {
+fn agent_takes_an_endpoint_its_transport_flags_and_pushes_every_15s_by_default() {
     let agent = |args: &[&str]| {
         let mut all = vec!["allocprof", "agent"];
         all.extend(args);
@@ -119,7 +119,9 @@ fn agent_takes_an_http_endpoint_and_pushes_every_15s_by_default() {
     };
     let a = agent(&["--otlp-endpoint", "http://127.0.0.1:4318"]).unwrap();
     assert_eq!(a.push_interval, Duration::from_secs(15));
-    assert_eq!(a.otlp_endpoint, "http://127.0.0.1:4318");
+    assert_eq!(a.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+    assert_eq!(a.otlp.otlp_queue_bytes, 64 << 20);
+    assert!(a.otlp.otlp_protocol.is_none() && a.otlp.otlp_header.is_empty());
     assert!(a.targets.pids.is_empty());
     let a = agent(&[
         "--otlp-endpoint",
@@ -128,12 +130,24 @@ fn agent_takes_an_http_endpoint_and_pushes_every_15s_by_default() {
         "7",
         "--push-interval",
         "1m",
-    ]);
-    assert_eq!(a.unwrap().push_interval, Duration::from_secs(60));
+        "--otlp-protocol",
+        "grpc",
+        "--otlp-header",
+        "a=1",
+        "--otlp-header",
+        "b=2",
+    ])
+    .unwrap();
+    assert_eq!(a.push_interval, Duration::from_secs(60));
+    assert_eq!(a.otlp.otlp_protocol.as_deref(), Some("grpc"));
+    assert_eq!(a.otlp.otlp_header, ["a=1", "b=2"]);
+    // No endpoint: the variables', or the spec's default.
+    assert!(agent(&[]).unwrap().otlp_endpoint.is_none());
+    assert!(agent(&["--otlp-endpoint", "https://c:4318"]).is_ok());
     for refused in [
-        &[][..],
-        &["--otlp-endpoint", "https://c:4318"],
-        &["--otlp-endpoint", "c:4318"],
+        &["--otlp-endpoint", "c:4318"][..],
+        &["--otlp-protocol", "http/json"],
+        &["--otlp-queue-bytes", "0"],
     ] {
         assert!(agent(refused).is_err(), "{refused:?}");
     }

@@ -62,7 +62,7 @@ pub fn binary() -> PathBuf {
 
 /// A free TCP port of 127.0.0.1 (free when asked: the collector binds it
 /// right after).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -70,45 +70,158 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A running collector: OTLP in (gRPC and HTTP), profiles to a file.
+/// A running collector: OTLP in (gRPC and HTTP, and over TLS if asked),
+/// profiles to a file.
 pub struct Collector {
     child: Option<Child>,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// gRPC and HTTP over TLS, with the certificate of [`Certs`].
+    pub tls: Option<(SocketAddr, SocketAddr)>,
     output: PathBuf,
     log: PathBuf,
+    config: PathBuf,
+}
+
+/// A CA and a server certificate it signed for 127.0.0.1 and localhost,
+/// made with the `openssl` command.
+pub struct Certs {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl Certs {
+    pub fn make(name: &str) -> Certs {
+        let dir = scratch_dir(&format!("certs-{name}-{}", std::process::id()));
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .current_dir(&dir)
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| panic!("the TLS tests need the openssl command: {e}"));
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2"],
+                &["-subj", &format!("/CN=allocprof test CA {name}")],
+            ]
+            .concat(),
+        );
+        openssl(
+            &[
+                &["req"][..],
+                &ec,
+                &["-keyout", "server.key", "-out", "server.csr"],
+                &["-subj", "/CN=localhost"],
+            ]
+            .concat(),
+        );
+        std::fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
+        Certs {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("server.pem"),
+            key: dir.join("server.key"),
+        }
+    }
 }
 
 impl Collector {
     /// Starts one with the profiles pipeline (OTLP receiver → file
     /// exporter, protobuf), and waits until both receivers listen.
     pub fn start(name: &str) -> Collector {
+        Collector::start_with(name, None, None)
+    }
+
+    /// The same with a second OTLP receiver over TLS (`certs`), and/or on
+    /// the given `(grpc, http)` ports.
+    pub fn start_with(name: &str, certs: Option<&Certs>, ports: Option<(u16, u16)>) -> Collector {
         let dir = scratch_dir(&format!("otelcol-{name}-{}", std::process::id()));
         let output = dir.join("profiles.pb");
         let _ = std::fs::remove_file(&output);
-        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let (grpc, http) = ports.unwrap_or_else(|| (free_port(), free_port()));
+        let grpc: SocketAddr = format!("127.0.0.1:{grpc}").parse().unwrap();
+        let http: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
+        let tls = certs.map(|c| {
+            let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            (grpc, http, c)
+        });
         let config = dir.join("config.yaml");
-        std::fs::write(&config, config_yaml(grpc, http, &output)).unwrap();
-        let log = dir.join("collector.log");
-        let log_file = std::fs::File::create(&log).unwrap();
+        std::fs::write(&config, config_yaml(grpc, http, tls, &output)).unwrap();
+        let mut collector = Collector {
+            child: None,
+            grpc,
+            http,
+            tls: tls.map(|(g, h, _)| (g, h)),
+            output,
+            log: dir.join("collector.log"),
+            config,
+        };
+        collector.spawn();
+        collector
+    }
+
+    fn spawn(&mut self) {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         let child = Command::new(binary())
-            .arg(format!("--config={}", config.display()))
+            .arg(format!("--config={}", self.config.display()))
             .arg("--feature-gates=service.profilesSupport")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file)
             .spawn()
             .unwrap();
-        let mut collector = Collector {
-            child: Some(child),
-            grpc,
-            http,
-            output,
-            log,
-        };
-        collector.wait_listening();
-        collector
+        self.child = Some(child);
+        self.wait_listening();
+    }
+
+    /// Stops it (SIGTERM: what it took is written out) and starts it again
+    /// on the same ports, the same file appended to; `between` runs while
+    /// it is down.
+    pub fn restart(&mut self, between: impl FnOnce()) {
+        self.stop();
+        between();
+        self.spawn();
     }
 
     /// `http://127.0.0.1:PORT`: the base OTLP/HTTP endpoint.
@@ -116,10 +229,27 @@ impl Collector {
         format!("http://{}", self.http)
     }
 
+    /// `http://127.0.0.1:PORT`: the OTLP/gRPC endpoint.
+    pub fn grpc_endpoint(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// `https://127.0.0.1:PORT` of the TLS receiver: gRPC and HTTP.
+    pub fn tls_endpoints(&self) -> (String, String) {
+        let (g, h) = self.tls.expect("a collector started with certificates");
+        (format!("https://{g}"), format!("https://{h}"))
+    }
+
     fn wait_listening(&mut self) {
         let start = Instant::now();
         loop {
-            if TcpStream::connect(self.grpc).is_ok() && TcpStream::connect(self.http).is_ok() {
+            let tls_up = self.tls.is_none_or(|(g, h)| {
+                TcpStream::connect(g).is_ok() && TcpStream::connect(h).is_ok()
+            });
+            if TcpStream::connect(self.grpc).is_ok()
+                && TcpStream::connect(self.http).is_ok()
+                && tls_up
+            {
                 return;
             }
             let child = self.child.as_mut().unwrap();
@@ -167,9 +297,8 @@ impl Collector {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Stops it (SIGTERM: it drains its pipeline and closes the file) and
-    /// returns what it exported: one protobuf `ProfilesData` per export.
-    pub fn stop_and_read(mut self) -> Vec<Vec<u8>> {
+    /// Stops it (SIGTERM: it drains its pipeline and closes the file).
+    fn stop(&mut self) {
         let mut child = self.child.take().unwrap();
         let pid = libc::pid_t::try_from(child.id()).unwrap();
         // SAFETY: signals our own child, which has not been waited for.
@@ -180,6 +309,12 @@ impl Collector {
             "the collector failed ({status}):\n{}",
             self.log_text()
         );
+    }
+
+    /// Stops it and returns what it exported: one protobuf `ProfilesData`
+    /// per export.
+    pub fn stop_and_read(mut self) -> Vec<Vec<u8>> {
+        self.stop();
         read_messages(&self.output)
             .unwrap_or_else(|e| panic!("{e}; the collector said:\n{}", self.log_text()))
     }
@@ -218,7 +353,35 @@ fn read_messages(path: &Path) -> Result<Vec<Vec<u8>>, String> {
     Ok(out)
 }
 
-fn config_yaml(grpc: SocketAddr, http: SocketAddr, output: &Path) -> String {
+fn config_yaml(
+    grpc: SocketAddr,
+    http: SocketAddr,
+    tls: Option<(SocketAddr, SocketAddr, &Certs)>,
+    output: &Path,
+) -> String {
+    let (tls_receiver, receivers) = match tls {
+        None => (String::new(), "[otlp]"),
+        Some((g, h, c)) => (
+            format!(
+                "  otlp/tls:
+    protocols:
+      grpc:
+        endpoint: {g}
+        tls:
+          cert_file: {cert}
+          key_file: {key}
+      http:
+        endpoint: {h}
+        tls:
+          cert_file: {cert}
+          key_file: {key}
+",
+                cert = c.cert.display(),
+                key = c.key.display()
+            ),
+            "[otlp, otlp/tls]",
+        ),
+    };
     // The collector's own metrics off: their default port (8888) would be
     // shared by the tests' collectors.
     format!(
@@ -229,7 +392,7 @@ fn config_yaml(grpc: SocketAddr, http: SocketAddr, output: &Path) -> String {
         endpoint: {grpc}
       http:
         endpoint: {http}
-exporters:
+{tls_receiver}exporters:
   file:
     path: {}
     format: proto
@@ -240,7 +403,7 @@ service:
       level: none
   pipelines:
     profiles:
-      receivers: [otlp]
+      receivers: {receivers}
       exporters: [file]
 ",
         output.display()

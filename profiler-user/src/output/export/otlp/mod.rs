@@ -28,7 +28,6 @@
 //! issue 28 wants one table builder for both encoders, to be shared once the
 //! pprof module's split has landed.
 
-pub mod http;
 pub mod proto;
 
 use std::{
