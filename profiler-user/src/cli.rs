@@ -220,6 +220,11 @@ pub struct AgentArgs {
     /// SIGTERM, or when every --pid target has exited.
     #[arg(short, long, value_name = "D", value_parser = parse_duration)]
     pub duration: Option<Duration>,
+
+    /// Export each process's command line (process.command_line); off by
+    /// default, as command lines hold secrets.
+    #[arg(long)]
+    pub otlp_command_line: bool,
 }
 
 fn parse_http_endpoint(s: &str) -> Result<String, String> {

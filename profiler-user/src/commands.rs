@@ -124,7 +124,7 @@ const PUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn agent(args: AgentArgs) -> Result<()> {
     cli::check_preconditions()?;
-    let mut session = crate::start_session(&args.targets)?;
+    let mut session = crate::start_session_reading(&args.targets, args.otlp_command_line)?;
     let mut driver = Driver::new(args.push_interval.min(REFRESH))
         .with_deadline(args.duration)
         .with_snapshots(Some(args.push_interval))
@@ -135,7 +135,11 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         args.otlp_endpoint,
         humantime::format_duration(args.push_interval)
     );
-    let mut encoder = otlp::Encoder::new();
+    let (host, bad_attributes) = otlp::resource::HostResource::detect();
+    if let Some(e) = bad_attributes {
+        eprintln!("allocprof: warning: {e}");
+    }
+    let mut encoder = otlp::Encoder::with_host(host);
     loop {
         match driver.next(&mut session).await {
             Beat::StopSignal | Beat::Deadline => break,

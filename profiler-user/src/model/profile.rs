@@ -117,6 +117,9 @@ pub struct ProcessProfile {
     /// What its backend allocator says of its heap (`liballocprof*.so`
     /// only, running processes only).
     pub backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    /// Who it is, for the OTLP export's resource attributes: read once when
+    /// it was first followed (none for profiles read back from files).
+    pub resource: Option<Arc<crate::process::resource::ProcessResource>>,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -152,6 +155,7 @@ impl ProcessProfile {
             ledger: None,
             resident: None,
             backend_heap: None,
+            resource: None,
             stacks,
         }
     }

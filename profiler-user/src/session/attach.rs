@@ -28,6 +28,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             // Named now: a process may be gone (a zombie, its /proc unreadable)
             // before the first profile is built.
             self.identity(pid);
+            self.resource(pid);
             self.unwind_process(pid);
         }
         let mut stale = Vec::new();

@@ -32,6 +32,8 @@ pub(super) struct Frozen {
     /// It ran before the session attached (see `Session::predates_attach`).
     pub since_attach: bool,
     pub ledger: Option<crate::process::ledger::LedgerStatus>,
+    /// Who it was (OTLP resource attributes).
+    pub resource: Option<Arc<crate::process::resource::ProcessResource>>,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
     /// Its stacks' names, and those still at the symbolizer.
@@ -49,7 +51,21 @@ pub(super) struct Frozen {
 impl Frozen {
     /// The heap of the image itself, without its stacks' names.
     fn own_bytes(&self) -> u64 {
+        let resource = self.resource.as_deref().map_or(0, |r| {
+            size_of_val(r)
+                + [
+                    &r.executable_path,
+                    &r.service_name,
+                    &r.container_id,
+                    &r.pod_uid,
+                    &r.command_line,
+                ]
+                .iter()
+                .map(|s| s.as_ref().map_or(0, String::capacity))
+                .sum::<usize>()
+        });
         (size_of::<Frozen>()
+            + resource
             + self.name.capacity()
             + self.stacks.capacity() * size_of::<(u64, Totals)>()) as u64
     }
@@ -121,6 +137,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 due.push(*pid);
                 *next += passed;
                 tracked.image.identity = None;
+                tracked.image.resource = None;
             }
             if *next >= RESCAN_AFTER_EXEC.len() {
                 tracked.rescan = None;
@@ -213,6 +230,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .unwrap_or_default();
             let proc = self.image_counters(key.pid, &now);
             let (name, rate) = self.identity(key.pid);
+            let resource = self.resource(key.pid);
             let since_attach = self.predates_attach(key);
             let ledger = self.ledger_status(key.pid, key.generation);
             let tracked = self.track_pid(key.pid);
@@ -236,6 +254,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
             let mut frozen = Frozen {
                 key,
+                resource,
                 since_attach,
                 ledger,
                 incarnation: tracked.incarnation,

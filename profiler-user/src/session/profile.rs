@@ -17,6 +17,7 @@ use crate::{
         ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
     },
     model::stats::Totals,
+    process::resource::ProcessResource,
     symbolize::Frame,
 };
 
@@ -29,6 +30,7 @@ struct Image {
     ledger: Option<crate::process::ledger::LedgerStatus>,
     /// What its backend allocator says (a live image's).
     backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    resource: Option<Arc<ProcessResource>>,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -58,6 +60,30 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let known = (name, self.processes.sampling_rate(pid));
         self.track_pid(pid).image.identity = Some(known.clone());
         known
+    }
+
+    /// Who a process is (OTLP resource attributes), read once while it is
+    /// alive; its host pid added once the pid map knows it.
+    pub(super) fn resource(&mut self, pid: Pid) -> Option<Arc<ProcessResource>> {
+        let host = self.pids.host(pid).map(|h| h.0);
+        let cached = self
+            .tracked
+            .get(&pid)
+            .and_then(|t| t.image.resource.clone());
+        let resource = match cached {
+            Some(r) if r.host_pid.is_some() || host.is_none() => return Some(r),
+            Some(r) => ProcessResource {
+                host_pid: host,
+                ..(*r).clone()
+            },
+            None => ProcessResource {
+                host_pid: host,
+                ..self.processes.resource(pid)?
+            },
+        };
+        let resource = Arc::new(resource);
+        self.track_pid(pid).image.resource = Some(resource.clone());
+        Some(resource)
     }
 
     /// The image ran before we attached: its live figures count only what
@@ -158,12 +184,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .unwrap_or_default();
             let proc = self.image_counters(key.pid, &proc);
             let (name, rate) = self.identity(key.pid);
+            let resource = self.resource(key.pid);
             self.incarnation(key.pid);
             let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
             let block = &mut tracked.image.backend_block;
             let backend_heap = self.processes.backend_heap(key.pid, block);
             let image = Image {
                 backend_heap,
+                resource,
                 name,
                 rate,
                 state: ProcessState::Live,
@@ -204,6 +232,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             since_attach: f.since_attach,
             ledger: f.ledger,
             backend_heap: None,
+            resource: f.resource.clone(),
         };
         self.process_profile(f.key, image, &f.proc, &f.stacks, &f.names)
     }
@@ -251,6 +280,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             since_attach: image.since_attach,
             ledger: image.ledger,
             backend_heap: image.backend_heap,
+            resource: image.resource,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

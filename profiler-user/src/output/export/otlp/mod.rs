@@ -30,6 +30,7 @@
 
 pub mod http;
 pub mod proto;
+pub mod resource;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -47,6 +48,7 @@ use self::proto::{
     },
     resource::Resource,
 };
+use self::resource::{AttrValue, HostResource};
 use super::build_id::build_id;
 use crate::{
     model::profile::{ProcessKey, ProcessProfile, ProcessState, Profile},
@@ -62,10 +64,11 @@ pub const SAMPLE_TYPES: [(&str, &str); 4] = [
     ("alloc_objects", "count"),
 ];
 
-/// Semantic-convention attribute names.
-pub const ATTR_PID: &str = "process.pid";
-pub const ATTR_EXECUTABLE_NAME: &str = "process.executable.name";
-pub const ATTR_SERVICE_NAME: &str = "service.name";
+/// Semantic-convention attribute names (the resource's: [`resource`]).
+pub use self::resource::{
+    ATTR_COMMAND_LINE, ATTR_CONTAINER_ID, ATTR_EXECUTABLE_NAME, ATTR_EXECUTABLE_PATH, ATTR_HOST_ID,
+    ATTR_HOST_NAME, ATTR_PID, ATTR_POD_UID, ATTR_SERVICE_NAME,
+};
 pub const ATTR_BUILD_ID: &str = "process.executable.build_id.gnu";
 /// allocprof's own: the exec generation after an exec (absent before), and
 /// the state of an image that is gone (absent while it runs).
@@ -76,16 +79,35 @@ pub const ATTR_STATE: &str = "allocprof.process.state";
 /// had allocated at the previous export (the `alloc_*` deltas) and which
 /// gone processes were already exported (once is enough). Bounded by the
 /// last profile: what is no longer in it is forgotten.
-#[derive(Default)]
 pub struct Encoder {
+    host: HostResource,
     allocated: HashMap<(ProcessKey, Arc<[Frame]>), [f64; 2]>,
     gone_exported: HashSet<ProcessKey>,
     last_end: Option<SystemTime>,
 }
 
+impl Default for Encoder {
+    fn default() -> Encoder {
+        Encoder::new()
+    }
+}
+
 impl Encoder {
+    /// Exports with the host's resource attributes and allocprof's
+    /// environment's ([`HostResource::detect`]; a malformed
+    /// `OTEL_RESOURCE_ATTRIBUTES` is left out: see [`Encoder::with_host`]
+    /// to be told).
     pub fn new() -> Encoder {
-        Encoder::default()
+        Encoder::with_host(HostResource::detect().0)
+    }
+
+    pub fn with_host(host: HostResource) -> Encoder {
+        Encoder {
+            host,
+            allocated: HashMap::new(),
+            gone_exported: HashSet::new(),
+            last_end: None,
+        }
     }
 
     /// The profile as it stands at `end`. The window starts at the previous
@@ -135,7 +157,8 @@ impl Encoder {
                     (&s.frames[..], live_and(&s.totals, [delta(0), delta(1)]))
                 })
                 .collect();
-            resource_profiles.push(b.resource_profiles(p, &values, window));
+            let attributes = self.host.attributes_of(p);
+            resource_profiles.push(b.resource_profiles(p, attributes, &values, window));
         }
         self.allocated = allocated;
         self.gone_exported = gone_exported;
@@ -355,20 +378,23 @@ impl Builder {
     fn resource_profiles(
         &mut self,
         p: &ProcessProfile,
+        attributes: Vec<(String, AttrValue)>,
         values: &[(&[Frame], [f64; 4])],
         window: Window,
     ) -> ResourceProfiles {
-        let mut attributes = vec![
-            KeyValue {
-                key: ATTR_PID.into(),
+        let mut attributes: Vec<KeyValue> = attributes
+            .into_iter()
+            .map(|(key, value)| KeyValue {
+                key,
                 value: Some(AnyValue {
-                    value: Some(any_value::Value::IntValue(i64::from(p.key.pid.0))),
+                    value: Some(match value {
+                        AttrValue::Int(i) => any_value::Value::IntValue(i),
+                        AttrValue::Str(s) => any_value::Value::StringValue(s),
+                    }),
                 }),
                 ..Default::default()
-            },
-            string_key_value(ATTR_EXECUTABLE_NAME, &p.name),
-            string_key_value(ATTR_SERVICE_NAME, &p.name),
-        ];
+            })
+            .collect();
         if p.key.generation != 0 {
             attributes.push(KeyValue {
                 key: ATTR_GENERATION.into(),
