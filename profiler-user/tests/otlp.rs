@@ -597,3 +597,53 @@ fn containers_carry_their_ids_and_host_pids() {
         .sum();
     assert_eq!(held, LARGE, "what a held at exit");
 }
+
+/// A process in its own mount namespace names its program by a path that,
+/// in allocprof's namespace, is another file (an impostor with another
+/// build id): its mapping carries its own file's build id, read through the
+/// file it mapped, not the path's.
+#[test]
+fn mappings_carry_the_build_id_of_the_file_mapped_not_of_its_path() {
+    common::require_bpf();
+    let real = common::compile_c("alloc_sites.c", &["-ldl"]);
+    // Other symbols, so another build id.
+    let impostor = common::compile_c(
+        "alloc_sites.c",
+        &["-ldl", "-Dsite_small=host_small", "-Dsite_large=host_large"],
+    );
+    let (real_id, impostor_id) = (readelf_build_id(&real), readelf_build_id(&impostor));
+    assert_ne!(real_id, impostor_id, "two builds, two ids");
+    let path = common::scratch_dir("otlp-mount-ns").join("program");
+    std::fs::copy(&impostor, &path).unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$1" "$2" && exec "$2""#)
+        .arg("sh")
+        .arg(&real)
+        .arg(&path);
+    let mut w = Proc::spawn(cmd);
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "otlp-mount-ns/program");
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
+    let data = otlp::encode(&profile, SystemTime::now());
+    let dict = data.dictionary.as_ref().unwrap();
+    let ids: Vec<String> = dict
+        .mapping_table
+        .iter()
+        .filter(|m| dict.string_table[m.filename_strindex as usize] == path.to_str().unwrap())
+        .flat_map(|m| &m.attribute_indices)
+        .map(|&i| &dict.attribute_table[i as usize])
+        .filter(|a| dict.string_table[a.key_strindex as usize] == ATTR_BUILD_ID)
+        .map(|a| match a.value.as_ref().and_then(|v| v.value.as_ref()) {
+            Some(Value::StringValue(s)) => s.clone(),
+            v => panic!("a build id string, not {v:?}"),
+        })
+        .collect();
+    assert_eq!(ids, [real_id], "the mapped file's build id, once");
+}

@@ -34,6 +34,8 @@ pub(super) struct Frozen {
     pub ledger: Option<crate::process::ledger::LedgerStatus>,
     /// Who it was (OTLP resource attributes).
     pub resource: Option<Arc<crate::process::resource::ProcessResource>>,
+    /// Its files' build ids (shared with the live image's record).
+    pub build_ids: Option<Arc<crate::model::profile::BuildIds>>,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
     /// Its stacks' names, and those still at the symbolizer.
@@ -64,8 +66,14 @@ impl Frozen {
                 .map(|s| s.as_ref().map_or(0, String::capacity))
                 .sum::<usize>()
         });
+        let build_ids = self.build_ids.as_deref().map_or(0, |ids| {
+            ids.iter()
+                .map(|(path, id)| path.len() + id.len() + 4 * size_of::<usize>())
+                .sum::<usize>()
+        });
         (size_of::<Frozen>()
             + resource
+            + build_ids
             + self.name.capacity()
             + self.stacks.capacity() * size_of::<(u64, Totals)>()) as u64
     }
@@ -252,9 +260,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 // Its maps will not grow.
                 symbols.unresolved.remove(id);
             }
+            let build_ids = tracked.image.build_ids.clone();
             let mut frozen = Frozen {
                 key,
                 resource,
+                build_ids,
                 since_attach,
                 ledger,
                 incarnation: tracked.incarnation,

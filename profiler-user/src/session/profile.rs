@@ -13,12 +13,13 @@ use crate::ids::Pid;
 use crate::{
     kernel::KernelSnapshot,
     model::age,
+    model::profile::BuildIds,
     model::profile::{
         ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
     },
     model::stats::Totals,
-    process::resource::ProcessResource,
-    symbolize::Frame,
+    process::{normalize::AddressSpace, resource::ProcessResource},
+    symbolize::{Frame, Name},
 };
 
 /// What identifies a process image in the profile, besides its key.
@@ -31,6 +32,7 @@ struct Image {
     /// What its backend allocator says (a live image's).
     backend_heap: Option<crate::process::backend_stats::BackendHeap>,
     resource: Option<Arc<ProcessResource>>,
+    build_ids: Option<Arc<BuildIds>>,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -60,6 +62,26 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let known = (name, self.processes.sampling_rate(pid));
         self.track_pid(pid).image.identity = Some(known.clone());
         known
+    }
+
+    /// Sets `pid`'s address space, and reads the build ids of the files it
+    /// maps (through the descriptors it holds: a path may name another
+    /// file by now, or in our mount namespace).
+    pub(super) fn set_space(&mut self, pid: Pid, space: AddressSpace) {
+        let mut ids = BuildIds::new();
+        for m in space.mappings() {
+            let Some(open) = &m.file.open else { continue };
+            let path: Name = m.file.path.display().to_string().into();
+            if ids.contains_key(&path) {
+                continue;
+            }
+            if let Some(id) = crate::output::export::build_id::build_id(&open.fd_path()) {
+                ids.insert(path, id.into());
+            }
+        }
+        let image = &mut self.track_pid(pid).image;
+        image.space = Some(space);
+        image.build_ids = Some(Arc::new(ids));
     }
 
     /// Who a process is (OTLP resource attributes), read once while it is
@@ -189,9 +211,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
             let block = &mut tracked.image.backend_block;
             let backend_heap = self.processes.backend_heap(key.pid, block);
+            let build_ids = tracked.image.build_ids.clone();
             let image = Image {
                 backend_heap,
                 resource,
+                build_ids,
                 name,
                 rate,
                 state: ProcessState::Live,
@@ -233,6 +257,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             ledger: f.ledger,
             backend_heap: None,
             resource: f.resource.clone(),
+            build_ids: f.build_ids.clone(),
         };
         self.process_profile(f.key, image, &f.proc, &f.stacks, &f.names)
     }
@@ -281,6 +306,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             ledger: image.ledger,
             backend_heap: image.backend_heap,
             resource: image.resource,
+            build_ids: image.build_ids,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

@@ -12,6 +12,7 @@ use profiler_common::{ProcCounters, unwind::ProcUnwind};
 use super::{BackendBlock, Incarnation, ledger::LedgerImage};
 use crate::{
     ids::{FileId, Tid},
+    model::profile::BuildIds,
     process::{normalize::AddressSpace, resource::ProcessResource},
     symbolize::Frame,
 };
@@ -72,6 +73,9 @@ pub(super) struct ImageState {
     pub identity: Option<(String, u64)>,
     /// Who it is (OTLP resource attributes), read once.
     pub resource: Option<Arc<ProcessResource>>,
+    /// The GNU build ids of the files it maps, by the path it names them
+    /// with (read from the files it mapped, with its space).
+    pub build_ids: Option<Arc<BuildIds>>,
     /// What its kernel unwind entry holds (to skip rewrites).
     pub unwound: Option<ProcUnwind>,
     /// Its live-sample ledger and seeds.

@@ -232,6 +232,7 @@ pub(crate) mod tests {
                 age: Duration::from_millis(300),
             }),
             resource: None,
+            build_ids: None,
             stacks,
         };
         let other_stacks = vec![

@@ -66,6 +66,7 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         resident: None,
         backend_heap: None,
         resource: None,
+        build_ids: None,
         stacks,
     }
 }

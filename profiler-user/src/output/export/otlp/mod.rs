@@ -51,7 +51,7 @@ use self::proto::{
 use self::resource::{AttrValue, HostResource};
 use super::build_id::build_id;
 use crate::{
-    model::profile::{ProcessKey, ProcessProfile, ProcessState, Profile},
+    model::profile::{BuildIds, ProcessKey, ProcessProfile, ProcessState, Profile},
     model::stats::Totals,
     symbolize::Frame,
 };
@@ -216,8 +216,11 @@ struct Builder {
     dict: ProfilesDictionary,
     strings: HashMap<String, i32>,
     functions: HashMap<(i32, i32), i32>,
-    locations: HashMap<Vec<Frame>, i32>,
-    mappings: HashMap<String, i32>,
+    /// By frame chain and mapping (one path may be several files).
+    locations: HashMap<(Vec<Frame>, i32), i32>,
+    /// By file path and build id: two processes may name different files
+    /// by one path (containers, a library upgraded in place).
+    mappings: HashMap<(String, Option<String>), i32>,
     stacks: HashMap<Vec<i32>, i32>,
     attributes: HashMap<(i32, String), i32>,
 }
@@ -291,12 +294,21 @@ impl Builder {
         }
     }
 
-    fn mapping(&mut self, module: &str) -> i32 {
-        if let Some(&i) = self.mappings.get(module) {
+    /// The mapping of file `module`; its build id read from the files the
+    /// process mapped (`ids`), or from the path where those are unknown.
+    fn mapping(&mut self, module: &str, ids: Option<&BuildIds>) -> i32 {
+        let id = match ids {
+            Some(ids) => ids.get(module).map(|id| id.to_string()),
+            None => build_id(Path::new(module)),
+        };
+        let key = (module.to_owned(), id);
+        if let Some(&i) = self.mappings.get(&key) {
             return i;
         }
-        let attribute_indices = build_id(Path::new(module))
-            .map(|id| vec![self.string_attribute(ATTR_BUILD_ID, &id)])
+        let attribute_indices = key
+            .1
+            .as_deref()
+            .map(|id| vec![self.string_attribute(ATTR_BUILD_ID, id)])
             .unwrap_or_default();
         let i = next_index(&self.dict.mapping_table);
         let filename_strindex = self.string(module);
@@ -305,7 +317,7 @@ impl Builder {
             attribute_indices,
             ..Default::default()
         });
-        self.mappings.insert(module.to_owned(), i);
+        self.mappings.insert(key, i);
         i
     }
 
@@ -326,12 +338,12 @@ impl Builder {
     }
 
     /// A machine frame and the frames inlined into it, innermost first.
-    fn location(&mut self, chain: &[Frame]) -> i32 {
-        if let Some(&i) = self.locations.get(chain) {
+    fn location(&mut self, chain: &[Frame], ids: Option<&BuildIds>) -> i32 {
+        let outer = chain.last().expect("a location has a frame");
+        let mapping_index = outer.module.as_deref().map_or(0, |m| self.mapping(m, ids));
+        if let Some(&i) = self.locations.get(&(chain.to_vec(), mapping_index)) {
             return i;
         }
-        let outer = chain.last().expect("a location has a frame");
-        let mapping_index = outer.module.as_deref().map_or(0, |m| self.mapping(m));
         let lines = chain
             .iter()
             .map(|f| {
@@ -350,20 +362,20 @@ impl Builder {
             lines,
             attribute_indices: Vec::new(),
         });
-        self.locations.insert(chain.to_vec(), i);
+        self.locations.insert((chain.to_vec(), mapping_index), i);
         i
     }
 
     /// The stack of `frames` (innermost first): each machine frame with the
     /// frames inlined into it (which precede it).
-    fn stack(&mut self, frames: &[Frame]) -> i32 {
+    fn stack(&mut self, frames: &[Frame], ids: Option<&BuildIds>) -> i32 {
         let mut location_indices = Vec::new();
         let mut start = 0;
         for (i, f) in frames.iter().enumerate() {
             if f.inlined && i + 1 < frames.len() {
                 continue;
             }
-            location_indices.push(self.location(&frames[start..=i]));
+            location_indices.push(self.location(&frames[start..=i], ids));
             start = i + 1;
         }
         if let Some(&i) = self.stacks.get(&location_indices) {
@@ -418,7 +430,7 @@ impl Builder {
                 // is left unreferenced.
                 if value != 0 {
                     samples.push(Sample {
-                        stack_index: self.stack(frames),
+                        stack_index: self.stack(frames, p.build_ids.as_deref()),
                         values: vec![value],
                         ..Default::default()
                     });
