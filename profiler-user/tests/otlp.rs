@@ -645,5 +645,26 @@ fn mappings_carry_the_build_id_of_the_file_mapped_not_of_its_path() {
             v => panic!("a build id string, not {v:?}"),
         })
         .collect();
-    assert_eq!(ids, [real_id], "the mapped file's build id, once");
+    assert_eq!(
+        ids,
+        std::slice::from_ref(&real_id),
+        "the mapped file's build id, once"
+    );
+
+    // pprof's mappings too.
+    let gz = export::render(&profile, Format::Pprof, &export::Options::default()).unwrap();
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
+    let pprof = export::pprof::proto::Profile::decode(&raw[..]).unwrap();
+    let ids: Vec<&str> = pprof
+        .mapping
+        .iter()
+        .filter(|m| pprof.string_table[m.filename as usize] == path.to_str().unwrap())
+        .map(|m| pprof.string_table[m.build_id as usize].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [real_id.as_str()],
+        "pprof: the mapped file's build id, once"
+    );
 }
