@@ -407,9 +407,14 @@ impl TestCgroup {
 impl Drop for TestCgroup {
     fn drop(&mut self) {
         // A killed process leaves its cgroup when reaped: the callers drop
-        // their processes first.
-        for dir in [&self.leaf, &self.top] {
+        // their processes first. Every level, innermost first.
+        let mut dir = self.leaf.as_path();
+        while dir.starts_with(&self.top) {
             let _ = std::fs::remove_dir(dir);
+            match dir.parent() {
+                Some(parent) => dir = parent,
+                None => break,
+            }
         }
     }
 }
