@@ -225,6 +225,11 @@ pub struct AgentArgs {
     #[arg(short, long, value_name = "D", value_parser = parse_duration)]
     pub duration: Option<Duration>,
 
+    /// Export each process's command line (process.command_line); off by
+    /// default, as command lines hold secrets.
+    #[arg(long)]
+    pub otlp_command_line: bool,
+
     #[command(flatten)]
     pub otlp: OtlpArgs,
 }

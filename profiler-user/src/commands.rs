@@ -140,7 +140,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     let config = Config::from_env(&flags).context("the OTLP exporter's configuration")?;
     let transport = agent::transport(&config).context("the OTLP exporter")?;
     cli::check_preconditions()?;
-    let mut session = crate::start_session(&args.targets)?;
+    let mut session = crate::start_session_reading(&args.targets, args.otlp_command_line)?;
     let mut driver = Driver::new(args.push_interval.min(REFRESH))
         .with_deadline(args.duration)
         .with_snapshots(Some(args.push_interval))
@@ -160,7 +160,11 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         config.protocol.name(),
         humantime::format_duration(args.push_interval)
     );
-    let mut encoder = otlp::Encoder::new();
+    let (host, bad_attributes) = otlp::resource::HostResource::detect();
+    if let Some(e) = bad_attributes {
+        eprintln!("allocprof: warning: {e}");
+    }
+    let mut encoder = otlp::Encoder::with_host(host);
     let mut cpu = stats::CpuMeter::new();
     let mut pushes = 0u64;
     loop {

@@ -179,12 +179,21 @@ pub(crate) fn refresh_tick(session: &mut Session) -> Result<bool> {
 /// Attaches to the targets as the options say, arms the probe files and
 /// prints what the start found worth a warning.
 pub(crate) fn start_session(targets: &cli::TargetArgs) -> Result<Session> {
+    start_session_reading(targets, false)
+}
+
+/// [`start_session`], reading each process's command line with
+/// `command_lines` (the agent's `--otlp-command-line`).
+pub(crate) fn start_session_reading(
+    targets: &cli::TargetArgs,
+    command_lines: bool,
+) -> Result<Session> {
     // Named before profiling, not at the first kill.
     let oom = match &targets.oom_dir {
         Some(dir) => Some(allocprof::oom::OomRecorder::new(dir, targets.oom_keep)?),
         None => None,
     };
-    let mut session = Session::start(targets.target(), targets.limits())?;
+    let mut session = Session::start_reading(targets.target(), targets.limits(), command_lines)?;
     session.set_max_gone_memory(targets.max_gone_memory);
     session.set_min_age(targets.min_age.unwrap_or_default());
     if let Some(recorder) = oom {

@@ -22,7 +22,9 @@ use allocprof::{
     output::export::{
         self, Format,
         otlp::{
-            self, ATTR_BUILD_ID, ATTR_EXECUTABLE_NAME, ATTR_PID, ATTR_STATE,
+            self, ATTR_BUILD_ID, ATTR_COMMAND_LINE, ATTR_CONTAINER_ID, ATTR_EXECUTABLE_NAME,
+            ATTR_EXECUTABLE_PATH, ATTR_HOST_ID, ATTR_HOST_NAME, ATTR_PID, ATTR_POD_UID,
+            ATTR_SERVICE_NAME, ATTR_STATE,
             proto::{
                 common::any_value::Value,
                 profiles::{ProfilesData, ResourceProfiles},
@@ -35,7 +37,7 @@ use prost::Message;
 use serde_json::Value as Json;
 
 use common::{
-    Workload,
+    Proc, Workload,
     otelcol::{Certs, Collector},
 };
 
@@ -124,6 +126,27 @@ fn the_collector_starts_listens_and_stops() {
     assert!(collector.stop_and_read().is_empty());
 }
 
+/// The first run of 64 hex digits in `text` (a container id, as the
+/// runtimes write them), found without allocprof's parser.
+fn hex64_in(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    (0..b.len().saturating_sub(63))
+        .find(|&i| {
+            b[i..i + 64].iter().all(u8::is_ascii_hexdigit)
+                && (i == 0 || !b[i - 1].is_ascii_hexdigit())
+                && b.get(i + 64).is_none_or(|c| !c.is_ascii_hexdigit())
+        })
+        .map(|i| text[i..i + 64].to_owned())
+}
+
+fn string(v: &str) -> Option<Value> {
+    Some(Value::StringValue(v.into()))
+}
+
+fn trimmed_file(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap().trim().to_owned()
+}
+
 /// A transport to test: its name, endpoint, protocol and variables.
 type Way<'a> = (&'a str, String, Protocol, Vec<(&'a str, String)>);
 
@@ -170,9 +193,20 @@ fn the_collector_writes_out_the_json_exports_totals_and_stacks() {
             vec![("OTEL_EXPORTER_OTLP_PROFILES_CERTIFICATE", ca)],
         ),
     ];
-    let mut w = Workload::c(&[]);
-    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
-    w.allocate();
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let mut cmd = Command::new(&exe);
+    // Its command line is its argv, not its path (argv[1] would be a
+    // library to dlopen).
+    std::os::unix::process::CommandExt::arg0(&mut cmd, "alloc-sites-argv0")
+        .env("OTEL_SERVICE_NAME", "same-figures-service")
+        .env("SOME_SECRET", "hunter2");
+    let mut w = Proc::spawn(cmd);
+    common::wait_for_mapping(w.pid(), "liballocprof.so");
+    // Command lines read (the agent's --otlp-command-line).
+    let mut session =
+        Session::start_reading(Target::Pids(vec![Pid(w.pid())]), Limits::default(), true).unwrap();
+    w.send("go");
+    w.expect("ready");
     let profile = session.complete_profile().unwrap();
     let opts = export::Options::default();
     let json: Json =
@@ -196,7 +230,9 @@ fn the_collector_writes_out_the_json_exports_totals_and_stacks() {
         assert_eq!(accepted, Accepted::default(), "{name}: nothing rejected");
     }
     let pid = w.pid();
-    w.exit();
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
 
     let exported = decode_all(&collector.stop_and_read());
     assert_eq!(
@@ -205,13 +241,14 @@ fn the_collector_writes_out_the_json_exports_totals_and_stacks() {
         "one export per transport, written once"
     );
     for data in &exported {
-        same_figures(data, &json, pid);
+        same_figures(data, &json, pid, &exe);
+        same_attributes(data, pid, &exe, &cgroup);
     }
 }
 
 /// What the collector wrote out for `pid` is what allocprof's JSON says:
 /// the totals per sample type, the stacks, the executable, the build id.
-fn same_figures(data: &ProfilesData, json: &Json, pid: u32) {
+fn same_figures(data: &ProfilesData, json: &Json, pid: u32, exe: &std::path::Path) {
     let processes = json["processes"].as_array().unwrap();
     assert_eq!(processes.len(), 1);
     let p = &processes[0];
@@ -277,7 +314,6 @@ fn same_figures(data: &ProfilesData, json: &Json, pid: u32) {
     }
 
     // The workload's mapping carries its build id, as readelf sees it.
-    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
     let dict = data.dictionary.as_ref().unwrap();
     let mapping = dict
         .mapping_table
@@ -302,8 +338,64 @@ fn same_figures(data: &ProfilesData, json: &Json, pid: u32) {
         ids,
         [(
             ATTR_BUILD_ID,
-            Some(Value::StringValue(readelf_build_id(&exe)))
+            Some(Value::StringValue(readelf_build_id(exe)))
         )]
+    );
+}
+
+/// Every resource attribute of the `alloc_sites` process `pid` (started
+/// as `alloc-sites-argv0` with its own OTEL_SERVICE_NAME and a secret in its
+/// environment), against what the test reads itself.
+fn same_attributes(data: &ProfilesData, pid: u32, exe: &std::path::Path, cgroup: &str) {
+    let r = resource_of(data, pid);
+    // Every resource attribute, against what the test reads itself.
+    assert_eq!(
+        attribute(data, r, ATTR_EXECUTABLE_NAME),
+        string("alloc_sites")
+    );
+    let path = std::fs::canonicalize(exe).unwrap();
+    assert_eq!(
+        attribute(data, r, ATTR_EXECUTABLE_PATH),
+        string(path.to_str().unwrap())
+    );
+    assert_eq!(
+        attribute(data, r, ATTR_COMMAND_LINE),
+        string("alloc-sites-argv0")
+    );
+    assert_eq!(
+        attribute(data, r, ATTR_SERVICE_NAME),
+        string("same-figures-service")
+    );
+    assert_eq!(
+        attribute(data, r, ATTR_HOST_NAME),
+        string(&trimmed_file("/proc/sys/kernel/hostname"))
+    );
+    assert_eq!(
+        attribute(data, r, ATTR_HOST_ID),
+        string(&trimmed_file("/etc/machine-id"))
+    );
+    // In a container only where its cgroup names one.
+    assert_eq!(
+        attribute(data, r, ATTR_CONTAINER_ID),
+        hex64_in(cgroup).map(Value::StringValue)
+    );
+    if !cgroup.contains("pod") {
+        assert_eq!(attribute(data, r, ATTR_POD_UID), None);
+    }
+    let keys: BTreeSet<String> = r
+        .resource
+        .as_ref()
+        .unwrap()
+        .attributes
+        .iter()
+        .map(|a| match a.key_strindex {
+            0 => a.key.clone(),
+            i => data.dictionary.as_ref().unwrap().string_table[i as usize].clone(),
+        })
+        .collect();
+    assert!(
+        keys.iter().all(|k| !k.contains("SECRET")) && !format!("{r:?}").contains("hunter2"),
+        "nothing else of its environment: {keys:?}"
     );
 }
 
@@ -363,4 +455,302 @@ fn the_agent_pushes_until_its_target_exits_and_its_deltas_add_up() {
         .map(|(_, v)| v)
         .sum();
     assert_eq!(held, LARGE, "what it held at exit");
+}
+
+/// A cgroup v2 directory for one test, removed (once its processes are
+/// gone) on drop.
+struct TestCgroup {
+    top: std::path::PathBuf,
+    leaf: std::path::PathBuf,
+}
+
+impl TestCgroup {
+    /// `/sys/fs/cgroup[/unified]/allocprof-test-<our pid>-<tag>/<leaf>`.
+    fn new(tag: &str, leaf: &str) -> TestCgroup {
+        let root = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .into_iter()
+            .map(std::path::Path::new)
+            .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.controllers").exists())
+            .expect("a cgroup v2 hierarchy (/sys/fs/cgroup/unified or /sys/fs/cgroup)");
+        let top = root.join(format!("allocprof-test-{}-{tag}", std::process::id()));
+        let leaf = top.join(leaf);
+        std::fs::create_dir_all(&leaf)
+            .unwrap_or_else(|e| panic!("creating {}: {e} (the test needs root)", leaf.display()));
+        TestCgroup { top, leaf }
+    }
+
+    /// A shell line that moves the shell itself into the cgroup.
+    fn enter(&self) -> String {
+        format!("echo 0 > {}/cgroup.procs", self.leaf.display())
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // A killed process leaves its cgroup when reaped: the callers drop
+        // their processes first. Every level, innermost first.
+        let mut dir = self.leaf.as_path();
+        while dir.starts_with(&self.top) {
+            let _ = std::fs::remove_dir(dir);
+            match dir.parent() {
+                Some(parent) => dir = parent,
+                None => break,
+            }
+        }
+    }
+}
+
+/// The pid namespaces a process is in, innermost last (`NSpid:`).
+fn ns_pids(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .expect("NSpid in status")
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+fn first_child(pid: u32) -> u32 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            return child.parse().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never forked"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `allocprof agent` on a workload in a docker-style cgroup and another in
+/// a Kubernetes-style cgroup and its own pid namespace: each export carries
+/// its container id (and pod uid), and the pid the host sees; the first to
+/// exit gets its final export while the agent runs on; the agent's own
+/// OTEL_RESOURCE_ATTRIBUTES and --otlp-command-line are applied.
+#[test]
+fn containers_carry_their_ids_and_host_pids() {
+    common::require_bpf();
+    let collector = Collector::start("containers");
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let docker_id = format!("{:016x}", std::process::id()).repeat(4);
+    let cri_id = format!("{:016x}", u64::from(std::process::id()) << 8).repeat(4);
+    let pod_uid = "2c48913c-b29f-11e7-9350-020968147796";
+    let docker = TestCgroup::new("docker", &format!("docker-{docker_id}.scope"));
+    let pod = TestCgroup::new(
+        "pod",
+        &format!(
+            "kubepods-besteffort-pod{}.slice/cri-containerd-{cri_id}.scope",
+            pod_uid.replace('-', "_")
+        ),
+    );
+    // The shells move themselves, then exec the workload: it starts there.
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("{} && exec \"$0\"", docker.enter()))
+        .arg(&exe);
+    let mut a = Proc::spawn(cmd);
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--kill-child", "sh", "-c"])
+        .arg(format!("{} && exec \"$0\"", pod.enter()))
+        .arg(&exe);
+    let mut b = Proc::spawn(cmd);
+    let a_pid = a.pid();
+    let b_pid = first_child(b.pid());
+    for pid in [a_pid, b_pid] {
+        common::wait_for_mapping(pid, "alloc_sites");
+        common::wait_for_mapping(pid, "liballocprof.so");
+    }
+    assert_eq!(ns_pids(b_pid), [b_pid, 1], "b is its namespace's init");
+
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_allocprof"))
+        .args(["agent", "--push-interval", "1s", "--otlp-command-line"])
+        .args(["--pid", &a_pid.to_string(), "--pid", &b_pid.to_string()])
+        .arg("--otlp-endpoint")
+        .arg(collector.http_endpoint())
+        .env(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment=ci%2Ctest",
+        )
+        .env_remove("OTEL_SERVICE_NAME")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(agent.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    assert!(line.contains("pushing to"), "{line}");
+    for w in [&mut a, &mut b] {
+        w.send("go");
+        w.expect("ready");
+    }
+    // a exits once an export has seen both live; b once one has seen a gone.
+    let before = collector.exports_so_far();
+    collector.wait_for_exports(before + 1);
+    a.send("exit");
+    assert!(a.child.wait().unwrap().success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !decode_all(&collector.read_so_far()).iter().any(|d| {
+        d.resource_profiles
+            .iter()
+            .any(|r| is_pid(d, r, a_pid) && attribute(d, r, ATTR_STATE) == string("exited"))
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no export of a as exited:\n{}",
+            collector.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    b.send("exit");
+    assert!(b.child.wait().unwrap().success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(agent.wait().unwrap().success(), "{rest}");
+    assert!(!rest.contains("export dropped"), "{rest}");
+    drop((a, b, docker, pod));
+
+    let exported = decode_all(&collector.stop_and_read());
+    let of = |pid: u32| -> Vec<(&ProfilesData, &ResourceProfiles)> {
+        exported
+            .iter()
+            .flat_map(|d| {
+                d.resource_profiles
+                    .iter()
+                    .filter(move |r| is_pid(d, r, pid))
+                    .map(move |r| (d, r))
+            })
+            .collect()
+    };
+    let (a_exports, b_exports) = (of(a_pid), of(b_pid));
+    assert!(
+        !a_exports.is_empty() && !b_exports.is_empty(),
+        "both exported"
+    );
+    for (data, r) in &a_exports {
+        assert_eq!(attribute(data, r, ATTR_CONTAINER_ID), string(&docker_id));
+        assert_eq!(attribute(data, r, ATTR_POD_UID), None);
+        assert_eq!(
+            attribute(data, r, ATTR_COMMAND_LINE),
+            string(exe.to_str().unwrap())
+        );
+        assert_eq!(attribute(data, r, ATTR_SERVICE_NAME), string("alloc_sites"));
+        assert_eq!(
+            attribute(data, r, "deployment.environment"),
+            string("ci,test")
+        );
+    }
+    for (data, r) in &b_exports {
+        assert_eq!(attribute(data, r, ATTR_CONTAINER_ID), string(&cri_id));
+        assert_eq!(attribute(data, r, ATTR_POD_UID), string(pod_uid));
+        assert_eq!(
+            attribute(data, r, ATTR_EXECUTABLE_NAME),
+            string("alloc_sites")
+        );
+    }
+    // a's final export: once, as it was at exit, while b was still live.
+    let a_exited: Vec<usize> = exported
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| {
+            d.resource_profiles
+                .iter()
+                .any(|r| is_pid(d, r, a_pid) && attribute(d, r, ATTR_STATE) == string("exited"))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(a_exited.len(), 1, "a's final export, once");
+    let final_export = &exported[a_exited[0]];
+    assert!(
+        final_export
+            .resource_profiles
+            .iter()
+            .any(|r| is_pid(final_export, r, b_pid)
+                && attribute(final_export, r, ATTR_STATE).is_none()),
+        "a's final export went out while b ran"
+    );
+    let (data, r) = a_exports.last().unwrap();
+    let held: i64 = samples(data, r)["inuse_space"]
+        .iter()
+        .filter(|(f, _)| f.iter().any(|f| f == "site_large"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(held, LARGE, "what a held at exit");
+}
+
+/// A process in its own mount namespace names its program by a path that,
+/// in allocprof's namespace, is another file (an impostor with another
+/// build id): its mapping carries its own file's build id, read through the
+/// file it mapped, not the path's.
+#[test]
+fn mappings_carry_the_build_id_of_the_file_mapped_not_of_its_path() {
+    common::require_bpf();
+    let real = common::compile_c("alloc_sites.c", &["-ldl"]);
+    // Other symbols, so another build id.
+    let impostor = common::compile_c(
+        "alloc_sites.c",
+        &["-ldl", "-Dsite_small=host_small", "-Dsite_large=host_large"],
+    );
+    let (real_id, impostor_id) = (readelf_build_id(&real), readelf_build_id(&impostor));
+    assert_ne!(real_id, impostor_id, "two builds, two ids");
+    let path = common::scratch_dir("otlp-mount-ns").join("program");
+    std::fs::copy(&impostor, &path).unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$1" "$2" && exec "$2""#)
+        .arg("sh")
+        .arg(&real)
+        .arg(&path);
+    let mut w = Proc::spawn(cmd);
+    let pid = w.pid();
+    common::wait_for_mapping(pid, "otlp-mount-ns/program");
+    common::wait_for_mapping(pid, "liballocprof.so");
+    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    w.send("exit");
+    assert!(w.child.wait().unwrap().success());
+    let data = otlp::encode(&profile, SystemTime::now());
+    let dict = data.dictionary.as_ref().unwrap();
+    let ids: Vec<String> = dict
+        .mapping_table
+        .iter()
+        .filter(|m| dict.string_table[m.filename_strindex as usize] == path.to_str().unwrap())
+        .flat_map(|m| &m.attribute_indices)
+        .map(|&i| &dict.attribute_table[i as usize])
+        .filter(|a| dict.string_table[a.key_strindex as usize] == ATTR_BUILD_ID)
+        .map(|a| match a.value.as_ref().and_then(|v| v.value.as_ref()) {
+            Some(Value::StringValue(s)) => s.clone(),
+            v => panic!("a build id string, not {v:?}"),
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        std::slice::from_ref(&real_id),
+        "the mapped file's build id, once"
+    );
+
+    // pprof's mappings too.
+    let gz = export::render(&profile, Format::Pprof, &export::Options::default()).unwrap();
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
+    let pprof = export::pprof::proto::Profile::decode(&raw[..]).unwrap();
+    let ids: Vec<&str> = pprof
+        .mapping
+        .iter()
+        .filter(|m| pprof.string_table[m.filename as usize] == path.to_str().unwrap())
+        .map(|m| pprof.string_table[m.build_id as usize].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        [real_id.as_str()],
+        "pprof: the mapped file's build id, once"
+    );
 }

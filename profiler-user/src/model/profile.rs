@@ -6,7 +6,12 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use profiler_common::{DROP_REASONS, DropReason, NO_STACK, OVERFLOW_STACK, WeightForm};
 
-use crate::{ids::Pid, model::stats::Totals, symbolize::Frame, unwind::tables::TablesStatus};
+use crate::{
+    ids::Pid,
+    model::stats::Totals,
+    symbolize::{Frame, Name},
+    unwind::tables::TablesStatus,
+};
 
 /// The one frame of a stack the kernel could not take.
 pub(crate) const STACK_UNAVAILABLE: &str = "[stack unavailable]";
@@ -39,6 +44,10 @@ pub(crate) fn synthetic_stack(stack_id: u64) -> Option<&'static str> {
         _ => None,
     }
 }
+
+/// GNU build ids (lowercase hex) by the file path frames name (their
+/// `module`).
+pub type BuildIds = std::collections::BTreeMap<Name, Name>;
 
 /// One process image: a pid, and which exec of it (generation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -117,6 +126,13 @@ pub struct ProcessProfile {
     /// What its backend allocator says of its heap (`liballocprof*.so`
     /// only, running processes only).
     pub backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    /// Who it is, for the OTLP export's resource attributes: read once when
+    /// it was first followed (none for profiles read back from files).
+    pub resource: Option<Arc<crate::process::resource::ProcessResource>>,
+    /// The GNU build ids of the files its frames are in, read from the
+    /// files it mapped (none for profiles read back from files: then the
+    /// exports read the paths).
+    pub build_ids: Option<Arc<BuildIds>>,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -152,6 +168,8 @@ impl ProcessProfile {
             ledger: None,
             resident: None,
             backend_heap: None,
+            resource: None,
+            build_ids: None,
             stacks,
         }
     }

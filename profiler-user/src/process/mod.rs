@@ -7,5 +7,6 @@ pub mod discover;
 pub mod ledger;
 pub mod normalize;
 pub(crate) mod pidns;
+pub mod resource;
 pub mod target_memory;
 pub mod usdt;

@@ -24,10 +24,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // Only processes that carry probes can have stacks: only theirs
         // hold their mapped files open.
         if !scan.probes.is_empty() {
-            self.track_pid(pid).image.space = Some(scan.space);
+            self.set_space(pid, scan.space);
             // Named now: a process may be gone (a zombie, its /proc unreadable)
             // before the first profile is built.
             self.identity(pid);
+            self.resource(pid);
             self.unwind_process(pid);
         }
         let mut stale = Vec::new();

@@ -32,6 +32,10 @@ pub(super) struct Frozen {
     /// It ran before the session attached (see `Session::predates_attach`).
     pub since_attach: bool,
     pub ledger: Option<crate::process::ledger::LedgerStatus>,
+    /// Who it was (OTLP resource attributes).
+    pub resource: Option<Arc<crate::process::resource::ProcessResource>>,
+    /// Its files' build ids (shared with the live image's record).
+    pub build_ids: Option<Arc<crate::model::profile::BuildIds>>,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
     /// Its stacks' names, and those still at the symbolizer.
@@ -49,7 +53,27 @@ pub(super) struct Frozen {
 impl Frozen {
     /// The heap of the image itself, without its stacks' names.
     fn own_bytes(&self) -> u64 {
+        let resource = self.resource.as_deref().map_or(0, |r| {
+            size_of_val(r)
+                + [
+                    &r.executable_path,
+                    &r.service_name,
+                    &r.container_id,
+                    &r.pod_uid,
+                    &r.command_line,
+                ]
+                .iter()
+                .map(|s| s.as_ref().map_or(0, String::capacity))
+                .sum::<usize>()
+        });
+        let build_ids = self.build_ids.as_deref().map_or(0, |ids| {
+            ids.iter()
+                .map(|(path, id)| path.len() + id.len() + 4 * size_of::<usize>())
+                .sum::<usize>()
+        });
         (size_of::<Frozen>()
+            + resource
+            + build_ids
             + self.name.capacity()
             + self.stacks.capacity() * size_of::<(u64, Totals)>()) as u64
     }
@@ -121,6 +145,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 due.push(*pid);
                 *next += passed;
                 tracked.image.identity = None;
+                tracked.image.resource = None;
             }
             if *next >= RESCAN_AFTER_EXEC.len() {
                 tracked.rescan = None;
@@ -213,6 +238,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .unwrap_or_default();
             let proc = self.image_counters(key.pid, &now);
             let (name, rate) = self.identity(key.pid);
+            let resource = self.resource(key.pid);
             let since_attach = self.predates_attach(key);
             let ledger = self.ledger_status(key.pid, key.generation);
             let tracked = self.track_pid(key.pid);
@@ -234,8 +260,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 // Its maps will not grow.
                 symbols.unresolved.remove(id);
             }
+            let build_ids = tracked.image.build_ids.clone();
             let mut frozen = Frozen {
                 key,
+                resource,
+                build_ids,
                 since_attach,
                 ledger,
                 incarnation: tracked.incarnation,

@@ -178,7 +178,18 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
 impl Session {
     /// Loads the kernel programs and attaches to the targets.
     pub fn start(target: Target, limits: Limits) -> Result<Session, StartError> {
-        let processes = Procfs::default();
+        Session::start_reading(target, limits, false)
+    }
+
+    /// [`Session::start`], reading with `command_lines` each process's
+    /// command line into its resource (opt-in: they hold secrets).
+    pub fn start_reading(
+        target: Target,
+        limits: Limits,
+        command_lines: bool,
+    ) -> Result<Session, StartError> {
+        let mut processes = Procfs::default();
+        processes.command_lines = command_lines;
         if let Target::Pids(pids) = &target {
             for &pid in pids {
                 if !processes.alive(pid) {

@@ -17,6 +17,7 @@ use crate::{
     process::backend_stats::{self, BackendHeap},
     process::discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
     process::ledger::{self, LedgerEntry, LedgerRead},
+    process::resource::ProcessResource,
     process::target_memory::{LiveThread, TargetMemory, Unreadable},
 };
 
@@ -105,6 +106,11 @@ pub trait ProcessPort {
     /// block's address for the process's image (the session's record
     /// holds it, so it goes with the image).
     fn backend_heap(&self, _pid: Pid, _block: &mut BackendBlock) -> Option<BackendHeap> {
+        None
+    }
+    /// Who it is, for the OTLP resource attributes (none where unknown:
+    /// then it goes without them). Its `host_pid` is the session's to set.
+    fn resource(&self, _pid: Pid) -> Option<ProcessResource> {
         None
     }
     /// When it started, in clock ticks since boot (none where unknown).
@@ -245,6 +251,9 @@ pub struct Procfs {
     /// Every read of a process's memory (`/proc/PID/environ` too) goes
     /// through it: none may block the session.
     memory: TargetMemory,
+    /// Read each process's command line into its resource (opt-in:
+    /// command lines hold secrets).
+    pub(crate) command_lines: bool,
 }
 
 /// Where a process image's backend-statistics block is, as
@@ -318,6 +327,22 @@ impl ProcessPort for Procfs {
 
     fn start_ticks(&self, pid: Pid) -> Option<u64> {
         discover::Process::find(pid)?.start_ticks()
+    }
+
+    fn resource(&self, pid: Pid) -> Option<ProcessResource> {
+        let process = discover::Process::find(pid)?;
+        let mut resource = process.resource_outside_memory();
+        // Its environment and command line are its memory.
+        let command_lines = self.command_lines;
+        let thread = process.thread();
+        if let Ok((service, line)) = self
+            .memory
+            .run(thread, move || process.resource_in_memory(command_lines))
+        {
+            resource.service_name = service;
+            resource.command_line = line;
+        }
+        Some(resource)
     }
 
     fn sampling_rate(&self, pid: Pid) -> u64 {

@@ -13,11 +13,13 @@ use crate::ids::Pid;
 use crate::{
     kernel::KernelSnapshot,
     model::age,
+    model::profile::BuildIds,
     model::profile::{
         ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
     },
     model::stats::Totals,
-    symbolize::Frame,
+    process::{normalize::AddressSpace, resource::ProcessResource},
+    symbolize::{Frame, Name},
 };
 
 /// What identifies a process image in the profile, besides its key.
@@ -29,6 +31,8 @@ struct Image {
     ledger: Option<crate::process::ledger::LedgerStatus>,
     /// What its backend allocator says (a live image's).
     backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    resource: Option<Arc<ProcessResource>>,
+    build_ids: Option<Arc<BuildIds>>,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -58,6 +62,50 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let known = (name, self.processes.sampling_rate(pid));
         self.track_pid(pid).image.identity = Some(known.clone());
         known
+    }
+
+    /// Sets `pid`'s address space, and reads the build ids of the files it
+    /// maps (through the descriptors it holds: a path may name another
+    /// file by now, or in our mount namespace).
+    pub(super) fn set_space(&mut self, pid: Pid, space: AddressSpace) {
+        let mut ids = BuildIds::new();
+        for m in space.mappings() {
+            let Some(open) = &m.file.open else { continue };
+            let path: Name = m.file.path.display().to_string().into();
+            if ids.contains_key(&path) {
+                continue;
+            }
+            if let Some(id) = crate::output::export::build_id::build_id(&open.fd_path()) {
+                ids.insert(path, id.into());
+            }
+        }
+        let image = &mut self.track_pid(pid).image;
+        image.space = Some(space);
+        image.build_ids = Some(Arc::new(ids));
+    }
+
+    /// Who a process is (OTLP resource attributes), read once while it is
+    /// alive; its host pid added once the pid map knows it.
+    pub(super) fn resource(&mut self, pid: Pid) -> Option<Arc<ProcessResource>> {
+        let host = self.pids.host(pid).map(|h| h.0);
+        let cached = self
+            .tracked
+            .get(&pid)
+            .and_then(|t| t.image.resource.clone());
+        let resource = match cached {
+            Some(r) if r.host_pid.is_some() || host.is_none() => return Some(r),
+            Some(r) => ProcessResource {
+                host_pid: host,
+                ..(*r).clone()
+            },
+            None => ProcessResource {
+                host_pid: host,
+                ..self.processes.resource(pid)?
+            },
+        };
+        let resource = Arc::new(resource);
+        self.track_pid(pid).image.resource = Some(resource.clone());
+        Some(resource)
     }
 
     /// The image ran before we attached: its live figures count only what
@@ -158,12 +206,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .unwrap_or_default();
             let proc = self.image_counters(key.pid, &proc);
             let (name, rate) = self.identity(key.pid);
+            let resource = self.resource(key.pid);
             self.incarnation(key.pid);
             let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
             let block = &mut tracked.image.backend_block;
             let backend_heap = self.processes.backend_heap(key.pid, block);
+            let build_ids = tracked.image.build_ids.clone();
             let image = Image {
                 backend_heap,
+                resource,
+                build_ids,
                 name,
                 rate,
                 state: ProcessState::Live,
@@ -204,6 +256,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             since_attach: f.since_attach,
             ledger: f.ledger,
             backend_heap: None,
+            resource: f.resource.clone(),
+            build_ids: f.build_ids.clone(),
         };
         self.process_profile(f.key, image, &f.proc, &f.stacks, &f.names)
     }
@@ -251,6 +305,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             since_attach: image.since_attach,
             ledger: image.ledger,
             backend_heap: image.backend_heap,
+            resource: image.resource,
+            build_ids: image.build_ids,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

@@ -12,7 +12,8 @@ use profiler_common::{ProcCounters, unwind::ProcUnwind};
 use super::{BackendBlock, Incarnation, ledger::LedgerImage};
 use crate::{
     ids::{FileId, Tid},
-    process::normalize::AddressSpace,
+    model::profile::BuildIds,
+    process::{normalize::AddressSpace, resource::ProcessResource},
     symbolize::Frame,
 };
 
@@ -70,6 +71,11 @@ pub(super) struct ImageState {
     pub scanned: Option<(Option<u64>, Instant)>,
     /// Its name and sampling rate, read once.
     pub identity: Option<(String, u64)>,
+    /// Who it is (OTLP resource attributes), read once.
+    pub resource: Option<Arc<ProcessResource>>,
+    /// The GNU build ids of the files it maps, by the path it names them
+    /// with (read from the files it mapped, with its space).
+    pub build_ids: Option<Arc<BuildIds>>,
     /// What its kernel unwind entry holds (to skip rewrites).
     pub unwound: Option<ProcUnwind>,
     /// Its live-sample ledger and seeds.

@@ -62,7 +62,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             return; // gone: the attach says so
         };
         if !scan.probes.is_empty() {
-            self.track_pid(pid).image.space = Some(scan.space);
+            self.set_space(pid, scan.space);
             self.unwind_process(pid);
         }
     }

@@ -293,6 +293,12 @@ impl Collector {
         }
     }
 
+    /// The exports written out so far (none while the last is half
+    /// written: read again).
+    pub fn read_so_far(&self) -> Vec<Vec<u8>> {
+        read_messages(&self.output).unwrap_or_default()
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -231,6 +231,8 @@ pub(crate) mod tests {
                 mmapped: Some(0),
                 age: Duration::from_millis(300),
             }),
+            resource: None,
+            build_ids: None,
             stacks,
         };
         let other_stacks = vec![

@@ -103,6 +103,45 @@ impl Process {
             .map_or(profiler_common::rate::DEFAULT_RATE, |e| rate_in_environ(&e))
     }
 
+    /// What of its resource is read from `/proc` outside its memory: its
+    /// executable's path and its cgroup's container and pod (see
+    /// [`crate::process::resource`]).
+    pub(crate) fn resource_outside_memory(&self) -> crate::process::resource::ProcessResource {
+        use crate::process::resource::{MAX_READ_BYTES, parse_cgroup};
+        // The process's own exe (a thread's is the same).
+        let executable_path = fs::read_link(format!("/proc/{}/exe", self.pid))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned());
+        let cgroup = read_string(&self.dir.join("cgroup"), MAX_READ_BYTES)
+            .map(|text| parse_cgroup(&text))
+            .unwrap_or_default();
+        crate::process::resource::ProcessResource {
+            executable_path,
+            container_id: cgroup.container_id,
+            pod_uid: cgroup.pod_uid,
+            ..Default::default()
+        }
+    }
+
+    /// What of its resource is in its memory (`/proc/PID/environ` and
+    /// `cmdline` read it): its own `OTEL_SERVICE_NAME`, and with
+    /// `command_line` its command line. Through
+    /// `target_memory::TargetMemory` only.
+    pub(crate) fn resource_in_memory(
+        &self,
+        command_line: bool,
+    ) -> (Option<String>, Option<String>) {
+        use crate::process::resource::{MAX_READ_BYTES, command_line as joined, env_value};
+        let service = read_bounded(&self.dir.join("environ"), MAX_READ_BYTES)
+            .ok()
+            .and_then(|e| env_value(&e, "OTEL_SERVICE_NAME"));
+        let line = command_line
+            .then(|| read_bounded(&self.dir.join("cmdline"), MAX_READ_BYTES).ok())
+            .flatten()
+            .and_then(|c| joined(&c));
+        (service, line)
+    }
+
     /// Opens the file of a mapping: through `/proc/PID/map_files` (the very
     /// file mapped, even if renamed or deleted), or else by its path inside
     /// the process's root; either way only if it is a regular file whose

@@ -65,6 +65,8 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         ledger: None,
         resident: None,
         backend_heap: None,
+        resource: None,
+        build_ids: None,
         stacks,
     }
 }

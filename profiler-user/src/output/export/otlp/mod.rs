@@ -29,6 +29,7 @@
 //! pprof module's split has landed.
 
 pub mod proto;
+pub mod resource;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -46,9 +47,10 @@ use self::proto::{
     },
     resource::Resource,
 };
+use self::resource::{AttrValue, HostResource};
 use super::build_id::build_id;
 use crate::{
-    model::profile::{ProcessKey, ProcessProfile, ProcessState, Profile},
+    model::profile::{BuildIds, ProcessKey, ProcessProfile, ProcessState, Profile},
     model::stats::Totals,
     symbolize::Frame,
 };
@@ -61,10 +63,11 @@ pub const SAMPLE_TYPES: [(&str, &str); 4] = [
     ("alloc_objects", "count"),
 ];
 
-/// Semantic-convention attribute names.
-pub const ATTR_PID: &str = "process.pid";
-pub const ATTR_EXECUTABLE_NAME: &str = "process.executable.name";
-pub const ATTR_SERVICE_NAME: &str = "service.name";
+/// Semantic-convention attribute names (the resource's: [`resource`]).
+pub use self::resource::{
+    ATTR_COMMAND_LINE, ATTR_CONTAINER_ID, ATTR_EXECUTABLE_NAME, ATTR_EXECUTABLE_PATH, ATTR_HOST_ID,
+    ATTR_HOST_NAME, ATTR_PID, ATTR_POD_UID, ATTR_SERVICE_NAME,
+};
 pub const ATTR_BUILD_ID: &str = "process.executable.build_id.gnu";
 /// allocprof's own: the exec generation after an exec (absent before), and
 /// the state of an image that is gone (absent while it runs).
@@ -75,16 +78,35 @@ pub const ATTR_STATE: &str = "allocprof.process.state";
 /// had allocated at the previous export (the `alloc_*` deltas) and which
 /// gone processes were already exported (once is enough). Bounded by the
 /// last profile: what is no longer in it is forgotten.
-#[derive(Default)]
 pub struct Encoder {
+    host: HostResource,
     allocated: HashMap<(ProcessKey, Arc<[Frame]>), [f64; 2]>,
     gone_exported: HashSet<ProcessKey>,
     last_end: Option<SystemTime>,
 }
 
+impl Default for Encoder {
+    fn default() -> Encoder {
+        Encoder::new()
+    }
+}
+
 impl Encoder {
+    /// Exports with the host's resource attributes and allocprof's
+    /// environment's ([`HostResource::detect`]; a malformed
+    /// `OTEL_RESOURCE_ATTRIBUTES` is left out: see [`Encoder::with_host`]
+    /// to be told).
     pub fn new() -> Encoder {
-        Encoder::default()
+        Encoder::with_host(HostResource::detect().0)
+    }
+
+    pub fn with_host(host: HostResource) -> Encoder {
+        Encoder {
+            host,
+            allocated: HashMap::new(),
+            gone_exported: HashSet::new(),
+            last_end: None,
+        }
     }
 
     /// The profile as it stands at `end`. The window starts at the previous
@@ -134,7 +156,8 @@ impl Encoder {
                     (&s.frames[..], live_and(&s.totals, [delta(0), delta(1)]))
                 })
                 .collect();
-            resource_profiles.push(b.resource_profiles(p, &values, window));
+            let attributes = self.host.attributes_of(p);
+            resource_profiles.push(b.resource_profiles(p, attributes, &values, window));
         }
         self.allocated = allocated;
         self.gone_exported = gone_exported;
@@ -192,8 +215,11 @@ struct Builder {
     dict: ProfilesDictionary,
     strings: HashMap<String, i32>,
     functions: HashMap<(i32, i32), i32>,
-    locations: HashMap<Vec<Frame>, i32>,
-    mappings: HashMap<String, i32>,
+    /// By frame chain and mapping (one path may be several files).
+    locations: HashMap<(Vec<Frame>, i32), i32>,
+    /// By file path and build id: two processes may name different files
+    /// by one path (containers, a library upgraded in place).
+    mappings: HashMap<(String, Option<String>), i32>,
     stacks: HashMap<Vec<i32>, i32>,
     attributes: HashMap<(i32, String), i32>,
 }
@@ -267,12 +293,21 @@ impl Builder {
         }
     }
 
-    fn mapping(&mut self, module: &str) -> i32 {
-        if let Some(&i) = self.mappings.get(module) {
+    /// The mapping of file `module`; its build id read from the files the
+    /// process mapped (`ids`), or from the path where those are unknown.
+    fn mapping(&mut self, module: &str, ids: Option<&BuildIds>) -> i32 {
+        let id = match ids {
+            Some(ids) => ids.get(module).map(|id| id.to_string()),
+            None => build_id(Path::new(module)),
+        };
+        let key = (module.to_owned(), id);
+        if let Some(&i) = self.mappings.get(&key) {
             return i;
         }
-        let attribute_indices = build_id(Path::new(module))
-            .map(|id| vec![self.string_attribute(ATTR_BUILD_ID, &id)])
+        let attribute_indices = key
+            .1
+            .as_deref()
+            .map(|id| vec![self.string_attribute(ATTR_BUILD_ID, id)])
             .unwrap_or_default();
         let i = next_index(&self.dict.mapping_table);
         let filename_strindex = self.string(module);
@@ -281,7 +316,7 @@ impl Builder {
             attribute_indices,
             ..Default::default()
         });
-        self.mappings.insert(module.to_owned(), i);
+        self.mappings.insert(key, i);
         i
     }
 
@@ -302,12 +337,12 @@ impl Builder {
     }
 
     /// A machine frame and the frames inlined into it, innermost first.
-    fn location(&mut self, chain: &[Frame]) -> i32 {
-        if let Some(&i) = self.locations.get(chain) {
+    fn location(&mut self, chain: &[Frame], ids: Option<&BuildIds>) -> i32 {
+        let outer = chain.last().expect("a location has a frame");
+        let mapping_index = outer.module.as_deref().map_or(0, |m| self.mapping(m, ids));
+        if let Some(&i) = self.locations.get(&(chain.to_vec(), mapping_index)) {
             return i;
         }
-        let outer = chain.last().expect("a location has a frame");
-        let mapping_index = outer.module.as_deref().map_or(0, |m| self.mapping(m));
         let lines = chain
             .iter()
             .map(|f| {
@@ -326,20 +361,20 @@ impl Builder {
             lines,
             attribute_indices: Vec::new(),
         });
-        self.locations.insert(chain.to_vec(), i);
+        self.locations.insert((chain.to_vec(), mapping_index), i);
         i
     }
 
     /// The stack of `frames` (innermost first): each machine frame with the
     /// frames inlined into it (which precede it).
-    fn stack(&mut self, frames: &[Frame]) -> i32 {
+    fn stack(&mut self, frames: &[Frame], ids: Option<&BuildIds>) -> i32 {
         let mut location_indices = Vec::new();
         let mut start = 0;
         for (i, f) in frames.iter().enumerate() {
             if f.inlined && i + 1 < frames.len() {
                 continue;
             }
-            location_indices.push(self.location(&frames[start..=i]));
+            location_indices.push(self.location(&frames[start..=i], ids));
             start = i + 1;
         }
         if let Some(&i) = self.stacks.get(&location_indices) {
@@ -354,20 +389,23 @@ impl Builder {
     fn resource_profiles(
         &mut self,
         p: &ProcessProfile,
+        attributes: Vec<(String, AttrValue)>,
         values: &[(&[Frame], [f64; 4])],
         window: Window,
     ) -> ResourceProfiles {
-        let mut attributes = vec![
-            KeyValue {
-                key: ATTR_PID.into(),
+        let mut attributes: Vec<KeyValue> = attributes
+            .into_iter()
+            .map(|(key, value)| KeyValue {
+                key,
                 value: Some(AnyValue {
-                    value: Some(any_value::Value::IntValue(i64::from(p.key.pid.0))),
+                    value: Some(match value {
+                        AttrValue::Int(i) => any_value::Value::IntValue(i),
+                        AttrValue::Str(s) => any_value::Value::StringValue(s),
+                    }),
                 }),
                 ..Default::default()
-            },
-            string_key_value(ATTR_EXECUTABLE_NAME, &p.name),
-            string_key_value(ATTR_SERVICE_NAME, &p.name),
-        ];
+            })
+            .collect();
         if p.key.generation != 0 {
             attributes.push(KeyValue {
                 key: ATTR_GENERATION.into(),
@@ -391,7 +429,7 @@ impl Builder {
                 // is left unreferenced.
                 if value != 0 {
                     samples.push(Sample {
-                        stack_index: self.stack(frames),
+                        stack_index: self.stack(frames, p.build_ids.as_deref()),
                         values: vec![value],
                         ..Default::default()
                     });

@@ -15,7 +15,7 @@ use super::{
     proto::{self, Function, Label, Line, Location, Mapping, Sample, ValueType},
 };
 use crate::{
-    model::profile::Profile,
+    model::profile::{BuildIds, Profile},
     model::stats::{Totals, human_bytes, human_ci},
     output::export::build_id::build_id,
     symbolize::Frame,
@@ -43,7 +43,7 @@ pub(crate) fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
     // Executables first: pprof takes the first mapping for the main binary.
     for p in &profile.processes {
         if let Some(module) = p.stacks.iter().find_map(|s| executable(&s.frames)) {
-            b.mapping(module);
+            b.mapping(module, p.build_ids.as_deref());
         }
     }
     let keys = [LABEL_PROCESS, LABEL_PID, LABEL_GENERATION].map(|k| b.strings.get(k));
@@ -75,7 +75,7 @@ pub(crate) fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
             if value.iter().all(|&v| v == 0) {
                 continue;
             }
-            let location_id = b.locations(&s.frames);
+            let location_id = b.locations(&s.frames, p.build_ids.as_deref());
             samples.push(Sample {
                 location_id,
                 value,
@@ -214,6 +214,8 @@ impl Strings {
 #[derive(Default)]
 struct ModuleInfo {
     id: u64,
+    /// Its GNU build id (hex), if it has one.
+    build_id: Option<String>,
     has_filenames: bool,
     has_line_numbers: bool,
     has_inline_frames: bool,
@@ -224,25 +226,35 @@ struct Builder {
     strings: Strings,
     /// By file path, in first-seen order (ids are 1-based positions).
     modules: Vec<(String, ModuleInfo)>,
-    module_ids: HashMap<String, usize>,
+    /// By path and build id: one path may name different files in
+    /// different processes (containers, a library upgraded in place).
+    module_ids: HashMap<(String, Option<String>), usize>,
     functions: Vec<Function>,
     function_ids: HashMap<(String, String), u64>,
     locations: Vec<Location>,
-    location_ids: HashMap<Vec<Frame>, u64>,
+    location_ids: HashMap<(Vec<Frame>, u64), u64>,
 }
 
 impl Builder {
-    fn mapping(&mut self, module: &str) -> usize {
-        if let Some(&i) = self.module_ids.get(module) {
+    /// The mapping of file `module`; its build id read from the files the
+    /// process mapped (`ids`), or from the path where those are unknown.
+    fn mapping(&mut self, module: &str, ids: Option<&BuildIds>) -> usize {
+        let build_id = match ids {
+            Some(ids) => ids.get(module).map(|id| id.to_string()),
+            None => build_id(Path::new(module)),
+        };
+        let key = (module.to_owned(), build_id);
+        if let Some(&i) = self.module_ids.get(&key) {
             return i;
         }
         let i = self.modules.len();
         let info = ModuleInfo {
             id: i as u64 + 1,
+            build_id: key.1.clone(),
             ..Default::default()
         };
         self.modules.push((module.to_owned(), info));
-        self.module_ids.insert(module.to_owned(), i);
+        self.module_ids.insert(key, i);
         i
     }
 
@@ -267,27 +279,28 @@ impl Builder {
 
     /// Location ids of a stack, innermost first: each machine frame with the
     /// frames inlined into it (which precede it in `frames`).
-    fn locations(&mut self, frames: &[Frame]) -> Vec<u64> {
-        let mut ids = Vec::new();
+    fn locations(&mut self, frames: &[Frame], ids: Option<&BuildIds>) -> Vec<u64> {
+        let mut out = Vec::new();
         let mut start = 0;
         for (i, f) in frames.iter().enumerate() {
             if f.inlined && i + 1 < frames.len() {
                 continue;
             }
-            ids.push(self.location(&frames[start..=i]));
+            out.push(self.location(&frames[start..=i], ids));
             start = i + 1;
         }
-        ids
+        out
     }
 
-    fn location(&mut self, chain: &[Frame]) -> u64 {
-        if let Some(&id) = self.location_ids.get(chain) {
+    fn location(&mut self, chain: &[Frame], ids: Option<&BuildIds>) -> u64 {
+        let outer = chain.last().expect("a location has a frame");
+        let mapping = outer.module.as_deref().map(|m| self.mapping(m, ids));
+        let known = mapping.map_or(0, |i| self.modules[i].1.id);
+        if let Some(&id) = self.location_ids.get(&(chain.to_vec(), known)) {
             return id;
         }
-        let outer = chain.last().expect("a location has a frame");
-        let mapping_id = match &outer.module {
-            Some(module) => {
-                let i = self.mapping(module);
+        let mapping_id = match mapping {
+            Some(i) => {
                 let info = &mut self.modules[i].1;
                 info.has_inline_frames |= chain.len() > 1;
                 for f in chain {
@@ -318,7 +331,7 @@ impl Builder {
             line,
             is_folded: false,
         });
-        self.location_ids.insert(chain.to_vec(), id);
+        self.location_ids.insert((chain.to_vec(), mapping_id), id);
         id
     }
 
@@ -327,7 +340,7 @@ impl Builder {
         modules
             .into_iter()
             .map(|(path, info)| {
-                let id = build_id(Path::new(&path)).unwrap_or_default();
+                let id = info.build_id.unwrap_or_default();
                 Mapping {
                     id: info.id,
                     filename: self.strings.get(&path),
