@@ -167,7 +167,7 @@ async fn run(cli: Cli) -> Result<()> {
 
 /// One periodic read of the kernel; `false` once every `--pid` target exited.
 pub(crate) fn refresh_tick(session: &mut Session) -> Result<bool> {
-    session.refresh().context("reading the kernel's maps")?;
+    session.tick().context("reading the kernel's maps")?;
     print_warnings(session);
     if !session.targets_alive() {
         eprintln!("allocprof: every target process has exited");

@@ -1,7 +1,7 @@
 //! Which probe files are attached, and for whom: system-wide, each file
 //! once for every process; with `--pid`, per process through a live thread.
 
-use std::{path::Path, time::Instant};
+use std::{collections::HashMap, path::Path, time::Instant};
 
 use crate::ids::{Pid, Tid};
 
@@ -112,14 +112,44 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         Ok(true)
     }
 
+    /// Looks for probes in every process (for dlopen, and processes that
+    /// started before their library was armed). Processes tracked are
+    /// `track`'s; one found without probes last time is read again only if
+    /// it changed since (its start or code size): most of a host's
+    /// processes never map a probe file, and their maps are the costly read.
     pub(super) fn scan_all(&mut self) {
+        let mut probeless = HashMap::new();
         for pid in self.processes.all_pids() {
-            if pid != Pid(std::process::id())
-                && let Err(e) = self.scan(pid)
+            if pid == Pid(std::process::id()) {
+                continue;
+            }
+            if self
+                .tracked
+                .get(&pid)
+                .is_some_and(|t| t.image.space.is_some())
             {
-                self.warnings.push(format!("process {pid}: {e}"));
+                if self.rescan_due(pid) {
+                    self.rescan(pid);
+                }
+                continue;
+            }
+            let now = (
+                self.processes.start_ticks(pid),
+                self.processes.code_size(pid),
+            );
+            if now.1.is_some() && self.probeless.get(&pid) == Some(&now) {
+                probeless.insert(pid, now);
+                continue;
+            }
+            match self.scan(pid) {
+                Ok(0) if !self.tracked.contains_key(&pid) => {
+                    probeless.insert(pid, now);
+                }
+                Ok(_) => {}
+                Err(e) => self.warnings.push(format!("process {pid}: {e}")),
             }
         }
+        self.probeless = probeless;
         self.last_full_scan = Instant::now();
     }
 

@@ -107,6 +107,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 // pthread_exit the other threads run on (then `track`
                 // notices the real exit).
                 PROC_EVENT_EXIT if !self.processes.alive(pid) => exited.push(pid),
+                // Its main thread left with pthread_exit: with `--pid`, the
+                // probes attached through it went too; attach through
+                // another thread now, not at the next periodic rescan.
+                PROC_EVENT_EXIT => self.track_pid(pid).rescan = Some((now, 0)),
                 // Its exit follows: the image it freezes is the heap the
                 // OOM killer found.
                 PROC_EVENT_OOM => {
@@ -374,10 +378,39 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
     }
 
+    /// A tracked process known whole (scanned with probes, every stack
+    /// within its maps): between sweeps, nothing is read for it.
+    fn settled(&self, pid: Pid) -> bool {
+        self.tracked.get(&pid).is_some_and(|t| {
+            t.image.scanned.is_some() && t.image.space.is_some() && t.symbols.unresolved.is_empty()
+        })
+    }
+
+    /// Processes scanned but never sampled that are gone.
+    fn gone_unsampled(&self, snapshot: &KernelSnapshot) -> Vec<Pid> {
+        self.tracked
+            .iter()
+            .filter(|(_, t)| t.image.space.is_some())
+            .map(|(pid, _)| *pid)
+            .filter(|pid| !snapshot.processes.contains_key(&pid.0))
+            .filter(|pid| !self.processes.alive(*pid))
+            .collect()
+    }
+
+    /// Scans `pid` again, noting its code size then.
+    pub(super) fn rescan(&mut self, pid: Pid) {
+        // Read before the scan: a dlopen in between is seen next time.
+        let code_size = self.processes.code_size(pid);
+        match self.scan(pid) {
+            Ok(_) => self.track_pid(pid).image.scanned = Some((code_size, Instant::now())),
+            Err(e) => self.warnings.push(format!("process {pid}: {e}")),
+        }
+    }
+
     /// Whether a tracked process's maps may have changed since its last
     /// scan: never scanned with probes, its code size changed or is unknown,
     /// stacks of it fell outside its maps, or [`RESCAN_EVERY`] passed.
-    fn rescan_due(&self, pid: Pid) -> bool {
+    pub(super) fn rescan_due(&self, pid: Pid) -> bool {
         let Some(tracked) = self.tracked.get(&pid) else {
             return true;
         };
@@ -402,21 +435,20 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         pids.sort_unstable();
         pids.dedup();
+        let sweep = self.last_sweep.elapsed() >= self.sweep_every;
+        if sweep {
+            self.last_sweep = Instant::now();
+        }
         let mut dead = Vec::new();
         for pid in pids {
+            if !sweep && self.settled(pid) {
+                continue;
+            }
             if self.processes.alive(pid) {
                 // Processes with stacks outside their known maps: a library
                 // they dlopen'ed is to be seen at once.
-                if !self.rescan_due(pid) {
-                    continue;
-                }
-                // Read before the scan: a dlopen in between is seen next time.
-                let code_size = self.processes.code_size(pid);
-                match self.scan(pid) {
-                    Ok(_) => {
-                        self.track_pid(pid).image.scanned = Some((code_size, Instant::now()));
-                    }
-                    Err(e) => self.warnings.push(format!("process {pid}: {e}")),
+                if self.rescan_due(pid) {
+                    self.rescan(pid);
                 }
             } else if snapshot.processes.contains_key(&pid.0) {
                 // Its exit event was lost (full ring buffer) or it died
@@ -426,16 +458,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         // Processes scanned but never sampled have no kernel state (and no
         // exit event): what we hold for them goes when they do.
-        dead.extend(
-            self.tracked
-                .iter()
-                .filter(|(_, t)| t.image.space.is_some())
-                .map(|(pid, _)| *pid)
-                .filter(|pid| !snapshot.processes.contains_key(&pid.0))
-                .filter(|pid| !self.processes.alive(*pid))
-                .collect::<Vec<_>>(),
-        );
+        if sweep {
+            dead.extend(self.gone_unsampled(snapshot));
+        }
         self.retire(&dead, &[]);
+
         if !dead.is_empty() {
             snapshot
                 .aggregates

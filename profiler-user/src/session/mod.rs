@@ -39,7 +39,7 @@ use thiserror::Error;
 pub use self::ports::{BackendBlock, KernelPort, ProcessPort, Procfs};
 use self::{lifecycle::Frozen, record::Tracked};
 use crate::{
-    kernel::{Kernel, KernelError, Limits},
+    kernel::{Kernel, KernelError, KernelSnapshot, Limits},
     model::profile::Profile,
     oom::OomRecorder,
     process::discover::FileId,
@@ -59,10 +59,15 @@ const RESCAN_AFTER_EXEC: [Duration; 4] = [
 ];
 /// System-wide, every process is rescanned this often (for dlopen).
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(5);
-/// A tracked process is rescanned at a refresh only when its code size
+/// A tracked process is rescanned at a sweep only when its code size
 /// changed (a dlopen or dlclose), some of its stacks fell outside its known
-/// maps, or this long has passed.
-const RESCAN_EVERY: Duration = FULL_SCAN_EVERY;
+/// maps (then at once), or this long has passed.
+const RESCAN_EVERY: Duration = Duration::from_secs(60);
+/// How often every tracked process is looked at (alive? its code size?):
+/// between sweeps, exits come as kernel events and a dlopen shows as stacks
+/// outside the known maps, so a refresh costs what changed, not one /proc
+/// read per process (500 processes: most of the agent's CPU).
+const SWEEP_EVERY: Duration = FULL_SCAN_EVERY;
 /// Exited and replaced images kept, so a long system-wide run over
 /// short-lived processes holds bounded memory; the oldest go first.
 const MAX_FROZEN_IMAGES: usize = 10_000;
@@ -162,6 +167,12 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     /// Frozen images dropped to keep `max_frozen` and `max_gone_bytes`.
     dropped_images: u64,
     last_full_scan: Instant,
+    /// Processes the last full scan found without probes, as they were
+    /// then (start, code size): the next one skips them if unchanged.
+    probeless: HashMap<Pid, (Option<u64>, Option<u64>)>,
+    last_sweep: Instant,
+    /// [`SWEEP_EVERY`]; tests set it to zero.
+    sweep_every: Duration,
     started: Instant,
     /// `--oom-dir`: where the images the OOM killer killed are written.
     oom_recorder: Option<OomRecorder>,
@@ -238,6 +249,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             gone_bytes: 0,
             dropped_images: 0,
             last_full_scan: Instant::now(),
+            probeless: HashMap::new(),
+            last_sweep: Instant::now(),
+            sweep_every: SWEEP_EVERY,
             started: Instant::now(),
             seed_limits: ledger::SeedLimits::default(),
             warnings: Vec::new(),
@@ -273,10 +287,40 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.refresh_with(false)
     }
 
+    /// [`Session::refresh`] without the profile, for the headless modes
+    /// (report, `record`, `agent`) between their outputs: processes are
+    /// followed, ledgers read and stacks symbolized as they come, but no
+    /// profile is built to be thrown away (with 500 processes, that was
+    /// most of the agent's CPU between exports).
+    pub fn tick(&mut self) -> Result<(), KernelError> {
+        self.read(false)?;
+        if self.oom_victim_due() {
+            // The recorder writes the whole profile beside the victim.
+            let profile = self.build_now(false)?;
+            self.record_oom(&profile);
+        }
+        self.take_process_warnings();
+        Ok(())
+    }
+
     /// [`Session::refresh`]; `complete` reads the live samples whatever the
     /// interval (a final profile's ages are those of its moment) and waits
     /// for every stack of this reading to be symbolized.
     fn refresh_with(&mut self, complete: bool) -> Result<Profile, KernelError> {
+        let profile = self.build_now(complete)?;
+        self.record_oom(&profile);
+        self.take_process_warnings();
+        Ok(profile)
+    }
+
+    fn build_now(&mut self, complete: bool) -> Result<Profile, KernelError> {
+        let snapshot = self.read(complete)?;
+        Ok(self.build(&snapshot))
+    }
+
+    /// One reading of the kernel's maps: events, new processes, ledgers,
+    /// seeds and symbol requests.
+    fn read(&mut self, complete: bool) -> Result<KernelSnapshot, KernelError> {
         self.poll_events();
         // The live samples (the largest map) only feed the ages, which move
         // slowly: read every LIVE_READ_INTERVAL, or every time a minimum age
@@ -304,11 +348,20 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         } else {
             self.collect_symbols();
         }
-        let profile = self.build(&snapshot);
-        self.record_oom(&profile);
+        Ok(snapshot)
+    }
+
+    fn take_process_warnings(&mut self) {
         let unreadable = self.processes.take_warnings();
         self.warnings.extend(unreadable);
-        Ok(profile)
+    }
+
+    /// An image the OOM killer killed that has no file yet.
+    fn oom_victim_due(&self) -> bool {
+        self.oom_recorder.is_some()
+            && self.frozen.iter().any(|f| {
+                f.state == crate::model::profile::ProcessState::OomKilled && !f.oom_recorded
+            })
     }
 
     /// Writes the images the OOM killer killed, once each, with their
@@ -360,7 +413,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// report or a snapshot (waits for the symbolization thread).
     pub fn complete_profile(&mut self) -> Result<Profile, KernelError> {
         // The first reading scans new processes and asks for their stacks.
-        self.refresh()?;
+        self.tick()?;
         self.refresh_with(true)
     }
 

@@ -6,6 +6,7 @@ use std::{
     sync::Arc,
 };
 
+use foldhash::fast::RandomState;
 use profiler_common::{DROP_REASONS, DropReason, ProcCounters};
 
 use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen};
@@ -274,7 +275,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let weight_form = proc.weight_form();
         // A stack seen both in the ledger (before attach) and by the kernel
         // is one stack: the same frames once the allocator's are removed.
-        let mut merged: HashMap<Arc<[Frame]>, Totals> = HashMap::new();
+        // foldhash: each key hashes every frame's names, and SipHash over
+        // them was a fifth of the agent's CPU at 20,000 stacks.
+        let mut merged: HashMap<Arc<[Frame]>, Totals, RandomState> = HashMap::default();
         for (id, totals) in stacks {
             *merged
                 .entry(super::symbols::frames(names, *id))

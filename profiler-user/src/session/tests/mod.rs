@@ -525,13 +525,17 @@ fn session(world: &World, target: Target) -> Session<FakeKernel, FakeProcesses> 
         scanner: Scanner::default(),
         open: HashMap::new(),
     };
-    Session::with_ports(
+    let mut s = Session::with_ports(
         FakeKernel(world.clone()),
         processes,
         PidMap::identity(),
         target,
     )
-    .unwrap()
+    .unwrap();
+    // Every refresh a sweep, as the tests of what a sweep notices expect;
+    // `sweeps` tests the cadence itself.
+    s.sweep_every = Duration::ZERO;
+    s
 }
 
 fn images(profile: &Profile, pid: u32) -> Vec<&ProcessProfile> {
@@ -571,5 +575,6 @@ mod attach;
 mod frozen;
 mod ledger;
 mod lifecycle;
+mod sweeps;
 mod symbols;
 mod tables;
