@@ -117,6 +117,9 @@ pub struct ProcessProfile {
     /// What its backend allocator says of its heap (`liballocprof*.so`
     /// only, running processes only).
     pub backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    /// Its parent process, where known (`--pid`'s trees: every process of
+    /// a tree but its root has its parent in the profile too).
+    pub parent: Option<Pid>,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -152,6 +155,7 @@ impl ProcessProfile {
             ledger: None,
             resident: None,
             backend_heap: None,
+            parent: None,
             stacks,
         }
     }

@@ -8,7 +8,9 @@ use std::{
     time::Instant,
 };
 
-use profiler_common::{AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_OOM, ProcCounters};
+use profiler_common::{
+    AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_FORK, PROC_EVENT_OOM, ProcCounters,
+};
 
 use super::{
     FULL_SCAN_EVERY, Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, RESCAN_EVERY,
@@ -26,6 +28,8 @@ use crate::{
 pub(super) struct Frozen {
     pub key: ProcessKey,
     pub incarnation: Incarnation,
+    /// Its parent (`--pid`'s trees).
+    pub parent: Option<Pid>,
     pub name: String,
     pub rate: u64,
     pub state: ProcessState,
@@ -72,7 +76,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let now = Instant::now();
         let mut exited = Vec::new();
         let mut execed = Vec::new();
+        let mut forked = Vec::new();
+        let mut execed_pids = HashSet::new();
         for event in self.kernel.proc_events() {
+            if event.kind == PROC_EVENT_FORK {
+                forked.extend(self.forked(HostPid(event.pid), HostPid(event.parent)));
+                continue;
+            }
+            if event.kind == PROC_EVENT_EXEC
+                && let Some(pid) = self.pids.local(HostPid(event.pid))
+            {
+                execed_pids.insert(pid);
+            }
             // Processes outside our pid namespace, or not recognised yet.
             let host = HostPid(event.pid);
             let Some(pid) = self.pids.local(host) else {
@@ -106,7 +121,23 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 _ => {}
             }
         }
+        // A child gone before it could be scanned, which did not exec, had
+        // its parent's mappings: its stacks are named with those.
+        for &pid in &forked {
+            if exited.contains(&pid) && !execed_pids.contains(&pid) {
+                self.inherit_space(pid);
+            }
+        }
         self.retire(&exited, &execed);
+        // New children of a followed tree: their probe files and the heap
+        // they inherited (their ledger), unless gone already.
+        for pid in forked {
+            if !exited.contains(&pid)
+                && let Err(e) = self.scan(pid)
+            {
+                self.warnings.push(format!("process {pid}: {e}"));
+            }
+        }
         let mut due = Vec::new();
         for (pid, tracked) in &mut self.tracked {
             let Some((at, next)) = &mut tracked.rescan else {
@@ -236,6 +267,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
             let mut frozen = Frozen {
                 key,
+                parent: tracked.parent,
                 since_attach,
                 ledger,
                 incarnation: tracked.incarnation,
@@ -368,9 +400,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// frozen (not also live).
     pub(super) fn track(&mut self, snapshot: &mut KernelSnapshot) {
         let mut pids: Vec<Pid> = snapshot.processes.keys().map(|&p| Pid(p)).collect();
-        if let Target::Pids(targets) = &self.target {
-            pids.extend(targets);
-        }
+        pids.extend(self.target.roots());
         pids.sort_unstable();
         pids.dedup();
         let mut dead = Vec::new();
@@ -400,7 +430,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         dead.extend(
             self.tracked
                 .iter()
-                .filter(|(_, t)| t.image.space.is_some())
+                .filter(|(_, t)| t.image.space.is_some() || t.parent.is_some())
                 .map(|(pid, _)| *pid)
                 .filter(|pid| !snapshot.processes.contains_key(&pid.0))
                 .filter(|pid| !self.processes.alive(*pid))

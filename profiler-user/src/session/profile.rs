@@ -29,6 +29,8 @@ struct Image {
     ledger: Option<crate::process::ledger::LedgerStatus>,
     /// What its backend allocator says (a live image's).
     backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    /// Its parent (`--pid`'s trees).
+    parent: Option<Pid>,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -140,8 +142,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         // The processes the user named are shown, sampled or not yet (0 B
         // beside what they have resident), not "0 processes".
-        if let super::Target::Pids(pids) = &self.target {
-            for &pid in pids {
+        {
+            for &pid in self.target.roots() {
                 let generation = snapshot.processes.get(&pid.0).map_or(0, |p| p.generation);
                 let key = ProcessKey { pid, generation };
                 if !live.contains_key(&key) && self.processes.alive(pid) {
@@ -164,6 +166,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let backend_heap = self.processes.backend_heap(key.pid, block);
             let image = Image {
                 backend_heap,
+                parent: self.parent_of(key.pid),
                 name,
                 rate,
                 state: ProcessState::Live,
@@ -198,6 +201,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// A gone image as the profile shows it.
     pub(super) fn frozen_profile(&self, f: &Frozen) -> ProcessProfile {
         let image = Image {
+            parent: f.parent,
             name: f.name.clone(),
             rate: f.rate,
             state: f.state,
@@ -251,6 +255,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             since_attach: image.since_attach,
             ledger: image.ledger,
             backend_heap: image.backend_heap,
+            parent: image.parent,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

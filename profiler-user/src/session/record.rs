@@ -11,7 +11,7 @@ use profiler_common::{ProcCounters, unwind::ProcUnwind};
 
 use super::{BackendBlock, Incarnation, ledger::LedgerImage};
 use crate::{
-    ids::{FileId, Tid},
+    ids::{FileId, Pid, Tid},
     process::normalize::AddressSpace,
     symbolize::Frame,
 };
@@ -51,6 +51,8 @@ pub(super) struct Tracked {
     pub execed_since_attach: bool,
     /// The OOM killer picked it; its image is not frozen yet.
     pub oom_victim: bool,
+    /// Its parent, with `--pid`'s trees (as forked, or read at attach).
+    pub parent: Option<Pid>,
     /// Files attached for it alone (`--pid`), with the live thread the
     /// attachment follows.
     pub attached: HashMap<FileId, Tid>,
@@ -100,6 +102,7 @@ impl Tracked {
             exec_counters: None,
             execed_since_attach: false,
             oom_victim: false,
+            parent: None,
             attached: HashMap::new(),
             attached_ns: HashMap::new(),
             symbols: Symbols::default(),

@@ -231,6 +231,7 @@ pub(crate) mod tests {
                 mmapped: Some(0),
                 age: Duration::from_millis(300),
             }),
+            parent: None,
             stacks,
         };
         let other_stacks = vec![

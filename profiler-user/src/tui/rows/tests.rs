@@ -65,6 +65,7 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         ledger: None,
         resident: None,
         backend_heap: None,
+        parent: None,
         stacks,
     }
 }
