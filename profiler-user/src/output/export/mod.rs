@@ -248,6 +248,8 @@ pub(crate) mod tests {
             alloc_events: 10,
             contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
             weight_form: profiler_common::WeightForm::InverseProbability,
+            // A worker of `demo` (`--pid`'s tree).
+            parent: Some(crate::ids::Pid(7)),
             ..ProcessProfile::from_stacks(
                 ProcessKey {
                     pid: crate::ids::Pid(8),
