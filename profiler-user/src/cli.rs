@@ -54,6 +54,11 @@ pub struct Cli {
     /// Stacks shown per process in the report.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
+
+    /// Exports merge each --pid tree into one profile (the same stack in
+    /// every worker adds up) instead of one per process.
+    #[arg(long)]
+    pub merge_tree: bool,
 }
 
 /// Above this the preallocated live table (GiBs of kernel memory) fails to
@@ -376,6 +381,7 @@ impl Cli {
         export::Options {
             value: self.value,
             report: self.report_options(),
+            merge_tree: self.merge_tree,
             ..Default::default()
         }
     }

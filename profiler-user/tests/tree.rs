@@ -91,6 +91,25 @@ fn a_prefork_parent_s_workers_before_and_after_attach_are_profiled() {
             }
         }
     }
+    // `--merge-tree`: one profile, the root's, with every worker's site.
+    let merged = profile.merge_trees();
+    let tree = process(&merged, root);
+    assert_eq!(
+        merged.processes.len(),
+        1,
+        "the tree is one image: {merged:#?}"
+    );
+    for (k, _) in &workers {
+        assert_live_within_4_sigma(tree, &format!("worker_site_{k}"), WORKER_N, WORKER_SIZE);
+    }
+    let (truth, sigma) = truth_and_sigma(16 * WORKER_N, WORKER_SIZE, RATE);
+    let all: f64 = (0..16)
+        .map(|k| site(tree, &format!("worker_site_{k}")).live_bytes)
+        .sum();
+    assert!(
+        (all - truth).abs() <= 4.0 * sigma,
+        "{all} vs {truth} ({sigma})"
+    );
     parent.send("exit");
 }
 

@@ -106,6 +106,9 @@ pub struct Options {
     pub title: Option<String>,
     /// Flamegraph subtitle; by default the estimated total and duration.
     pub subtitle: Option<String>,
+    /// Each process tree as one profile (`--merge-tree`), not one per
+    /// process.
+    pub merge_tree: bool,
 }
 
 #[derive(Debug, Error)]
@@ -116,6 +119,13 @@ pub enum ExportError {
 
 /// The profile in `format`, as the bytes of a file.
 pub fn render(profile: &Profile, format: Format, opts: &Options) -> Result<Vec<u8>, ExportError> {
+    let merged;
+    let profile = if opts.merge_tree {
+        merged = profile.merge_trees();
+        &merged
+    } else {
+        profile
+    };
     Ok(match format {
         Format::Report => report::render(profile, opts.report).into_bytes(),
         Format::Collapsed => collapsed::render(profile, opts.value).into_bytes(),
