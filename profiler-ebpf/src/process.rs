@@ -29,9 +29,9 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     // A followed process leaves the tree (its pid may be reused by anyone),
     // with the unwind entry its fork may have copied (user space may never
     // have known it).
-    let followed = follow_tree() && FOLLOWED.remove(&tgid).is_ok();
+    let followed = follow_tree() && FOLLOWED.remove(tgid).is_ok();
     if followed {
-        let _ = UNWIND_PROCS.remove(&tgid);
+        let _ = UNWIND_PROCS.remove(tgid);
     }
     if followed || PROCS.get_ptr(tgid).is_some() {
         send(tgid, PROC_EVENT_EXIT);
@@ -67,7 +67,7 @@ pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
     }
     // Past the process cap (a fork bomb), the child is not followed: counted.
     if FOLLOWED
-        .insert(&child, &root, u64::from(BPF_NOEXIST))
+        .insert(child, root, u64::from(BPF_NOEXIST))
         .is_err()
     {
         count_drop(child, DropReason::ProcMapFull);
@@ -76,9 +76,11 @@ pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
     // The child maps what its parent did: walked with its parent's unwind
     // tables from its first sample, until user space writes its own.
     if let Some(tables) = UNWIND_PROCS.get_ptr(parent) {
+        // By reference: the entry (kilobytes) would not fit the BPF stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
         // SAFETY: a map value, valid for the whole program run; the update
         // copies it.
-        let _ = UNWIND_PROCS.insert(&child, unsafe { &*tables }, u64::from(BPF_NOEXIST));
+        let _ = UNWIND_PROCS.insert(child, unsafe { &*tables }, u64::from(BPF_NOEXIST));
     }
     let _ = PROC_EVENTS.output::<ProcEvent>(
         &ProcEvent {
@@ -114,7 +116,7 @@ pub fn sched_process_exec(_ctx: RawTracePointContext) -> i32 {
     if followed {
         // The tables its fork may have copied would walk the new image wrong
         // (user space clears those it wrote at this event).
-        let _ = UNWIND_PROCS.remove(&tgid);
+        let _ = UNWIND_PROCS.remove(tgid);
     }
     if tracked || followed || report_all_execs() {
         send(tgid, PROC_EVENT_EXEC);
