@@ -7,6 +7,9 @@
 pub struct ProcEvent {
     pub pid: u32,
     pub kind: u32,
+    /// For `PROC_EVENT_FORK`: the process that forked `pid` (host pids).
+    pub parent: u32,
+    pub _pad: u32,
 }
 
 /// A free the kernel saw no allocation for, in a process whose ledger user
@@ -24,6 +27,8 @@ pub const PROC_EVENT_EXIT: u32 = 1;
 pub const PROC_EVENT_EXEC: u32 = 2;
 /// The kernel's OOM killer picked the process (`oom:mark_victim`).
 pub const PROC_EVENT_OOM: u32 = 3;
+/// A followed process (`--pid`'s tree) forked `pid`, now followed too.
+pub const PROC_EVENT_FORK: u32 = 4;
 
 #[cfg(test)]
 mod tests {
@@ -32,6 +37,6 @@ mod tests {
 
     #[test]
     fn layout_has_no_implicit_padding() {
-        assert_eq!(size_of::<ProcEvent>(), 8);
+        assert_eq!(size_of::<ProcEvent>(), 16);
     }
 }

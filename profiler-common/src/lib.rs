@@ -39,7 +39,9 @@ pub use claim::{ClaimCounter, release_claim, try_claim};
 pub use counters::{CONTRACT_DDHEAP, CONTRACT_OTEL_MEMORY, ProcCounters};
 pub use delta::{MAX_WEIGHT, OBJECT_SCALE, SampleDelta, VAR_UNIT_SHIFT, variance_in_bytes2};
 pub use drops::{DROP_REASONS, DropReason};
-pub use events::{PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_OOM, ProcEvent, UnseenFree};
+pub use events::{
+    PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_FORK, PROC_EVENT_OOM, ProcEvent, UnseenFree,
+};
 pub use sample::{AggKey, LiveKey, LiveSample, StackAgg};
 pub use stack_budget::{
     DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, MAX_NEW_STACKS_BURST, new_stack_budget,

@@ -71,6 +71,14 @@ pub static STACK_SCRATCH_CLAIMS: PerCpuArray<u64> = PerCpuArray::with_max_entrie
 #[map]
 pub static PROCS: HashMap<u32, ProcCounters> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
 
+/// With `--pid` and its tree (`FOLLOW_TREE`): the processes (host pids)
+/// followed, each to the root it descends from. User space puts the roots
+/// and the descendants it finds at attach; the fork tracepoint adds each
+/// child of a followed process; the exit tracepoint takes a process out.
+/// Its size is the process cap (`Limits::max_processes`).
+#[map]
+pub static FOLLOWED: HashMap<u32, u32> = HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+
 /// Drops by `DropReason`, for events that could not be tied to a process too.
 #[map]
 pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_REASONS as u32, 0);
@@ -125,6 +133,12 @@ pub static MAX_EVENT_RATE: u64 = 0;
 #[unsafe(no_mangle)]
 pub static REPORT_ALL_EXECS: u8 = 0;
 
+/// Set by user space at load time (`--pid` without `--no-children`): only
+/// the processes in `FOLLOWED` are profiled (the probe files are attached
+/// for all processes, so that a child is seen from its first allocation).
+#[unsafe(no_mangle)]
+pub static FOLLOW_TREE: u8 = 0;
+
 /// Set by user space at load time: unwind tables are on (not
 /// `--max-unwind-rows 0`), so a process without them is one whose tables
 /// are not in yet, and its frame-pointer walks are marked (see
@@ -178,4 +192,17 @@ pub fn task_tgid_offset() -> u64 {
 pub fn unwind_tables_on() -> bool {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&UNWIND_TABLES) != 0 }
+}
+
+#[inline(always)]
+pub fn follow_tree() -> bool {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&FOLLOW_TREE) != 0 }
+}
+
+/// Whether process `pid` (host) is profiled: always, unless only a tree is.
+#[inline(always)]
+pub fn followed(pid: u32) -> bool {
+    // SAFETY: only tested for presence.
+    !follow_tree() || unsafe { FOLLOWED.get(pid) }.is_some()
 }

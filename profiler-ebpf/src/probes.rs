@@ -25,7 +25,7 @@ use profiler_common::{
 use crate::{
     maps::{
         AGGS, DROPS, LIVE, PROCS, Parked, SEEDED_PIDS, STACK_SCRATCH, STACK_SCRATCH_CLAIMS, STACKS,
-        THIN_SCRATCH, UNSEEN_FREES, USDT_SPECS, max_event_rate, max_live_per_process,
+        THIN_SCRATCH, UNSEEN_FREES, USDT_SPECS, followed, max_event_rate, max_live_per_process,
         new_stacks_burst, new_stacks_per_second,
     },
     usdt::read_arg,
@@ -36,6 +36,9 @@ const EEXIST: i32 = 17;
 #[uprobe]
 pub fn otel_memory_alloc(ctx: ProbeContext) -> u32 {
     let pid = current_pid();
+    if !followed(pid) {
+        return 0;
+    }
     if let Err(reason) = try_alloc(&ctx, pid) {
         count_drop(pid, reason);
     }
@@ -45,6 +48,9 @@ pub fn otel_memory_alloc(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn otel_memory_free(ctx: ProbeContext) -> u32 {
     let pid = current_pid();
+    if !followed(pid) {
+        return 0;
+    }
     if let Err(reason) = try_free(&ctx, pid) {
         count_drop(pid, reason);
     }
@@ -56,6 +62,9 @@ pub fn otel_memory_free(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn otel_memory_mmap(ctx: ProbeContext) -> u32 {
     let pid = current_pid();
+    if !followed(pid) {
+        return 0;
+    }
     if let Err(reason) = try_mapping(&ctx, pid, false) {
         count_drop(pid, reason);
     }
@@ -66,6 +75,9 @@ pub fn otel_memory_mmap(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn otel_memory_munmap(ctx: ProbeContext) -> u32 {
     let pid = current_pid();
+    if !followed(pid) {
+        return 0;
+    }
     if let Err(reason) = try_mapping(&ctx, pid, true) {
         count_drop(pid, reason);
     }

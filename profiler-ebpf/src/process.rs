@@ -2,22 +2,95 @@
 //! we track (or of every process when profiling system-wide).
 
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
-use profiler_common::{PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_OOM, ProcEvent};
+use profiler_common::{
+    DropReason, PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_FORK, PROC_EVENT_OOM, ProcEvent,
+};
 
-use crate::maps::{PROC_EVENTS, PROCS, report_all_execs, task_tgid_offset};
+use crate::{
+    maps::{
+        FOLLOWED, PROC_EVENTS, PROCS, UNWIND_PROCS, follow_tree, report_all_execs, task_tgid_offset,
+    },
+    probes::count_drop,
+};
 
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     // Threads come and go; the process is gone when its leader exits.
-    if tgid == tid && PROCS.get_ptr(tgid).is_some() {
+    if tgid != tid {
+        return 0;
+    }
+    // A followed process leaves the tree (its pid may be reused by anyone),
+    // with the unwind entry its fork may have copied (user space may never
+    // have known it).
+    let followed = follow_tree() && FOLLOWED.remove(tgid).is_ok();
+    if followed {
+        let _ = UNWIND_PROCS.remove(tgid);
+    }
+    if followed || PROCS.get_ptr(tgid).is_some() {
         send(tgid, PROC_EVENT_EXIT);
     }
+    0
+}
+
+/// A process forked (or a thread was made: then nothing changes). With
+/// `--pid`'s tree, the child of a followed process is followed from here
+/// on, before it runs, so its first allocation is seen. A raw tracepoint
+/// (`TP_PROTO(struct task_struct *parent, struct task_struct *child)`):
+/// the child is not running yet, so its `tgid` is read from its task.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
+    let offset = task_tgid_offset();
+    if !follow_tree() || offset == 0 {
+        return 0;
+    }
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: only read.
+    let Some(root) = (unsafe { FOLLOWED.get(parent) }).copied() else {
+        return 0;
+    };
+    let task: u64 = ctx.arg(1);
+    // SAFETY: the helper reads kernel memory and reports a fault instead of
+    // taking it.
+    let Ok(child) = (unsafe { bpf_probe_read_kernel((task + offset) as *const i32) }) else {
+        return 0;
+    };
+    let child = child as u32;
+    if child == parent {
+        return 0; // a new thread of the same process
+    }
+    // Past the process cap (a fork bomb), the child is not followed: counted.
+    if FOLLOWED
+        .insert(child, root, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        count_drop(child, DropReason::ProcMapFull);
+        return 0;
+    }
+    // The child maps what its parent did: walked with its parent's unwind
+    // tables from its first sample, until user space writes its own.
+    if let Some(tables) = UNWIND_PROCS.get_ptr(parent) {
+        // By reference: the entry (kilobytes) would not fit the BPF stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        // SAFETY: a map value, valid for the whole program run; the update
+        // copies it.
+        let _ = UNWIND_PROCS.insert(child, unsafe { &*tables }, u64::from(BPF_NOEXIST));
+    }
+    let _ = PROC_EVENTS.output::<ProcEvent>(
+        &ProcEvent {
+            pid: child,
+            kind: PROC_EVENT_FORK,
+            parent,
+            _pad: 0,
+        },
+        0,
+    );
     0
 }
 
@@ -38,7 +111,14 @@ pub fn sched_process_exec(_ctx: RawTracePointContext) -> i32 {
         }
         None => false,
     };
-    if tracked || report_all_execs() {
+    // SAFETY: only tested for presence.
+    let followed = follow_tree() && unsafe { FOLLOWED.get(tgid) }.is_some();
+    if followed {
+        // The tables its fork may have copied would walk the new image wrong
+        // (user space clears those it wrote at this event).
+        let _ = UNWIND_PROCS.remove(tgid);
+    }
+    if tracked || followed || report_all_execs() {
         send(tgid, PROC_EVENT_EXEC);
     }
     0
@@ -71,5 +151,13 @@ pub fn oom_mark_victim(ctx: RawTracePointContext) -> i32 {
 
 fn send(pid: u32, kind: u32) {
     // A full ring buffer only delays cleanup: user space also checks liveness.
-    let _ = PROC_EVENTS.output::<ProcEvent>(&ProcEvent { pid, kind }, 0);
+    let _ = PROC_EVENTS.output::<ProcEvent>(
+        &ProcEvent {
+            pid,
+            kind,
+            parent: 0,
+            _pad: 0,
+        },
+        0,
+    );
 }

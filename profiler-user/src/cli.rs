@@ -54,6 +54,11 @@ pub struct Cli {
     /// Stacks shown per process in the report.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top: usize,
+
+    /// Exports merge each --pid tree into one profile (the same stack in
+    /// every worker adds up) instead of one per process.
+    #[arg(long)]
+    pub merge_tree: bool,
 }
 
 /// Above this the preallocated live table (GiBs of kernel memory) fails to
@@ -63,10 +68,16 @@ const MAX_LIVE_SAMPLES: u32 = 1 << 24;
 /// Which processes to profile, and the kernel's memory caps.
 #[derive(Args, Debug)]
 pub struct TargetArgs {
-    /// Profile only this process (repeatable); by default every process
-    /// carrying the probes, including those started later.
+    /// Profile this process and its descendants, those running now and
+    /// those it forks or spawns later (repeatable: each brings its own
+    /// tree); by default every process carrying the probes, including those
+    /// started later.
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+
+    /// With --pid: profile the named processes only, not their children.
+    #[arg(long, requires = "pids")]
+    pub no_children: bool,
 
     /// System-wide: a library or program carrying the probes to arm at
     /// start (repeatable), so processes that load it later are covered from
@@ -169,7 +180,12 @@ impl TargetArgs {
             Target::All
         } else {
             // The command line's numbers become our pids here.
-            Target::Pids(self.pids.iter().map(|&p| allocprof::ids::Pid(p)).collect())
+            let pids = self.pids.iter().map(|&p| allocprof::ids::Pid(p)).collect();
+            if self.no_children {
+                Target::Pids(pids)
+            } else {
+                Target::Trees(pids)
+            }
         }
     }
 
@@ -397,6 +413,7 @@ impl Cli {
         export::Options {
             value: self.value,
             report: self.report_options(),
+            merge_tree: self.merge_tree,
             ..Default::default()
         }
     }

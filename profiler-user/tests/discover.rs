@@ -23,12 +23,23 @@ use allocprof::{
 
 #[test]
 fn a_process_whose_main_thread_called_pthread_exit_is_alive() {
+    main_thread_leaves(|pid| Target::Pids(vec![pid]));
+}
+
+/// `--pid` with its tree: the kernel unfollows a process at its leader's
+/// exit; one whose other threads run on is followed again.
+#[test]
+fn a_followed_tree_s_process_whose_main_thread_called_pthread_exit_stays_followed() {
+    main_thread_leaves(|pid| Target::Trees(vec![pid]));
+}
+
+fn main_thread_leaves(target: fn(Pid) -> Target) {
     common::require_bpf();
     let exe = common::compile_c("leader_exits.c", &["-pthread"]);
     let mut w = Proc::spawn(Command::new(exe));
     let pid = w.pid();
     common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
+    let mut session = Session::start(target(Pid(pid)), Limits::default()).unwrap();
     // The main thread allocates and leaves; the worker runs on.
     w.send("go");
     w.expect("leader-gone");
@@ -37,7 +48,7 @@ fn a_process_whose_main_thread_called_pthread_exit_is_alive() {
         "a process with a running thread is alive"
     );
     // Attaching now (the leader a zombie, /proc/PID/maps empty) works too.
-    let late = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default());
+    let late = Session::start(target(Pid(pid)), Limits::default());
     assert!(
         late.is_ok(),
         "attaching after pthread_exit: {:?}",
@@ -259,8 +270,17 @@ fn profile_in_a_pid_namespace(exit: bool) -> (String, u32, u32) {
     let mut allocprof = KillOnDrop(allocprof.spawn().unwrap());
     let allocprof_pid = first_child(allocprof.0.id());
     let mut stderr = BufReader::new(allocprof.0.stderr.take().unwrap()).lines();
-    let attached = stderr.next().expect("allocprof said nothing").unwrap();
-    assert!(attached.contains("attached"), "{attached}");
+    // Its warnings first (--pid follows no children from a pid namespace).
+    loop {
+        let line = stderr
+            .next()
+            .expect("allocprof never said it attached")
+            .unwrap();
+        if line.contains("attached") {
+            break;
+        }
+        assert!(line.contains("warning"), "before attaching: {line}");
+    }
     w.send("go");
     w.expect("ready");
     if exit {

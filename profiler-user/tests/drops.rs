@@ -14,7 +14,7 @@ use std::{
 };
 
 use allocprof::{
-    kernel::{Kernel, KernelSnapshot, Limits, Scope},
+    kernel::{Kernel, KernelSnapshot, Limits, Mode, Scope},
     process::discover,
 };
 use profiler_common::{DropReason, NO_STACK, OVERFLOW_STACK, StackAgg};
@@ -41,7 +41,7 @@ impl Emitter {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut kernel = Kernel::load(limits, false).expect("loading the eBPF programs");
+        let mut kernel = Kernel::load(limits, Mode::Attached).expect("loading the eBPF programs");
         for site in &sites {
             kernel
                 .attach(&exe, site, Scope::Process(allocprof::ids::Tid(child.id())))

@@ -10,7 +10,7 @@ use std::{
 };
 
 use allocprof::{
-    kernel::{Kernel, Limits, Scope},
+    kernel::{Kernel, Limits, Mode, Scope},
     process::discover,
     process::discover::ProbeKind,
 };
@@ -40,7 +40,8 @@ fn kernel_programs_account_probes_of_a_real_process() {
         .unwrap();
     let pid = child.id();
 
-    let mut kernel = Kernel::load(Limits::default(), false).expect("loading the eBPF programs");
+    let mut kernel =
+        Kernel::load(Limits::default(), Mode::Attached).expect("loading the eBPF programs");
     for site in &sites {
         kernel
             .attach(&exe, site, Scope::Process(allocprof::ids::Tid(pid)))
@@ -113,7 +114,8 @@ fn committed_object_loads_and_verifies() {
     let bytes =
         unsafe { std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), object.len()) };
     bytes.copy_from_slice(&object);
-    Kernel::load_object(bytes, Limits::default(), false).expect("the committed object loads");
+    Kernel::load_object(bytes, Limits::default(), Mode::Attached)
+        .expect("the committed object loads");
 }
 
 /// The alloc program does the most (thinning, the unwinder, the sums) and
@@ -158,7 +160,7 @@ fn the_alloc_program_verifies_well_under_the_instruction_limit() {
         ),
     ];
     for (what, limits) in configs {
-        let kernel = Kernel::load(limits, false).expect("the programs load");
+        let kernel = Kernel::load(limits, Mode::Attached).expect("the programs load");
         let counts = kernel.verified_instructions();
         eprintln!("{what}: {counts:?}");
         let alloc = counts

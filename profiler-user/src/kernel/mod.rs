@@ -111,6 +111,21 @@ pub enum KernelError {
     },
 }
 
+/// Which processes the kernel programs profile and report on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The processes the probe files are attached for (`--pid
+    /// --no-children`): execs of processes with kernel state are reported.
+    Attached,
+    /// Every process (system-wide): every exec is reported.
+    All,
+    /// The processes in the followed set (`--pid`'s trees: the files are
+    /// attached for all processes, the kernel filters), to which forks of
+    /// followed processes add their children, reported as
+    /// `PROC_EVENT_FORK`.
+    Trees,
+}
+
 /// Where an attachment fires: any process mapping the file, or one process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scope {
@@ -147,6 +162,7 @@ pub struct Kernel {
     unseen_frees: RingBuf<MapData>,
     unwind_rows: Array<MapData, UnwindRow>,
     unwind_procs: HashMap<MapData, u32, ProcUnwind>,
+    followed: HashMap<MapData, u32, u32>,
     max_unwind_rows: u32,
     /// With `Limits::diagnostics`: the reader of the programs' log ring and
     /// what it read.
@@ -188,17 +204,14 @@ fn spec_key(spec: &UsdtSpec) -> SpecKey {
 
 impl Kernel {
     /// Loads the programs and attaches the process lifecycle tracepoints.
-    pub fn load(limits: Limits, report_all_execs: bool) -> Result<Kernel, KernelError> {
-        Kernel::load_object(OBJECT, limits, report_all_execs)
+    pub fn load(limits: Limits, mode: Mode) -> Result<Kernel, KernelError> {
+        Kernel::load_object(OBJECT, limits, mode)
     }
 
     /// As [`Kernel::load`], from a given object (the committed one, in tests).
-    pub fn load_object(
-        object: &[u8],
-        limits: Limits,
-        report_all_execs: bool,
-    ) -> Result<Kernel, KernelError> {
-        let report_all = u8::from(report_all_execs);
+    pub fn load_object(object: &[u8], limits: Limits, mode: Mode) -> Result<Kernel, KernelError> {
+        let report_all = u8::from(mode == Mode::All);
+        let follow_tree = u8::from(mode == Mode::Trees);
         // aya-log's levels: 0 off, 2 warnings (what the unwinder logs).
         let log_level: u8 = if limits.diagnostics { 2 } else { 0 };
         // The OOM tracepoint reads the victim's process from its task: where
@@ -212,6 +225,7 @@ impl Kernel {
             .map_max_entries(names::STACKS, limits.max_stacks)
             .map_max_entries(names::AGGS, limits.max_aggregates)
             .map_max_entries(names::PROCS, limits.max_processes)
+            .map_max_entries(names::FOLLOWED, limits.max_processes)
             .map_max_entries(names::UNWIND_ROWS, limits.max_unwind_rows.max(1))
             .override_global("MAX_LIVE_PER_PROCESS", &limits.max_live_per_process, true)
             .override_global("REPORT_ALL_EXECS", &report_all, true)
@@ -223,6 +237,7 @@ impl Kernel {
             .override_global("NEW_STACKS_BURST", &limits.new_stacks_burst, true)
             .override_global("MAX_EVENT_RATE", &limits.max_event_rate, true)
             .override_global("TASK_TGID_OFFSET", &tgid_at, true)
+            .override_global("FOLLOW_TREE", &follow_tree, true)
             .override_global("UNWIND_TABLES", &unwind_tables, true)
             .load(object)
             .map_err(classify_load_error)?;
@@ -234,6 +249,23 @@ impl Kernel {
             let prog: &mut RawTracePoint = program(&mut ebpf, tp)?;
             prog.load().map_err(classify_load_error)?;
             prog.attach(tp).map_err(classify_load_error)?;
+        }
+        // A tree is followed through forks: the child's process is read from
+        // its task, at the offset the kernel's BTF gives.
+        if mode == Mode::Trees {
+            if let Err(e) = &tgid_offset {
+                return Err(KernelError::Load(
+                    format!(
+                        "following a process's children needs task_struct's tgid from the \
+                         kernel's BTF ({e}): use --no-children"
+                    )
+                    .into(),
+                ));
+            }
+            let fork: &mut RawTracePoint = program(&mut ebpf, "sched_process_fork")?;
+            fork.load().map_err(classify_load_error)?;
+            fork.attach("sched_process_fork")
+                .map_err(classify_load_error)?;
         }
         // Optional: without it (a kernel without the tracepoint), OOM kills
         // read as plain exits. A raw tracepoint: no tracefs is needed, so a
@@ -271,6 +303,8 @@ impl Kernel {
             .map_err(map_err(names::UNWIND_ROWS))?;
         let unwind_procs = HashMap::try_from(take(&mut ebpf, names::UNWIND_PROCS)?)
             .map_err(map_err(names::UNWIND_PROCS))?;
+        let followed = HashMap::try_from(take(&mut ebpf, names::FOLLOWED)?)
+            .map_err(map_err(names::FOLLOWED))?;
         let diagnostics = if limits.diagnostics {
             let lines = Diagnostics::default();
             let reader = aya_log::EbpfLogger::init_with_logger(&mut ebpf, lines.clone())
@@ -295,6 +329,7 @@ impl Kernel {
             unseen_frees,
             unwind_rows,
             unwind_procs,
+            followed,
             max_unwind_rows: limits.max_unwind_rows,
             diagnostics,
             oom_unavailable: oom_victims,
@@ -544,6 +579,10 @@ impl Kernel {
         for (pid, b) in gone {
             if b.is_none() {
                 let _ = self.procs.remove(&pid.0);
+                // The kernel unfollows a process at its leader's exit; one
+                // followed again after a pthread_exit (`Session::refollow`)
+                // is unfollowed here, when user space sees it gone.
+                let _ = self.followed.remove(&pid.0);
             }
         }
         freed
@@ -599,6 +638,20 @@ impl Kernel {
             }
         }
         events
+    }
+
+    /// Follows process `pid` (host), of the tree rooted at `root`
+    /// ([`Mode::Trees`]): the kernel profiles it, and follows its children
+    /// from their fork on. Fails past the process cap.
+    pub(crate) fn follow(&mut self, pid: HostPid, root: HostPid) -> Result<(), KernelError> {
+        self.followed
+            .insert(pid.0, root.0, 0)
+            .map_err(map_err(names::FOLLOWED))
+    }
+
+    /// Whether process `pid` (host) is followed ([`Mode::Trees`]).
+    pub(crate) fn is_followed(&self, pid: HostPid) -> bool {
+        self.followed.get(&pid.0, 0).is_ok()
     }
 
     /// From now on, frees of process `pid` (host) with no live sample are

@@ -133,6 +133,9 @@ pub struct ProcessProfile {
     /// files it mapped (none for profiles read back from files: then the
     /// exports read the paths).
     pub build_ids: Option<Arc<BuildIds>>,
+    /// Its parent process, where known (`--pid`'s trees: every process of
+    /// a tree but its root has its parent in the profile too).
+    pub parent: Option<Pid>,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -170,6 +173,7 @@ impl ProcessProfile {
             backend_heap: None,
             resource: None,
             build_ids: None,
+            parent: None,
             stacks,
         }
     }
@@ -312,6 +316,96 @@ impl Profile {
         sort_stacks(&mut stacks);
         stacks
     }
+
+    /// The profile with each process tree (`--pid`'s: parents in the
+    /// profile) merged into its root's image (`--merge-tree`): the same
+    /// stack in every worker adds up, and so do the counters. A process
+    /// whose parent is not in the profile is a root. With several images
+    /// of the root's pid (exec), the tree joins the first in the profile's
+    /// order.
+    pub fn merge_trees(&self) -> Profile {
+        let parents: HashMap<Pid, Option<Pid>> = self
+            .processes
+            .iter()
+            .map(|p| (p.key.pid, p.parent))
+            .collect();
+        // The root of a pid: its topmost ancestor in the profile (a pid
+        // cycle, which reuse could make, is cut after as many steps as
+        // there are processes).
+        let root_of = |mut pid: Pid| {
+            for _ in 0..parents.len() {
+                match parents.get(&pid).copied().flatten() {
+                    Some(up) if parents.contains_key(&up) && up != pid => pid = up,
+                    _ => break,
+                }
+            }
+            pid
+        };
+        let mut trees: Vec<ProcessProfile> = Vec::new();
+        let mut index: HashMap<Pid, usize> = HashMap::new();
+        // Roots first, so each tree takes its root's image.
+        let (roots, members): (Vec<&ProcessProfile>, Vec<&ProcessProfile>) = self
+            .processes
+            .iter()
+            .partition(|p| root_of(p.key.pid) == p.key.pid);
+        for p in roots.into_iter().chain(members) {
+            let root = root_of(p.key.pid);
+            match index.get(&root) {
+                Some(&i) => trees[i].absorb(p),
+                None => {
+                    index.insert(root, trees.len());
+                    trees.push(p.clone());
+                }
+            }
+        }
+        for t in &mut trees {
+            sort_stacks(&mut t.stacks);
+            t.totals = t.stacks.iter().map(|s| s.totals).sum();
+        }
+        sort_processes(&mut trees);
+        Profile {
+            processes: trees,
+            drops: self.drops,
+            elapsed: self.elapsed,
+            unwind: self.unwind,
+            min_age: self.min_age,
+            attached_at: self.attached_at,
+            ran_before_attach: self.ran_before_attach.clone(),
+        }
+    }
+}
+
+impl ProcessProfile {
+    /// Adds another process's stacks and counters to this one's (merged
+    /// stacks by frames; totals are recomputed by the caller).
+    fn absorb(&mut self, other: &ProcessProfile) {
+        let mut at: HashMap<Arc<[Frame]>, usize> = self
+            .stacks
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.frames.clone(), i))
+            .collect();
+        for s in &other.stacks {
+            match at.get(&s.frames) {
+                Some(&i) => self.stacks[i].totals += s.totals,
+                None => {
+                    at.insert(s.frames.clone(), self.stacks.len());
+                    self.stacks.push(s.clone());
+                }
+            }
+        }
+        self.alloc_events += other.alloc_events;
+        self.free_events += other.free_events;
+        for (d, o) in self.drops.iter_mut().zip(other.drops) {
+            *d += o;
+        }
+        self.lost_live_bytes += other.lost_live_bytes;
+        self.contracts |= other.contracts;
+        self.mapped_bytes = self.mapped_bytes.wrapping_add(other.mapped_bytes);
+        self.mmap_events += other.mmap_events;
+        self.thinned_events += other.thinned_events;
+        self.since_attach |= other.since_attach;
+    }
 }
 
 /// Largest live heap first; ties by process key, so the order is stable.
@@ -373,6 +467,54 @@ mod tests {
             524_288,
             stacks,
         )
+    }
+
+    #[test]
+    fn merging_trees_sums_each_tree_into_its_root() {
+        let a = frames(&["handle", "main"]);
+        let b = frames(&["other", "main"]);
+        let child = |pid, parent, stacks| ProcessProfile {
+            parent: Some(Pid(parent)),
+            alloc_events: 1,
+            ..process(pid, stacks)
+        };
+        let profile = Profile {
+            processes: vec![
+                // Tree 1: root 10 (its parent 1 is not profiled), workers 11
+                // and 12, 12's child 13. Tree 2: 20 alone.
+                child(10, 1, vec![(b.clone(), 1.0)]),
+                child(11, 10, vec![(a.clone(), 100.0)]),
+                child(13, 12, vec![(a.clone(), 7.0), (b.clone(), 2.0)]),
+                child(12, 10, vec![(a.clone(), 50.0)]),
+                process(20, vec![(a.clone(), 1000.0)]),
+            ],
+            ..Default::default()
+        };
+        let merged = profile.merge_trees();
+        let pids: Vec<u32> = merged.processes.iter().map(|p| p.key.pid.0).collect();
+        assert_eq!(pids, vec![20, 10], "one image per tree, largest first");
+        let tree = &merged.processes[1];
+        assert_eq!(tree.parent, Some(Pid(1)), "the root's own parent");
+        assert_eq!(tree.alloc_events, 4);
+        let live = |frames: &Arc<[Frame]>| {
+            tree.stacks
+                .iter()
+                .find(|s| &s.frames == frames)
+                .map(|s| s.totals.live_bytes)
+        };
+        assert_eq!((live(&a), live(&b)), (Some(157.0), Some(3.0)));
+        assert_eq!(tree.stacks.len(), 2);
+        assert_eq!(tree.totals.live_bytes, 160.0);
+        assert_eq!(merged.processes[0].totals.live_bytes, 1000.0);
+        // Without parents nothing merges.
+        let flat = Profile {
+            processes: vec![
+                process(1, vec![(a.clone(), 1.0)]),
+                process(2, vec![(a, 2.0)]),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(flat.merge_trees().processes.len(), 2);
     }
 
     #[test]

@@ -131,10 +131,23 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
         return out;
     }
     out.push_str("\nPROCESSES\n");
+    // With `--pid`'s trees, each process's parent (`-` for a root whose
+    // parent is not known).
+    let tree = profile.processes.iter().any(|p| p.parent.is_some());
+    let parent = |p: Option<crate::ids::Pid>| match (tree, p) {
+        (false, _) => String::new(),
+        (true, Some(pid)) => format!(" {pid:>7}"),
+        (true, None) => format!(" {:>7}", "-"),
+    };
     let _ = writeln!(
         out,
-        "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {:<18} STATE",
+        "  {:<28}{} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {:<18} STATE",
         "PROCESS",
+        if tree {
+            format!(" {:>7}", "PARENT")
+        } else {
+            String::new()
+        },
         "LIVE BYTES (95% CI)",
         "OBJECTS",
         "ALLOCATED",
@@ -146,8 +159,9 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     for p in &profile.processes {
         let _ = writeln!(
             out,
-            "  {:<28} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {:<18} {}",
+            "  {:<28}{} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {:<18} {}",
             truncate(&inert(&p.label()), 28),
+            parent(p.parent),
             live_with_ci(p.totals.live_bytes, p.totals.live_ci95(), p.lost_live_bytes),
             human_count(p.totals.live_objects),
             human_bytes(p.totals.alloc_bytes),
@@ -422,6 +436,30 @@ mod tests {
         assert!(text.contains("the live heap is a lower bound"), "{text}");
         assert!(text.contains("up to 3.0 GiB"), "{text}");
         assert!(text.contains("≥ "), "{text}");
+    }
+
+    #[test]
+    fn each_process_is_listed_with_its_parent_in_a_tree() {
+        let mut profile = hand_made();
+        let text = render(&profile, ReportOptions::default());
+        let line = |text: &str, name: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in {text}"))
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert!(text.contains(" PARENT "), "{text}");
+        // "other (8)" is the child of "demo (7)", whose parent is unknown.
+        assert_eq!(line(&text, "other (8)")[2], "7", "{text}");
+        assert_eq!(line(&text, "demo (7)")[2], "-", "{text}");
+        // Without a tree, no such column.
+        for p in &mut profile.processes {
+            p.parent = None;
+        }
+        let plain = render(&profile, ReportOptions::default());
+        assert!(!plain.contains("PARENT"), "{plain}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Which probe files are attached, and for whom: system-wide, each file
-//! once for every process; with `--pid`, per process through a live thread.
+//! once for every process (with `--pid`'s trees too: the kernel filters);
+//! with `--pid --no-children`, per process through a live thread.
 
 use std::{collections::HashMap, path::Path, time::Instant};
 
@@ -55,19 +56,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         tid: Tid,
         file: &ProbeFile,
     ) -> Result<Option<Tid>, KernelError> {
-        let (scope, replaced) = match self.target {
-            Target::All => {
-                if self.attached_files.contains_key(&file.id()) {
-                    return Ok(None);
-                }
-                // Its time once its probes are attached (below).
-                self.attached_files.insert(file.id(), 0);
-                (Scope::AllProcesses, None)
+        let (scope, replaced) = if self.target.attaches_for_all() {
+            if self.attached_files.contains_key(&file.id()) {
+                return Ok(None);
             }
-            Target::Pids(_) => match self.track_pid(pid).attached.insert(file.id(), tid) {
+            // Its time once its probes are attached (below).
+            self.attached_files.insert(file.id(), 0);
+            (Scope::AllProcesses, None)
+        } else {
+            match self.track_pid(pid).attached.insert(file.id(), tid) {
                 Some(old) if old == tid => return Ok(None),
                 old => (Scope::Process(tid), old),
-            },
+            }
         };
         self.probe_ids.insert(file.id());
         if replaced.is_none() {
@@ -81,16 +81,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         // From now on the kernel sees every allocation through this file.
         let now = self.processes.monotonic_ns();
-        match self.target {
-            Target::All => {
-                self.attached_files.insert(file.id(), now);
-            }
-            Target::Pids(_) => {
-                self.track_pid(pid)
-                    .attached_ns
-                    .entry(file.id())
-                    .or_insert(now);
-            }
+        if self.target.attaches_for_all() {
+            self.attached_files.insert(file.id(), now);
+        } else {
+            self.track_pid(pid)
+                .attached_ns
+                .entry(file.id())
+                .or_insert(now);
         }
         Ok(replaced)
     }
@@ -155,12 +152,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Whether the probes of file `id` are attached for `pid`.
     pub fn is_attached(&self, pid: Pid, id: FileId) -> bool {
-        match self.target {
-            Target::All => self.attached_files.contains_key(&id),
-            Target::Pids(_) => self
-                .tracked
+        if self.target.attaches_for_all() {
+            self.attached_files.contains_key(&id)
+        } else {
+            self.tracked
                 .get(&pid)
-                .is_some_and(|t| t.attached.contains_key(&id)),
+                .is_some_and(|t| t.attached.contains_key(&id))
         }
     }
 

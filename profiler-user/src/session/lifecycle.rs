@@ -8,7 +8,9 @@ use std::{
     time::Instant,
 };
 
-use profiler_common::{AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_OOM, ProcCounters};
+use profiler_common::{
+    AggKey, PROC_EVENT_EXEC, PROC_EVENT_EXIT, PROC_EVENT_FORK, PROC_EVENT_OOM, ProcCounters,
+};
 
 use super::{
     FULL_SCAN_EVERY, Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, RESCAN_EVERY,
@@ -26,6 +28,8 @@ use crate::{
 pub(super) struct Frozen {
     pub key: ProcessKey,
     pub incarnation: Incarnation,
+    /// Its parent (`--pid`'s trees).
+    pub parent: Option<Pid>,
     pub name: String,
     pub rate: u64,
     pub state: ProcessState,
@@ -96,7 +100,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let now = Instant::now();
         let mut exited = Vec::new();
         let mut execed = Vec::new();
+        let mut forked = Vec::new();
+        let mut execed_pids = HashSet::new();
         for event in self.kernel.proc_events() {
+            if event.kind == PROC_EVENT_FORK {
+                forked.extend(self.forked(HostPid(event.pid), HostPid(event.parent)));
+                continue;
+            }
+            if event.kind == PROC_EVENT_EXEC
+                && let Some(pid) = self.pids.local(HostPid(event.pid))
+            {
+                execed_pids.insert(pid);
+            }
             // Processes outside our pid namespace, or not recognised yet.
             let host = HostPid(event.pid);
             let Some(pid) = self.pids.local(host) else {
@@ -110,7 +125,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 // Its main thread left with pthread_exit: with `--pid`, the
                 // probes attached through it went too; attach through
                 // another thread now, not at the next periodic rescan.
-                PROC_EVENT_EXIT => self.track_pid(pid).rescan = Some((now, 0)),
+                PROC_EVENT_EXIT => {
+                    self.refollow(pid);
+                    self.track_pid(pid).rescan = Some((now, 0));
+                }
                 // Its exit follows: the image it freezes is the heap the
                 // OOM killer found.
                 PROC_EVENT_OOM => {
@@ -134,7 +152,23 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 _ => {}
             }
         }
+        // A child gone before it could be scanned, which did not exec, had
+        // its parent's mappings: its stacks are named with those.
+        for &pid in &forked {
+            if exited.contains(&pid) && !execed_pids.contains(&pid) {
+                self.inherit_space(pid);
+            }
+        }
         self.retire(&exited, &execed);
+        // New children of a followed tree: their probe files and the heap
+        // they inherited (their ledger), unless gone already.
+        for pid in forked {
+            if !exited.contains(&pid)
+                && let Err(e) = self.scan(pid)
+            {
+                self.warnings.push(format!("process {pid}: {e}"));
+            }
+        }
         let mut due = Vec::new();
         for (pid, tracked) in &mut self.tracked {
             let Some((at, next)) = &mut tracked.rescan else {
@@ -269,6 +303,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 key,
                 resource,
                 build_ids,
+                parent: tracked.parent,
                 since_attach,
                 ledger,
                 incarnation: tracked.incarnation,
@@ -390,7 +425,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     fn gone_unsampled(&self, snapshot: &KernelSnapshot) -> Vec<Pid> {
         self.tracked
             .iter()
-            .filter(|(_, t)| t.image.space.is_some())
+            .filter(|(_, t)| t.image.space.is_some() || t.parent.is_some())
             .map(|(pid, _)| *pid)
             .filter(|pid| !snapshot.processes.contains_key(&pid.0))
             .filter(|pid| !self.processes.alive(*pid))
@@ -430,12 +465,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// frozen (not also live).
     pub(super) fn track(&mut self, snapshot: &mut KernelSnapshot) {
         let mut pids: Vec<Pid> = snapshot.processes.keys().map(|&p| Pid(p)).collect();
-        if let Target::Pids(targets) = &self.target {
-            pids.extend(targets);
-        }
+        pids.extend(self.target.roots());
         pids.sort_unstable();
         pids.dedup();
-        let sweep = self.last_sweep.elapsed() >= self.sweep_every;
+        // System-wide only: the named processes' trees are few enough to
+        // look at every time.
+        let sweep = self.target != Target::All || self.last_sweep.elapsed() >= self.sweep_every;
         if sweep {
             self.last_sweep = Instant::now();
         }

@@ -15,6 +15,7 @@
 //! - `profile.rs`: the [`Profile`] of live and frozen images;
 //! - `record.rs`: [`Tracked`], the record of one process: all the session
 //!   knows of it, dropped when it goes;
+//! - `tree.rs`: `--pid`'s trees: the descendants followed, their parents;
 //! - `unwinding.rs`: which processes the kernel walks with unwind tables.
 
 mod attach;
@@ -27,6 +28,7 @@ mod record;
 mod symbols;
 #[cfg(test)]
 mod tests;
+mod tree;
 mod unwinding;
 
 use std::{
@@ -39,7 +41,7 @@ use thiserror::Error;
 pub use self::ports::{BackendBlock, KernelPort, ProcessPort, Procfs};
 use self::{lifecycle::Frozen, record::Tracked};
 use crate::{
-    kernel::{Kernel, KernelError, KernelSnapshot, Limits},
+    kernel::{Kernel, KernelError, KernelSnapshot, Limits, Mode as KernelMode},
     model::profile::Profile,
     oom::OomRecorder,
     process::discover::FileId,
@@ -83,10 +85,30 @@ pub const MAX_GONE_MEMORY: u64 = 64 << 20;
 /// Which processes to profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// These processes only.
+    /// These processes only (`--pid --no-children`).
     Pids(Vec<Pid>),
+    /// These processes and their descendants: those running now and those
+    /// forked or spawned later, at any depth, until they exit (`--pid`).
+    Trees(Vec<Pid>),
     /// Every process that carries the probes, now or later.
     All,
+}
+
+impl Target {
+    /// The processes named (none system-wide).
+    pub fn roots(&self) -> &[Pid] {
+        match self {
+            Target::Pids(pids) | Target::Trees(pids) => pids,
+            Target::All => &[],
+        }
+    }
+
+    /// Probe files are attached once for all processes (system-wide, and
+    /// for trees, whose children must be seen from their first allocation;
+    /// the kernel then profiles only the processes it follows).
+    fn attaches_for_all(&self) -> bool {
+        !matches!(self, Target::Pids(_))
+    }
 }
 
 #[derive(Debug, Error)]
@@ -201,15 +223,34 @@ impl Session {
     ) -> Result<Session, StartError> {
         let mut processes = Procfs::default();
         processes.command_lines = command_lines;
-        if let Target::Pids(pids) = &target {
-            for &pid in pids {
-                if !processes.alive(pid) {
-                    return Err(StartError::NoSuchProcess(pid));
-                }
+        // The kernel follows a tree by host pids, which a pid namespace
+        // hides (they are learned from samples, too late for a fork): there
+        // `--pid` follows the named processes only.
+        let mut warning = None;
+        let target = match target {
+            Target::Trees(pids) if !crate::process::pidns::in_initial_pid_namespace() => {
+                warning = Some(
+                    "allocprof runs in a pid namespace: --pid follows the named processes, \
+                     not their children (the kernel knows them by host pids)"
+                        .to_owned(),
+                );
+                Target::Pids(pids)
+            }
+            target => target,
+        };
+        for &pid in target.roots() {
+            if !processes.alive(pid) {
+                return Err(StartError::NoSuchProcess(pid));
             }
         }
-        let kernel = Kernel::load(limits, target == Target::All)?;
+        let mode = match target {
+            Target::Pids(_) => KernelMode::Attached,
+            Target::Trees(_) => KernelMode::Trees,
+            Target::All => KernelMode::All,
+        };
+        let kernel = Kernel::load(limits, mode)?;
         let mut session = Session::with_ports(kernel, processes, PidMap::detect(), target)?;
+        session.warnings.extend(warning);
         session.seed_limits = ledger::SeedLimits::from(&limits);
         Ok(session)
     }
@@ -257,16 +298,26 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             warnings: Vec::new(),
         };
         match target {
-            Target::Pids(pids) => {
+            Target::Pids(pids) | Target::Trees(pids) => {
+                // Before anything is scanned: a child forked from now on is
+                // followed by the kernel, an older one found in /proc.
+                let members = session.follow_trees(&pids);
                 // The targets' unwind tables before their probes: their
                 // samples are then walked with them from the first.
                 for &pid in &pids {
                     session.want_tables_of(pid);
                 }
                 session.settle_tables(TABLES_AT_START);
+                let mut in_trees = 0;
+                for &pid in &members {
+                    match session.scan(pid) {
+                        Ok(n) => in_trees += n,
+                        Err(e) => session.warnings.push(format!("process {pid}: {e}")),
+                    }
+                }
                 for pid in pids {
                     let attached = session.scan(pid)?;
-                    if attached == 0 {
+                    if attached == 0 && in_trees == 0 {
                         let name = session.processes.name(pid).unwrap_or_default();
                         let problems = session.warnings.join("; ");
                         return Err(if problems.is_empty() {
@@ -445,6 +496,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub fn targets_alive(&self) -> bool {
         match &self.target {
             Target::Pids(pids) => pids.iter().any(|&p| self.processes.alive(p)),
+            // Or any descendant (every tracked process is of the trees).
+            Target::Trees(pids) => {
+                pids.iter().any(|&p| self.processes.alive(p))
+                    || self.tracked.keys().any(|&p| self.processes.alive(p))
+            }
             Target::All => true,
         }
     }

@@ -80,6 +80,15 @@ pub trait KernelPort {
     fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         Vec::new()
     }
+    /// Follows process `pid` in the kernel, of the tree rooted at `root`
+    /// (`Target::Trees`; see [`Kernel::follow`]).
+    fn follow(&mut self, _pid: HostPid, _root: HostPid) -> Result<(), KernelError> {
+        Ok(())
+    }
+    /// Whether the kernel follows process `pid`.
+    fn is_followed(&self, _pid: HostPid) -> bool {
+        false
+    }
     /// Whether the kernel holds a live sample of `pid` at `ptr`.
     fn has_live_sample(&self, pid: HostPid, ptr: u64) -> bool;
 }
@@ -126,6 +135,14 @@ pub trait ProcessPort {
         crate::model::age::monotonic_now_ns()
     }
     fn all_pids(&self) -> Vec<Pid>;
+    /// The parent of a process, if known.
+    fn parent(&self, _pid: Pid) -> Option<Pid> {
+        None
+    }
+    /// Every process with its parent (to find a tree's descendants).
+    fn all_parents(&self) -> Vec<(Pid, Pid)> {
+        Vec::new()
+    }
     /// Where its live-sample ledger's header is: the library file that
     /// names it, and its address (none without one).
     fn ledger_address(&self, _pid: Pid) -> Option<(FileId, u64)> {
@@ -230,6 +247,14 @@ impl KernelPort for Kernel {
 
     fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
         Kernel::unseen_frees(self)
+    }
+
+    fn follow(&mut self, pid: HostPid, root: HostPid) -> Result<(), KernelError> {
+        Kernel::follow(self, pid, root)
+    }
+
+    fn is_followed(&self, pid: HostPid) -> bool {
+        Kernel::is_followed(self, pid)
     }
 
     fn has_live_sample(&self, pid: HostPid, ptr: u64) -> bool {
@@ -358,6 +383,14 @@ impl ProcessPort for Procfs {
 
     fn all_pids(&self) -> Vec<Pid> {
         discover::all_pids()
+    }
+
+    fn parent(&self, pid: Pid) -> Option<Pid> {
+        discover::process_parent(pid)
+    }
+
+    fn all_parents(&self) -> Vec<(Pid, Pid)> {
+        discover::all_parents()
     }
 
     fn ledger_address(&self, pid: Pid) -> Option<(FileId, u64)> {

@@ -34,6 +34,8 @@ struct Image {
     backend_heap: Option<crate::process::backend_stats::BackendHeap>,
     resource: Option<Arc<ProcessResource>>,
     build_ids: Option<Arc<BuildIds>>,
+    /// Its parent (`--pid`'s trees).
+    parent: Option<Pid>,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -189,8 +191,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         // The processes the user named are shown, sampled or not yet (0 B
         // beside what they have resident), not "0 processes".
-        if let super::Target::Pids(pids) = &self.target {
-            for &pid in pids {
+        {
+            for &pid in self.target.roots() {
                 let generation = snapshot.processes.get(&pid.0).map_or(0, |p| p.generation);
                 let key = ProcessKey { pid, generation };
                 if !live.contains_key(&key) && self.processes.alive(pid) {
@@ -217,6 +219,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 backend_heap,
                 resource,
                 build_ids,
+                parent: self.parent_of(key.pid),
                 name,
                 rate,
                 state: ProcessState::Live,
@@ -251,6 +254,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// A gone image as the profile shows it.
     pub(super) fn frozen_profile(&self, f: &Frozen) -> ProcessProfile {
         let image = Image {
+            parent: f.parent,
             name: f.name.clone(),
             rate: f.rate,
             state: f.state,
@@ -310,6 +314,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             backend_heap: image.backend_heap,
             resource: image.resource,
             build_ids: image.build_ids,
+            parent: image.parent,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

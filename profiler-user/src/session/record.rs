@@ -11,7 +11,7 @@ use profiler_common::{ProcCounters, unwind::ProcUnwind};
 
 use super::{BackendBlock, Incarnation, ledger::LedgerImage};
 use crate::{
-    ids::{FileId, Tid},
+    ids::{FileId, Pid, Tid},
     model::profile::BuildIds,
     process::{normalize::AddressSpace, resource::ProcessResource},
     symbolize::Frame,
@@ -52,6 +52,8 @@ pub(super) struct Tracked {
     pub execed_since_attach: bool,
     /// The OOM killer picked it; its image is not frozen yet.
     pub oom_victim: bool,
+    /// Its parent, with `--pid`'s trees (as forked, or read at attach).
+    pub parent: Option<Pid>,
     /// Files attached for it alone (`--pid`), with the live thread the
     /// attachment follows.
     pub attached: HashMap<FileId, Tid>,
@@ -106,6 +108,7 @@ impl Tracked {
             exec_counters: None,
             execed_since_attach: false,
             oom_victim: false,
+            parent: None,
             attached: HashMap::new(),
             attached_ns: HashMap::new(),
             symbols: Symbols::default(),

@@ -74,6 +74,11 @@ fn describe(target: &Target) -> String {
             let pids: Vec<String> = pids.iter().map(allocprof::ids::Pid::to_string).collect();
             format!("pids {}", pids.join(", "))
         }
+        Target::Trees(pids) if pids.len() == 1 => format!("pid {} and children", pids[0]),
+        Target::Trees(pids) => {
+            let pids: Vec<String> = pids.iter().map(allocprof::ids::Pid::to_string).collect();
+            format!("pids {} and children", pids.join(", "))
+        }
     }
 }
 

@@ -36,6 +36,7 @@ pub(crate) struct Unwind {
 #[serde(deny_unknown_fields)]
 pub(crate) struct Process {
     pub(crate) pid: u32,
+    pub(crate) parent_pid: Option<u32>,
     pub(crate) generation: u32,
     pub(crate) name: String,
     pub(crate) state: String,
@@ -180,6 +181,8 @@ fn json_follows_the_documented_schema() {
     assert_eq!(r.processes.len(), 1);
     let p = &r.processes[0];
     assert_eq!((p.pid.to_string(), p.generation), (pid, 0));
+    // `--pid` profiles its tree: the root's parent is this test.
+    assert_eq!(p.parent_pid, Some(std::process::id()));
     assert_eq!((p.name.as_str(), p.state.as_str()), ("alloc_sites", "live"));
     assert_eq!(p.sampling_rate_bytes, RATE);
     assert_eq!(p.contracts, ["otel_memory"]);

@@ -74,6 +74,10 @@ pub struct Unwind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Process {
     pub pid: u32,
+    /// Its parent's pid, where known (`--pid`'s trees; added within
+    /// version 3).
+    #[serde(default)]
+    pub parent_pid: Option<u32>,
     /// Which exec of the pid this image is (0 until it execs).
     pub generation: u32,
     pub name: String,
@@ -293,6 +297,7 @@ pub fn report(profile: &Profile) -> Report {
         .iter()
         .map(|p| Process {
             pid: p.key.pid.0,
+            parent_pid: p.parent.map(|p| p.0),
             generation: p.key.generation,
             name: p.name.clone(),
             state: match p.state {
@@ -433,6 +438,8 @@ mod tests {
             (Some(2 << 20), Some(1 << 20), None)
         );
         assert!(r.processes[1].allocator.is_none());
+        // The tree: the second is the first's child, the first's parent unknown.
+        assert_eq!((p.parent_pid, r.processes[1].parent_pid), (None, Some(7)));
         let large = &p.stacks[0];
         assert_eq!(large.totals.live_bytes, 8.0 * 1048576.0);
         let f = &large.frames[0];

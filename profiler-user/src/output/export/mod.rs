@@ -106,6 +106,9 @@ pub struct Options {
     pub title: Option<String>,
     /// Flamegraph subtitle; by default the estimated total and duration.
     pub subtitle: Option<String>,
+    /// Each process tree as one profile (`--merge-tree`), not one per
+    /// process.
+    pub merge_tree: bool,
 }
 
 #[derive(Debug, Error)]
@@ -116,6 +119,13 @@ pub enum ExportError {
 
 /// The profile in `format`, as the bytes of a file.
 pub fn render(profile: &Profile, format: Format, opts: &Options) -> Result<Vec<u8>, ExportError> {
+    let merged;
+    let profile = if opts.merge_tree {
+        merged = profile.merge_trees();
+        &merged
+    } else {
+        profile
+    };
     Ok(match format {
         Format::Report => report::render(profile, opts.report).into_bytes(),
         Format::Collapsed => collapsed::render(profile, opts.value).into_bytes(),
@@ -233,6 +243,7 @@ pub(crate) mod tests {
             }),
             resource: None,
             build_ids: None,
+            parent: None,
             stacks,
         };
         let other_stacks = vec![
@@ -249,6 +260,8 @@ pub(crate) mod tests {
             alloc_events: 10,
             contracts: profiler_common::CONTRACT_OTEL_MEMORY.into(),
             weight_form: profiler_common::WeightForm::InverseProbability,
+            // A worker of `demo` (`--pid`'s tree).
+            parent: Some(crate::ids::Pid(7)),
             ..ProcessProfile::from_stacks(
                 ProcessKey {
                     pid: crate::ids::Pid(8),

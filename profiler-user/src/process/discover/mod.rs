@@ -29,7 +29,7 @@ use std::{
 
 use profiler_common::UsdtSpec;
 
-pub(crate) use self::process::{all_pids, process_name};
+pub(crate) use self::process::{all_parents, all_pids, process_name, process_parent};
 pub use self::{
     proc_text::*,
     process::{Process, process_alive},

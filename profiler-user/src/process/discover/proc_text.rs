@@ -168,3 +168,10 @@ pub fn stat_start_ticks(stat: &str) -> Option<u64> {
     let (_, rest) = stat.rsplit_once(") ")?;
     rest.split(' ').nth(19)?.parse().ok()
 }
+
+/// A task's parent process, from its `/proc/.../stat`: field 4, `ppid`.
+#[doc(hidden)] // public for the fuzz crate
+pub fn stat_parent(stat: &str) -> Option<u32> {
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split(' ').nth(1)?.parse().ok()
+}

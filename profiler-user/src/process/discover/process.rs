@@ -218,6 +218,21 @@ pub(crate) fn process_name(pid: Pid) -> Option<String> {
     Process::find(pid)?.name()
 }
 
+/// The parent of a process (`ppid` of `/proc/PID/stat`; 0 for the init
+/// processes of a namespace).
+pub(crate) fn process_parent(pid: Pid) -> Option<Pid> {
+    let stat = read_string(Path::new(&format!("/proc/{pid}/stat")), MAX_SMALL_BYTES).ok()?;
+    stat_parent(&stat).map(Pid)
+}
+
+/// Every process in /proc with its parent: one small read per process.
+pub(crate) fn all_parents() -> Vec<(Pid, Pid)> {
+    all_pids()
+        .into_iter()
+        .filter_map(|pid| Some((pid, process_parent(pid)?)))
+        .collect()
+}
+
 /// Every process id in /proc.
 pub(crate) fn all_pids() -> Vec<Pid> {
     let Ok(dir) = fs::read_dir("/proc") else {

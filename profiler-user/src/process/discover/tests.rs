@@ -9,6 +9,14 @@ fn the_start_time_is_field_22_whatever_the_name_holds() {
 }
 
 #[test]
+fn the_parent_is_field_4_whatever_the_name_holds() {
+    let stat = "4242 (a) b (c) S 17 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 98765";
+    assert_eq!(stat_parent(stat), Some(17));
+    assert_eq!(stat_parent("4242 (x) S"), None);
+    assert_eq!(stat_parent("garbage"), None);
+}
+
+#[test]
 fn code_size_is_the_executable_and_its_libraries() {
     let status = "Name:\tx\nVmExe:\t  120 kB\nVmLib:\t   2048 kB\n";
     assert_eq!(parse_code_size(status), Some(2168));

@@ -4,7 +4,11 @@ use super::*;
 
 #[test]
 fn a_dlopened_probe_file_is_attached_at_the_next_refresh() {
-    for target in [Target::All, Target::Pids(vec![Pid(100)])] {
+    for target in [
+        Target::All,
+        Target::Pids(vec![Pid(100)]),
+        Target::Trees(vec![Pid(100)]),
+    ] {
         let world = World::default();
         world.spawn(100, "app");
         let mut s = session(&world, target.clone());
@@ -17,7 +21,7 @@ fn a_dlopened_probe_file_is_attached_at_the_next_refresh() {
         s.refresh().unwrap();
         assert!(s.is_attached(Pid(100), plugin), "{target:?}");
         let scope = match target {
-            Target::All => Scope::AllProcesses,
+            Target::All | Target::Trees(_) => Scope::AllProcesses,
             Target::Pids(_) => Scope::Process(Tid(100)),
         };
         assert!(world.kernel().attached.contains(&(plugin, scope)));

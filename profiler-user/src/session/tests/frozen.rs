@@ -142,6 +142,7 @@ fn an_oom_victim_whose_main_thread_had_exited_is_recorded_as_oom_killed() {
     world.0.borrow_mut().kernel.events.push(ProcEvent {
         pid: 100,
         kind: PROC_EVENT_EXIT,
+        ..ProcEvent::default()
     });
     s.refresh().unwrap();
     // The OOM killer picks the process; its threads die with no exit

@@ -277,3 +277,37 @@ fn drops_are_reported_per_process_and_in_total() {
     assert_eq!(exited.drops[DropReason::StackMapFull as usize], 3);
     assert_eq!(exited.lost_live_bytes, 12345);
 }
+
+#[test]
+fn a_tree_s_fork_children_are_followed_with_their_parent_even_gone_before_a_scan() {
+    let world = World::default();
+    world.spawn(100, "server");
+    let mut s = session(&world, Target::Trees(vec![Pid(100)]));
+    s.complete_profile().unwrap();
+    let fork = |child: u32| {
+        world.0.borrow_mut().kernel.events.push(ProcEvent {
+            pid: child,
+            kind: profiler_common::PROC_EVENT_FORK,
+            parent: 100,
+            _pad: 0,
+        });
+    };
+    // A worker forks, allocates and exits between two polls: never scanned,
+    // its stacks are named with its parent's maps.
+    world.spawn(101, "server");
+    fork(101);
+    world.sample(101, 9, &[address_in(alpha_site)], 1 << 20);
+    world.exit(101);
+    // Another lives on: scanned at its fork.
+    world.spawn(102, "server");
+    fork(102);
+    world.sample(102, 10, &[address_in(beta_site)], 1 << 20);
+    let p = s.complete_profile().unwrap();
+    let gone = only_image(&p, 101, ProcessState::Exited);
+    assert_eq!(gone.parent, Some(Pid(100)));
+    assert!(has_function(gone, "alpha_site"), "{:?}", functions(gone));
+    let live = only_image(&p, 102, ProcessState::Live);
+    assert_eq!(live.parent, Some(Pid(100)));
+    assert!(has_function(live, "beta_site"), "{:?}", functions(live));
+    assert!(world.scans_of(102) > 0, "scanned at its fork");
+}

@@ -208,6 +208,7 @@ impl World {
         w.kernel.events.push(ProcEvent {
             pid,
             kind: PROC_EVENT_EXEC,
+            ..ProcEvent::default()
         });
         w.processes.get_mut(&pid).unwrap().name = new_name.into();
     }
@@ -218,6 +219,7 @@ impl World {
         w.kernel.events.push(ProcEvent {
             pid,
             kind: PROC_EVENT_EXIT,
+            ..ProcEvent::default()
         });
     }
 
@@ -226,6 +228,7 @@ impl World {
         self.0.borrow_mut().kernel.events.push(ProcEvent {
             pid,
             kind: PROC_EVENT_OOM,
+            ..ProcEvent::default()
         });
     }
 

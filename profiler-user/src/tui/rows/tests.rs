@@ -67,6 +67,7 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         backend_heap: None,
         resource: None,
         build_ids: None,
+        parent: None,
         stacks,
     }
 }

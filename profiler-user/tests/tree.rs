@@ -1,0 +1,209 @@
+//! `--pid`'s trees with real processes and real eBPF (issue 29): a
+//! prefork parent's workers from before and after attach, short-lived
+//! children, grandchildren, an exec'ed child; `--no-children`.
+
+mod common;
+
+use std::process::Command;
+
+use allocprof::{
+    ids::Pid,
+    kernel::Limits,
+    model::profile::{ProcessProfile, ProcessState, Profile},
+    session::{Session, Target},
+};
+
+use common::{Proc, RATE, compile_c, process, site, truth_and_sigma, wait_for_mapping};
+
+/// prefork.c's worker, grandchild and exec'ed sites: blocks and size.
+const WORKER_N: u64 = 1000;
+const WORKER_SIZE: u64 = 4096;
+/// Its short-lived children's site.
+const SHORT_N: u64 = 16;
+const SHORT_SIZE: u64 = 65536;
+
+fn prefork() -> Proc {
+    let p = Proc::spawn(Command::new(compile_c("prefork.c", &[])));
+    wait_for_mapping(p.pid(), "liballocprof.so");
+    p
+}
+
+/// Sends `fork N`; returns each worker's (number, pid).
+fn fork_workers(p: &mut Proc, n: usize) -> Vec<(usize, u32)> {
+    p.send(&format!("fork {n}"));
+    let workers = (0..n)
+        .map(|_| {
+            let line = p.line();
+            let mut words = line.split(' ');
+            assert_eq!(words.next(), Some("worker"), "the workload failed: {line}");
+            let k = words.next().unwrap().parse().unwrap();
+            let pid = words.next().unwrap().parse().unwrap();
+            (k, pid)
+        })
+        .collect();
+    p.expect("ready");
+    workers
+}
+
+/// The line `"{word} PID"`'s pid.
+fn pid_line(p: &mut Proc, word: &str) -> u32 {
+    let line = p.line();
+    line.strip_prefix(&format!("{word} "))
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("the workload failed: {line}"))
+}
+
+/// `function`'s live bytes in `p` within 4σ of `n` blocks of `size`.
+fn assert_live_within_4_sigma(p: &ProcessProfile, function: &str, n: u64, size: u64) {
+    let (truth, sigma) = truth_and_sigma(n, size, RATE);
+    let live = site(p, function).live_bytes;
+    assert!(
+        (live - truth).abs() <= 4.0 * sigma,
+        "{} ({}): {function} live {live} vs truth {truth} (sigma {sigma})",
+        p.name,
+        p.key.pid
+    );
+}
+
+fn final_profile(session: &mut Session) -> Profile {
+    session.complete_profile().unwrap()
+}
+
+#[test]
+fn a_prefork_parent_s_workers_before_and_after_attach_are_profiled() {
+    common::require_bpf();
+    let mut parent = prefork();
+    let mut workers = fork_workers(&mut parent, 8);
+    let root = parent.pid();
+    let mut session = Session::start(Target::Trees(vec![Pid(root)]), Limits::default()).unwrap();
+    workers.extend(fork_workers(&mut parent, 8));
+    let profile = final_profile(&mut session);
+    for (k, pid) in &workers {
+        let p = process(&profile, *pid);
+        assert_eq!(p.parent, Some(Pid(root)), "worker {k}'s parent");
+        assert_eq!(p.state, ProcessState::Live);
+        assert_live_within_4_sigma(p, &format!("worker_site_{k}"), WORKER_N, WORKER_SIZE);
+        // Its site is its own: no other worker shows it.
+        for (other, opid) in &workers {
+            if other != k {
+                let o = process(&profile, *opid);
+                assert_eq!(site(o, &format!("worker_site_{k}")).alloc_samples, 0);
+            }
+        }
+    }
+    // `--merge-tree`: one profile, the root's, with every worker's site.
+    let merged = profile.merge_trees();
+    let tree = process(&merged, root);
+    assert_eq!(
+        merged.processes.len(),
+        1,
+        "the tree is one image: {merged:#?}"
+    );
+    for (k, _) in &workers {
+        assert_live_within_4_sigma(tree, &format!("worker_site_{k}"), WORKER_N, WORKER_SIZE);
+    }
+    let (truth, sigma) = truth_and_sigma(16 * WORKER_N, WORKER_SIZE, RATE);
+    let all: f64 = (0..16)
+        .map(|k| site(tree, &format!("worker_site_{k}")).live_bytes)
+        .sum();
+    assert!(
+        (all - truth).abs() <= 4.0 * sigma,
+        "{all} vs {truth} ({sigma})"
+    );
+    parent.send("exit");
+}
+
+#[test]
+fn no_children_profiles_the_parent_alone() {
+    common::require_bpf();
+    let mut parent = prefork();
+    fork_workers(&mut parent, 8);
+    let root = parent.pid();
+    let mut session = Session::start(Target::Pids(vec![Pid(root)]), Limits::default()).unwrap();
+    fork_workers(&mut parent, 8);
+    let profile = final_profile(&mut session);
+    let pids: Vec<u32> = profile.processes.iter().map(|p| p.key.pid.0).collect();
+    assert_eq!(pids, vec![root], "only the parent: {profile:#?}");
+    parent.send("exit");
+}
+
+#[test]
+fn short_lived_children_are_all_accounted_for() {
+    common::require_bpf();
+    const CHILDREN: u64 = 200;
+    let mut parent = prefork();
+    let root = parent.pid();
+    let mut session = Session::start(Target::Trees(vec![Pid(root)]), Limits::default()).unwrap();
+    parent.send(&format!("short {CHILDREN}"));
+    parent.expect("ready");
+    let profile = final_profile(&mut session);
+    let children: Vec<&ProcessProfile> = profile
+        .processes
+        .iter()
+        .filter(|p| p.parent == Some(Pid(root)))
+        .collect();
+    assert_eq!(
+        children.len() as u64,
+        CHILDREN,
+        "every child, each once: {:?}",
+        children
+            .iter()
+            .map(|p| (p.key.pid, p.state))
+            .collect::<Vec<_>>()
+    );
+    let mut allocated = 0.0;
+    for c in &children {
+        assert_eq!(c.state, ProcessState::Exited, "{} exited", c.key.pid);
+        let t = site(c, "short_site");
+        assert!(
+            t.alloc_samples > 0,
+            "child {} has no sample: {c:#?}",
+            c.key.pid
+        );
+        allocated += t.alloc_bytes;
+    }
+    let (truth, sigma) = truth_and_sigma(CHILDREN * SHORT_N, SHORT_SIZE, RATE);
+    let all: f64 = children.iter().map(|c| c.totals.alloc_bytes).sum();
+    let drops: u64 = children.iter().map(|c| c.drops.iter().sum::<u64>()).sum();
+    let others: Vec<_> = children
+        .iter()
+        .flat_map(|c| c.stacks.iter())
+        .filter(|s| !s.frames.iter().any(|f| &*f.function == "short_site"))
+        .map(|s| &s.frames)
+        .take(3)
+        .collect();
+    assert!(
+        (allocated - truth).abs() <= 4.0 * sigma,
+        "short_site allocated {allocated} vs truth {truth} (sigma {sigma}); all stacks {all}, \
+         drops {drops}, drops in total {:?}, other stacks {others:#?}",
+        profile.drops
+    );
+    parent.send("exit");
+}
+
+#[test]
+fn grandchildren_and_an_exec_ed_child_are_followed() {
+    common::require_bpf();
+    let mut parent = prefork();
+    let root = parent.pid();
+    let mut session = Session::start(Target::Trees(vec![Pid(root)]), Limits::default()).unwrap();
+    parent.send("grand");
+    let child = pid_line(&mut parent, "child");
+    let grandchild = pid_line(&mut parent, "grandchild");
+    parent.expect("ready");
+    parent.send("exec");
+    let execed = pid_line(&mut parent, "child");
+    parent.expect("ready");
+    let profile = final_profile(&mut session);
+    let g = process(&profile, grandchild);
+    assert_eq!(g.parent, Some(Pid(child)), "the grandchild's parent");
+    assert_live_within_4_sigma(g, "grand_site", WORKER_N, WORKER_SIZE);
+    let e = profile
+        .processes
+        .iter()
+        .find(|p| p.key.pid.0 == execed && p.state == ProcessState::Live)
+        .unwrap_or_else(|| panic!("the exec'ed child's image: {profile:#?}"));
+    assert_eq!(e.parent, Some(Pid(root)), "the exec'ed child's parent");
+    assert_live_within_4_sigma(e, "exec_site", WORKER_N, WORKER_SIZE);
+    parent.send("exit");
+}
