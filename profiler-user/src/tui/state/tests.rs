@@ -662,6 +662,13 @@ fn enter_on_a_root_shows_its_tree_s_stacks_merged_and_on_a_member_its_own() {
         .collect();
     // Both workers' `serve` add up; the unrelated process is not there.
     assert_eq!(stacks, [("serve ← main", 5000.0), ("init ← main", 100.0)]);
+    // `e` exports the tree merged, as shown.
+    let Effect::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
+        panic!("e exports");
+    };
+    assert_eq!(profile.processes.len(), 1);
+    assert_eq!(profile.processes[0].totals.live_bytes, 5100.0);
+    assert_eq!(selection.process.map(|k| k.pid.0), Some(7));
     // Back, unfold, and Enter on the second worker: that worker alone.
     press(&mut app, KeyCode::Esc);
     assert!(!app.scope_tree());
