@@ -3,7 +3,7 @@
  *             run) allocates WORKER_N blocks of WORKER_SIZE at
  *             worker_site_k, keeps them, and waits; prints
  *             "worker K PID" for each, then "ready" once all allocated;
- *   "short N" forks N children in turn, each allocating (after warm_up)
+ *   "short N" forks N children in turn, each allocating
  *             SHORT_N blocks of SHORT_SIZE at short_site and exiting at
  *             once (reaped before the next); prints "ready";
  *   "grand"   forks a child that forks a grandchild allocating at
@@ -57,15 +57,6 @@ static void (*const SITES[MAX_WORKERS])(void) = {
 
 __attribute__((noinline)) void short_site(void) { keep(SHORT_N, SHORT_SIZE); }
 
-/* A fork child starts with its parent's countdown to the next sampling
- * point, the same in every child forked from the same state: their first
- * samples would fall alike. A block of 1 MiB always takes the slow path,
- * where the child reseeds, so its samples after it are its own. */
-__attribute__((noinline)) void warm_up(void) {
-    void *p = malloc(1 << 20);
-    ESCAPE(p);
-    free(p);
-}
 __attribute__((noinline)) void grand_site(void) { keep(WORKER_N, WORKER_SIZE); }
 __attribute__((noinline)) void exec_site(void) { keep(WORKER_N, WORKER_SIZE); }
 
@@ -126,7 +117,6 @@ int main(int argc, char **argv) {
                 pid_t pid = fork();
                 if (pid < 0) return 3;
                 if (pid == 0) {
-                    warm_up();
                     short_site();
                     _exit(0);
                 }
