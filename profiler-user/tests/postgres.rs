@@ -92,6 +92,10 @@ fn start_cluster() -> Cluster {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::os::unix::fs::chown(&dir, Some(ids.0), Some(ids.1)).unwrap();
+    // The library too: the build tree's parents may be closed to others
+    // (a clone under /root), and the loader then ignores LD_PRELOAD.
+    let library = dir.join("liballocprof.so");
+    std::fs::copy(preload_library(), &library).unwrap();
     let data = dir.join("data");
     run(
         as_postgres(&bin("initdb"), ids, &dir)
@@ -105,7 +109,7 @@ fn start_cluster() -> Cluster {
         .arg("-k")
         .arg(&dir)
         .args(["-c", "listen_addresses=", "-p", "5432"])
-        .env("LD_PRELOAD", preload_library())
+        .env("LD_PRELOAD", &library)
         .env("ALLOCPROF_RATE", RATE.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
