@@ -121,6 +121,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 // The kernel reports the main thread's exit; with
                 // pthread_exit the other threads run on (then `track`
                 // notices the real exit).
+                // Already retired (a refresh found it dead before its
+                // event came): freezing it again would show a second image
+                // without what was read of it.
+                PROC_EVENT_EXIT if !self.tracked.contains_key(&pid) => {}
                 PROC_EVENT_EXIT if !self.processes.alive(pid) => exited.push(pid),
                 // Its main thread left with pthread_exit: with `--pid`, the
                 // probes attached through it went too; attach through
