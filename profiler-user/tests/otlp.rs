@@ -887,11 +887,11 @@ fn unsymbolized_exports_carry_addresses_a_peer_symbolizes() {
         // The stack's frames in the executable, innermost first, as binutils
         // names them.
         let names = addr2line(&exe, &in_exe);
-        if names.last().map(String::as_str) == Some("main") {
+        if names.iter().any(|n| n == "main") {
             resolved_stacks += 1;
         }
         if names.first().map(String::as_str) == Some("site_large") {
-            assert_eq!(names.last().map(String::as_str), Some("main"), "{names:?}");
+            assert_eq!(names.get(1).map(String::as_str), Some("main"), "{names:?}");
             large += s.values[0];
         }
     }
