@@ -229,6 +229,37 @@ fn resolve_inner(size: usize) -> u64 {
     }
 }
 
+/// In a fork child the forking thread's countdown is its parent's, the
+/// same in every child forked from that state: without this, siblings
+/// would take their first samples at the same byte (and the same RNG
+/// would keep them in lockstep until their first slow path). Zeroing the
+/// countdown sends the child's first allocation to the slow path, which
+/// sees the new pid and draws a fresh gap from a fresh seed (unbiased: the
+/// gap is memoryless). One store; the handler runs in the child only,
+/// single-threaded, before `fork` returns there.
+unsafe extern "C" fn rearm_in_fork_child() {
+    let st = state();
+    // SAFETY: `st` is this (the only) thread's TLS block; a plain store, as
+    // on the fast path.
+    unsafe { (*st).sampler.remaining = 0 };
+}
+
+/// Registers [`rearm_in_fork_child`] at load time (registration may take
+/// glibc's atfork lock and allocate: never from the slow path). Forks that
+/// bypass the handlers (`_Fork`, a raw `clone`) still reseed on the
+/// child's first slow path, by the pid check.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static REGISTER_FORK_HANDLER: extern "C" fn() = {
+    extern "C" fn register() {
+        // SAFETY: the handler is a plain function of this object; glibc's
+        // `pthread_atfork` passes our `__dso_handle`, so `dlclose` of a
+        // library holding this crate unregisters it.
+        unsafe { libc::pthread_atfork(None, None, Some(rearm_in_fork_child)) };
+    }
+    register
+};
+
 /// The process id, cached in a `MADV_WIPEONFORK` page: the page reads as
 /// zero in a fork child, so the cache notices forks without a `getpid`
 /// syscall per slow path (which was half the cost of a sample). Lock-free:

@@ -238,3 +238,42 @@ fn shared_library(name: &str) -> std::path::PathBuf {
     );
     so
 }
+
+/// A fork child draws its own countdown at fork instead of running out
+/// its parent's, both backends. fork_seed.c forks 8 children per round
+/// from one state, then samples from that state itself: a child running
+/// out the inherited countdown never samples before the parent does; one
+/// with a fresh gap does about half the time. (Before, every child of
+/// every round sampled at or after its parent: the workers of a prefork
+/// server shared one unsampled stretch after each fork.)
+#[test]
+fn fork_children_draw_their_own_first_sample() {
+    const ROUNDS: usize = 10;
+    const CHILDREN: usize = 8;
+    for backend in BACKENDS {
+        let out = run_c("fork_seed", &["10", "8"], backend, Some("64k"));
+        let rounds: Vec<Vec<u64>> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("round "))
+            .map(|r| {
+                r.split(' ')
+                    .map(|k| k.parse().expect("a sample index"))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(rounds.len(), ROUNDS, "{backend:?}: {out}");
+        let mut before_parent = 0;
+        for r in &rounds {
+            assert_eq!(r.len(), 1 + CHILDREN, "{backend:?}: {out}");
+            before_parent += r[1..].iter().filter(|&&k| k < r[0]).count();
+        }
+        // Independent Exp gaps: each child is first with probability 1/2,
+        // so ~40 of 80; fewer than 10 is beyond chance.
+        assert!(
+            before_parent >= 10,
+            "{backend:?}: {before_parent} of {} children sampled before their parent: \
+             they ran out its countdown (parent's index first):\n{out}",
+            ROUNDS * CHILDREN
+        );
+    }
+}

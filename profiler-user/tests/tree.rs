@@ -1,6 +1,7 @@
 //! `--pid`'s trees with real processes and real eBPF (issue 29): a
 //! prefork parent's workers from before and after attach, short-lived
-//! children, grandchildren, an exec'ed child; `--no-children`.
+//! children, grandchildren, an exec'ed child; `--no-children`; a fork bomb
+//! past the process cap.
 
 mod common;
 
@@ -12,6 +13,8 @@ use allocprof::{
     model::profile::{ProcessProfile, ProcessState, Profile},
     session::{Session, Target},
 };
+
+use profiler_common::DropReason;
 
 use common::{Proc, RATE, compile_c, process, site, truth_and_sigma, wait_for_mapping};
 
@@ -205,5 +208,68 @@ fn grandchildren_and_an_exec_ed_child_are_followed() {
         .unwrap_or_else(|| panic!("the exec'ed child's image: {profile:#?}"));
     assert_eq!(e.parent, Some(Pid(root)), "the exec'ed child's parent");
     assert_live_within_4_sigma(e, "exec_site", WORKER_N, WORKER_SIZE);
+    parent.send("exit");
+}
+
+/// A tree forking past the process cap: the children beyond it are not
+/// followed and counted as `proc_map_full` drops; the session bounds what
+/// it holds, and once they exit their slots serve the tree's next children.
+#[test]
+fn a_fork_bomb_past_the_process_cap_is_counted_and_the_tree_still_followed() {
+    common::require_bpf();
+    const CAP: u32 = 16;
+    const BOMB: u64 = 48;
+    let mut parent = prefork();
+    let root = parent.pid();
+    let limits = Limits {
+        max_processes: CAP,
+        ..Limits::default()
+    };
+    let mut session = Session::start(Target::Trees(vec![Pid(root)]), limits).unwrap();
+    // All BOMB children alive at once, then all gone.
+    parent.send(&format!("bomb {BOMB}"));
+    parent.expect("ready");
+    let after_bomb = session.refresh().unwrap();
+    let dropped = after_bomb.drops[DropReason::ProcMapFull as usize];
+    let bomb: Vec<&ProcessProfile> = after_bomb
+        .processes
+        .iter()
+        .filter(|p| p.parent == Some(Pid(root)))
+        .collect();
+    // The root holds a slot: at most CAP - 1 children fit beside it.
+    assert!(
+        bomb.len() < CAP as usize,
+        "{} children tracked past a cap of {CAP}",
+        bomb.len()
+    );
+    assert!(
+        dropped >= BOMB - bomb.len() as u64,
+        "{dropped} proc_map_full drops for {} of {BOMB} children not followed",
+        BOMB - bomb.len() as u64
+    );
+    let followed: Vec<Pid> = bomb.iter().map(|p| p.key.pid).collect();
+    // The session keeps working: the tree's next children are followed.
+    let workers = fork_workers(&mut parent, 4);
+    let profile = final_profile(&mut session);
+    for (k, pid) in &workers {
+        let p = process(&profile, *pid);
+        assert_eq!(p.parent, Some(Pid(root)), "worker {k}'s parent");
+        assert_live_within_4_sigma(p, &format!("worker_site_{k}"), WORKER_N, WORKER_SIZE);
+    }
+    // The followed bomb children are profiled as usual.
+    assert!(!followed.is_empty(), "no bomb child was followed");
+    for pid in &followed {
+        let c = process(&profile, pid.0);
+        assert_eq!(c.state, ProcessState::Exited, "{pid} exited");
+        assert!(
+            site(c, "bomb_site").alloc_samples > 0,
+            "bomb child {pid} has no sample: {c:#?}"
+        );
+    }
+    assert!(
+        profile.processes.len() <= 1 + CAP as usize + workers.len(),
+        "{} processes held under a cap of {CAP}",
+        profile.processes.len()
+    );
     parent.send("exit");
 }

@@ -27,6 +27,9 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     // lli, a JIT that registers its code's unwind info with libgcc
     // (preload/tests/slow_path.rs).
     ("llvm-14", "/usr/bin/lli-14"),
+    // A real prefork server for `--pid`'s trees (profiler-user/tests/postgres.rs);
+    // its pgbench comes with the server package.
+    ("postgresql", "/usr/lib/postgresql/15/bin/postgres"),
 ];
 
 const BENCH_PACKAGES: &[(&str, &str)] = &[

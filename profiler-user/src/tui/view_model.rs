@@ -7,6 +7,7 @@
 //! `build` is pure; tests (and an `App` without a worker) call it inline.
 
 use std::{
+    collections::HashMap,
     fmt,
     sync::{Arc, mpsc as std_mpsc},
     thread,
@@ -20,7 +21,10 @@ use super::{
     rows::{self, Grouping, Inputs, Row},
     state::{AppEvent, View},
 };
-use allocprof::model::profile::{ProcessKey, Profile};
+use allocprof::{
+    ids::Pid,
+    model::profile::{ProcessKey, ProcessProfile, Profile},
+};
 
 /// Which rows to build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +32,8 @@ pub struct RowsOf {
     pub view: View,
     pub scope: Option<ProcessKey>,
     pub grouping: Grouping,
+    /// The scope is a tree's root: its tree's stacks, merged.
+    pub tree: bool,
 }
 
 /// A view to build, numbered: the state shows a build only if nothing it
@@ -69,11 +75,29 @@ impl fmt::Debug for Built {
 /// Builds what `request` asks for.
 pub fn build(request: &Request) -> Built {
     let rows = request.rows.map(|of| {
-        let inputs = Inputs {
-            current: &request.current,
-            rate_ref: request.rate_ref.as_deref(),
-            growth_ref: request.growth_ref.as_deref(),
-            baseline: request.baseline.as_deref(),
+        // A tree's stacks: the scope's tree merged into one image.
+        let merged = of.scope.filter(|_| of.tree).map(|root| {
+            let merge = |p: &Option<Arc<Profile>>| p.as_deref().map(|p| merged_tree(p, root));
+            (
+                merged_tree(&request.current, root),
+                merge(&request.rate_ref),
+                merge(&request.growth_ref),
+                merge(&request.baseline),
+            )
+        });
+        let inputs = match &merged {
+            Some((current, rate_ref, growth_ref, baseline)) => Inputs {
+                current,
+                rate_ref: rate_ref.as_ref(),
+                growth_ref: growth_ref.as_ref(),
+                baseline: baseline.as_ref(),
+            },
+            None => Inputs {
+                current: &request.current,
+                rate_ref: request.rate_ref.as_deref(),
+                growth_ref: request.growth_ref.as_deref(),
+                baseline: request.baseline.as_deref(),
+            },
         };
         let rows = match of.view {
             View::Processes => rows::process_rows(inputs),
@@ -90,6 +114,50 @@ pub fn build(request: &Request) -> Built {
         rows,
         flame,
     }
+}
+
+/// The processes of `profile` under `root` (their parents' chain reaches
+/// it; gone ones too) merged into one image keyed `root`, as
+/// `--merge-tree` merges (`Profile::merge_trees`).
+pub fn merged_tree(profile: &Profile, root: ProcessKey) -> Profile {
+    let parents: HashMap<Pid, Option<Pid>> = profile
+        .processes
+        .iter()
+        .map(|p| (p.key.pid, p.parent))
+        .collect();
+    // Up the parents, as many steps as there are processes at most (a pid
+    // cycle, which reuse could make, ends there).
+    let under = |mut pid: Pid| {
+        for _ in 0..=parents.len() {
+            if pid == root.pid {
+                return true;
+            }
+            match parents.get(&pid).copied().flatten() {
+                Some(up) => pid = up,
+                None => return false,
+            }
+        }
+        false
+    };
+    let tree = Profile {
+        processes: profile
+            .processes
+            .iter()
+            .filter(|p| under(p.key.pid))
+            .map(|p| ProcessProfile {
+                // The root's own parent is outside the tree.
+                parent: p.parent.filter(|_| p.key.pid != root.pid),
+                ..p.clone()
+            })
+            .collect(),
+        ..Profile::default()
+    };
+    let mut merged = tree.merge_trees();
+    for p in &mut merged.processes {
+        p.key = root;
+    }
+    merged.elapsed = profile.elapsed;
+    merged
 }
 
 /// Where the state's requests go.
@@ -234,6 +302,7 @@ mod tests {
                 view: View::Stacks,
                 scope: None,
                 grouping: Grouping::Stack,
+                tree: false,
             }),
             flame,
         };

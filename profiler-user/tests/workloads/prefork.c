@@ -3,9 +3,12 @@
  *             run) allocates WORKER_N blocks of WORKER_SIZE at
  *             worker_site_k, keeps them, and waits; prints
  *             "worker K PID" for each, then "ready" once all allocated;
- *   "short N" forks N children in turn, each allocating (after warm_up)
+ *   "short N" forks N children in turn, each allocating
  *             SHORT_N blocks of SHORT_SIZE at short_site and exiting at
  *             once (reaped before the next); prints "ready";
+ *   "bomb N"  forks N children (at most MAX_BOMB) that each allocate
+ *             BOMB_N blocks of BOMB_SIZE at bomb_site and stay until all
+ *             have, then exit together; reaps them all; prints "ready";
  *   "grand"   forks a child that forks a grandchild allocating at
  *             grand_site; prints "child PID", "grandchild PID", "ready";
  *   "exec"    forks a child that execs this program (LD_PRELOAD is
@@ -29,6 +32,9 @@
 #define SHORT_N 16
 #define SHORT_SIZE 65536
 #define MAX_WORKERS 16
+#define BOMB_N 16
+#define BOMB_SIZE 65536
+#define MAX_BOMB 256
 
 #define ESCAPE(p) __asm__ volatile("" : : "r"(p) : "memory")
 
@@ -57,15 +63,7 @@ static void (*const SITES[MAX_WORKERS])(void) = {
 
 __attribute__((noinline)) void short_site(void) { keep(SHORT_N, SHORT_SIZE); }
 
-/* A fork child starts with its parent's countdown to the next sampling
- * point, the same in every child forked from the same state: their first
- * samples would fall alike. A block of 1 MiB always takes the slow path,
- * where the child reseeds, so its samples after it are its own. */
-__attribute__((noinline)) void warm_up(void) {
-    void *p = malloc(1 << 20);
-    ESCAPE(p);
-    free(p);
-}
+__attribute__((noinline)) void bomb_site(void) { keep(BOMB_N, BOMB_SIZE); }
 __attribute__((noinline)) void grand_site(void) { keep(WORKER_N, WORKER_SIZE); }
 __attribute__((noinline)) void exec_site(void) { keep(WORKER_N, WORKER_SIZE); }
 
@@ -126,12 +124,38 @@ int main(int argc, char **argv) {
                 pid_t pid = fork();
                 if (pid < 0) return 3;
                 if (pid == 0) {
-                    warm_up();
                     short_site();
                     _exit(0);
                 }
                 int status;
                 if (waitpid(pid, &status, 0) != pid || status != 0) return 4;
+            }
+        } else if (sscanf(line, "bomb %d", &n) == 1) {
+            /* All alive at once: each waits on `hold` until all have
+             * allocated. */
+            static pid_t bomb[MAX_BOMB];
+            int hold[2];
+            if (n > MAX_BOMB || pipe(hold)) return 2;
+            for (int i = 0; i < n; i++) {
+                pid_t pid = fork();
+                if (pid < 0) return 3;
+                if (pid == 0) {
+                    prctl(PR_SET_PDEATHSIG, SIGKILL);
+                    close(hold[1]);
+                    bomb_site();
+                    char c = 1, buf;
+                    if (write(done[1], &c, 1) != 1) _exit(6);
+                    while (read(hold[0], &buf, 1) > 0) {}
+                    _exit(0);
+                }
+                bomb[i] = pid;
+            }
+            close(hold[0]);
+            wait_done(n);
+            close(hold[1]);
+            for (int i = 0; i < n; i++) {
+                int status;
+                if (waitpid(bomb[i], &status, 0) != bomb[i] || status != 0) return 4;
             }
         } else if (!strncmp(line, "grand", 5)) {
             int ids[2];

@@ -17,7 +17,7 @@ pub(super) fn footer(frame: &mut Frame, app: &App, area: Rect) {
     let wide = area.width >= 110 && app.notice().is_none();
     let hints = match (app.flame().is_some(), wide) {
         (false, true) => {
-            "?:help  /:search  s:sort  g:group  b:baseline  p:pause  f:flame  e:export  q:quit "
+            "?:help  /:search  s:sort  g:group  t:trees  b:baseline  p:pause  f:flame  e:export  q:quit "
         }
         (false, false) => "?:help  q:quit ",
         (true, true) => {
@@ -58,9 +58,9 @@ pub const KEYS: &[(&str, &str)] = &[
     ("Tab a", "processes / stacks; a: all processes' stacks"),
     (
         "Enter d",
-        "open process / enlarge detail: j k PgDn scroll it",
+        "open process (root: its tree) / detail: j k PgDn",
     ),
-    ("g", "group stacks by full stack / by function"),
+    ("g t → ←", "group stacks / process trees: → unfold, ← fold"),
     ("Esc", "back: smaller detail, clear search, leave process"),
     ("↑↓ j k", "move (mouse: click, wheel); PgUp PgDn Home End"),
     ("s S r", "sort by next / previous column; r reverses"),

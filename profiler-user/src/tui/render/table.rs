@@ -316,6 +316,7 @@ fn table_title(app: &App) -> Line<'static> {
     ];
     if view == View::Stacks {
         let scope = match app.scope() {
+            Some(key) if app.scope_tree() => format!("tree of {}", app.process_label(key)),
             Some(key) => app.process_label(key),
             None => "all processes".into(),
         };
@@ -323,6 +324,8 @@ fn table_title(app: &App) -> Line<'static> {
             " {scope} · {} ",
             app.grouping().describe()
         )));
+    } else if app.trees() {
+        spans.push(Span::raw(" trees "));
     } else {
         spans.push(Span::raw(" "));
     }

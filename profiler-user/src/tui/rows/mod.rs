@@ -103,6 +103,8 @@ pub struct Row {
     /// then ("at exit"), not live heap, and it sorts apart, after the
     /// running processes' rows.
     pub gone: bool,
+    /// Its place in its process tree, in the process table's trees (`t`).
+    pub tree: Option<TreeMark>,
 }
 
 impl Row {
@@ -390,6 +392,7 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
                 resident: p.resident,
             }),
             gone: gone(p),
+            tree: None,
         })
         .collect()
 }
@@ -477,6 +480,7 @@ pub fn stack_rows(inputs: Inputs<'_>, scope: Option<ProcessKey>, grouping: Group
                 frames: frames.clone(),
                 process: None,
                 gone: gone.contains(process),
+                tree: None,
             },
         )
         .collect();
@@ -513,3 +517,6 @@ fn share(part: f64, total: f64) -> f64 {
 
 #[cfg(test)]
 pub(crate) mod tests;
+pub mod tree;
+
+pub use self::tree::TreeMark;

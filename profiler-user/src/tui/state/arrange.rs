@@ -2,20 +2,30 @@
 //! sorted (gone processes' after the running ones'), and the selection found
 //! again by its row's identity.
 
-use super::{App, Column, Row, TableState, columns::compare, search::row_matches};
+use super::{App, Column, Row, TableState, View, columns::compare, search::row_matches};
+use crate::tui::rows::{HashMap, tree};
 
 impl App {
     /// Filters and sorts the rows, and finds the selected row again.
     pub(super) fn arrange(&mut self) {
         let query = self.settings.query();
         let grouping = self.settings.grouping;
-        let shown: Vec<Row> = self
+        let mut shown: Vec<Row> = self
             .all_rows
             .iter()
             .filter(|r| !(r.gone && r.process_key().is_some_and(|k| self.hides(k))))
             .filter(|r| query.as_deref().is_none_or(|q| row_matches(r, grouping, q)))
             .cloned()
             .collect();
+        let trees = self.settings.trees && self.settings.view == View::Processes;
+        if trees && let Some(profile) = self.profiles.shown.as_deref() {
+            let parents: HashMap<_, _> = profile
+                .processes
+                .iter()
+                .map(|p| (p.key.pid, p.parent))
+                .collect();
+            tree::mark(&mut shown, &parents, &self.settings.unfolded);
+        }
         let sort = self.sort();
         // Names compared case-insensitively, each lowercased once: a sort
         // of 10k's of rows makes 100k's of comparisons.
@@ -41,7 +51,7 @@ impl App {
         });
         let mut shown: Vec<Option<Row>> = shown.into_iter().map(Some).collect();
         let shown: Vec<Row> = order.into_iter().filter_map(|i| shown[i].take()).collect();
-        self.rows = shown;
+        self.rows = if trees { tree::order(shown) } else { shown };
         let v = self.settings.view as usize;
         let len = self.rows.len();
         match &self.selected[v] {

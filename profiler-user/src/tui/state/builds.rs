@@ -115,6 +115,7 @@ impl App {
                 View::Stacks => self.settings.scope,
             },
             grouping: self.settings.grouping,
+            tree: self.settings.view == View::Stacks && self.settings.scope_tree,
         }
     }
 

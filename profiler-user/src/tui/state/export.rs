@@ -11,6 +11,7 @@ use super::{
 use crate::tui::{
     exporter::ViewSelection,
     rows::{Grouping, from_naming_frame},
+    view_model::merged_tree,
 };
 use allocprof::{
     model::profile::{ProcessKey, Profile, StackProfile},
@@ -94,6 +95,13 @@ impl App {
             View::Stacks => self.settings.scope,
             View::Processes => None,
         };
+        // A tree's root entered: what the view shows, the tree merged.
+        let merge = |p: Arc<Profile>| match scope.filter(|_| self.settings.scope_tree) {
+            Some(root) => Arc::new(merged_tree(&p, root)),
+            None => p,
+        };
+        let shown = merge(shown);
+        let baseline = self.profiles.baseline.clone().map(merge);
         let hidden = |key| self.hides(key);
         let restriction = Restriction {
             view: self.settings.view,
@@ -103,7 +111,7 @@ impl App {
             grouping: self.settings.grouping,
         };
         let now = restriction.apply(&shown);
-        let baseline = self.profiles.baseline.as_deref();
+        let baseline = baseline.as_deref();
         let profile = match baseline {
             // Δ BASELINE is what the rows are sorted by: the growth since.
             Some(b) => diff::growth(&restriction.apply(b), &now),

@@ -6,7 +6,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use super::{App, Effect, FlameOutcome, FlameView, Notice, Search, TableState, View};
 use crate::tui::{
     flame::Scope as FlameScope,
-    rows::{Grouping, RowId},
+    rows::{Grouping, RowId, TreeMark},
 };
 
 impl App {
@@ -56,6 +56,11 @@ impl App {
             ) {
                 (View::Processes, Some(RowId::Process(key))) => {
                     self.settings.scope = Some(key);
+                    // A folded or unfolded tree's root: the whole tree.
+                    self.settings.scope_tree = matches!(
+                        self.selected_row().and_then(|r| r.tree),
+                        Some(TreeMark::Root { members, .. }) if members > 0
+                    );
                     self.tables[View::Stacks as usize].reset();
                     self.selected[View::Stacks as usize] = None;
                     self.set_view(View::Stacks);
@@ -73,6 +78,7 @@ impl App {
             KeyCode::Char('a') => {
                 if self.settings.scope.is_some() {
                     self.settings.scope = None;
+                    self.settings.scope_tree = false;
                     self.tables[View::Stacks as usize].reset();
                     self.selected[View::Stacks as usize] = None;
                 }
@@ -112,12 +118,55 @@ impl App {
             KeyCode::Char('B') => self.clear_baseline(),
             KeyCode::Char('p' | ' ') => self.toggle_pause(),
             KeyCode::Char('x') => self.cycle_exited(),
+            KeyCode::Char('t') => self.toggle_trees(),
+            KeyCode::Right | KeyCode::Char('+') => self.fold(false),
+            KeyCode::Left | KeyCode::Char('-') => self.fold(true),
             KeyCode::Char('c') => self.open_callers(),
             KeyCode::Char('e') => return self.export(),
             KeyCode::Char('f') => self.open_flame(),
             _ => {}
         }
         Effect::None
+    }
+
+    /// `t`: the process table folds each process tree under its root, or
+    /// lists every process flat.
+    fn toggle_trees(&mut self) {
+        self.settings.trees = !self.settings.trees;
+        self.notice = Some(Notice::Info(if self.settings.trees {
+            "process trees: each under its root (→ unfolds, ← folds, Enter on a root: the \
+             tree's stacks together; t: flat)"
+                .into()
+        } else {
+            "processes listed flat (t: trees)".into()
+        }));
+        if self.settings.view == View::Processes {
+            self.arrange();
+        } else {
+            self.set_view(View::Processes);
+        }
+    }
+
+    /// `←` (`fold`) and `→`: fold the selected root's tree, or the tree of
+    /// the selected member (the selection goes to its root); unfold it.
+    fn fold(&mut self, fold: bool) {
+        if self.settings.view != View::Processes || !self.settings.trees {
+            return;
+        }
+        let root = match self.selected_row().map(|r| (&r.id, r.tree)) {
+            Some((RowId::Process(key), Some(TreeMark::Root { .. }))) => *key,
+            Some((_, Some(TreeMark::Member { root, .. }))) if fold => {
+                self.selected[View::Processes as usize] = Some(RowId::Process(root));
+                root
+            }
+            _ => return,
+        };
+        if fold {
+            self.settings.unfolded.remove(&root);
+        } else {
+            self.settings.unfolded.insert(root);
+        }
+        self.arrange();
     }
 
     /// A key in the flamegraph: its own first, then the app's baseline and
@@ -212,6 +261,7 @@ impl App {
             self.arrange();
         } else if let (View::Stacks, Some(key)) = (self.settings.view, self.settings.scope) {
             self.settings.scope = None;
+            self.settings.scope_tree = false;
             self.selected[View::Processes as usize] = Some(RowId::Process(key));
             self.set_view(View::Processes);
         }

@@ -35,7 +35,7 @@ pub use self::{
     table::TableState,
 };
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use crossterm::event::{KeyEvent, MouseEvent};
 
@@ -125,6 +125,13 @@ struct Settings {
     /// The process the stack view is restricted to; `None` shows every
     /// process's stacks, each row naming its process.
     scope: Option<ProcessKey>,
+    /// The scope is a tree's root: the stack view shows the whole tree's
+    /// stacks merged (as `--merge-tree` does).
+    scope_tree: bool,
+    /// The process table folds each process tree under its root (`t`).
+    trees: bool,
+    /// The roots whose trees are unfolded.
+    unfolded: HashSet<ProcessKey>,
     grouping: Grouping,
     process_sort: Sort,
     stack_sort: Sort,
@@ -203,6 +210,9 @@ impl App {
             settings: Settings {
                 view: View::Stacks,
                 scope: None,
+                scope_tree: false,
+                trees: false,
+                unfolded: HashSet::new(),
                 grouping: Grouping::Stack,
                 process_sort: Sort::by(Column::Live),
                 stack_sort: Sort::by(Column::Live),
@@ -246,6 +256,14 @@ impl App {
     }
     pub fn scope(&self) -> Option<ProcessKey> {
         self.settings.scope
+    }
+    /// The stack view shows the scope's whole tree.
+    pub fn scope_tree(&self) -> bool {
+        self.settings.scope_tree
+    }
+    /// The process table folds process trees (`t`).
+    pub fn trees(&self) -> bool {
+        self.settings.trees
     }
     pub fn grouping(&self) -> Grouping {
         self.settings.grouping

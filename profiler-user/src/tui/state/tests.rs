@@ -6,6 +6,7 @@ use crossterm::event::{KeyCode, KeyModifiers};
 
 use super::*;
 use crate::tui::rows::tests::{process, profile};
+use allocprof::model::profile::ProcessProfile;
 
 pub fn press(app: &mut App, code: KeyCode) -> Effect {
     app.update(AppEvent::Key(KeyEvent::new(code, KeyModifiers::NONE)))
@@ -595,4 +596,92 @@ fn a_steady_leak_sorts_above_a_larger_young_cache_by_old_live_bytes() {
         "leak ← handle · server (7)",
         "by live bytes a larger stack is first"
     );
+}
+
+/// A server (7) with two workers (8, 9) forked from it, both allocating at
+/// `serve`, and an unrelated process (20).
+pub fn forked(secs: u64) -> Profile {
+    let worker = |pid, live| ProcessProfile {
+        parent: Some(allocprof::ids::Pid(7)),
+        ..process(pid, "worker", &[(&["serve", "main"], live, live)])
+    };
+    profile(
+        secs,
+        vec![
+            process(7, "server", &[(&["init", "main"], 100.0, 100.0)]),
+            worker(8, 3000.0),
+            worker(9, 2000.0),
+            process(20, "other", &[(&["init", "main"], 4000.0, 4000.0)]),
+        ],
+    )
+}
+
+pub fn forked_app() -> App {
+    let mut app = App::new(options());
+    app.update(AppEvent::Profile(forked(1)));
+    app
+}
+
+#[test]
+fn t_folds_each_process_tree_under_its_root_and_arrows_unfold_it() {
+    let mut app = forked_app();
+    press(&mut app, KeyCode::Char('t'));
+    assert_eq!(app.view(), View::Processes);
+    assert!(app.trees());
+    assert_eq!(labels(&app), ["▸ server (2 under)", "  other"]);
+    // The tree's heap: the server's and its workers'.
+    assert_eq!(app.rows()[0].totals.live_bytes, 5100.0);
+    press(&mut app, KeyCode::Right);
+    assert_eq!(
+        labels(&app),
+        ["▾ server (2 under)", "  └ worker", "  └ worker", "  other"]
+    );
+    // It stays unfolded across refreshes; ← on a member folds its tree and
+    // selects the root.
+    app.update(AppEvent::Profile(forked(2)));
+    press(&mut app, KeyCode::Down);
+    press(&mut app, KeyCode::Left);
+    assert_eq!(labels(&app), ["▸ server (2 under)", "  other"]);
+    assert_eq!(app.selected_index(), Some(0));
+    // Flat again.
+    press(&mut app, KeyCode::Char('t'));
+    assert_eq!(labels(&app), ["other", "worker", "worker", "server"]);
+}
+
+#[test]
+fn enter_on_a_root_shows_its_tree_s_stacks_merged_and_on_a_member_its_own() {
+    let mut app = forked_app();
+    press(&mut app, KeyCode::Char('t'));
+    press(&mut app, KeyCode::Enter);
+    assert_eq!(app.view(), View::Stacks);
+    assert!(app.scope_tree());
+    let stacks: Vec<(&str, f64)> = app
+        .rows()
+        .iter()
+        .map(|r| (r.label.as_str(), r.totals.live_bytes))
+        .collect();
+    // Both workers' `serve` add up; the unrelated process is not there.
+    assert_eq!(stacks, [("serve ← main", 5000.0), ("init ← main", 100.0)]);
+    // `e` exports the tree merged, as shown.
+    let Effect::Export { profile, selection } = press(&mut app, KeyCode::Char('e')) else {
+        panic!("e exports");
+    };
+    assert_eq!(profile.processes.len(), 1);
+    assert_eq!(profile.processes[0].totals.live_bytes, 5100.0);
+    assert_eq!(selection.process.map(|k| k.pid.0), Some(7));
+    // Back, unfold, and Enter on the second worker: that worker alone.
+    press(&mut app, KeyCode::Esc);
+    assert!(!app.scope_tree());
+    press(&mut app, KeyCode::Right);
+    press(&mut app, KeyCode::Down);
+    press(&mut app, KeyCode::Down);
+    press(&mut app, KeyCode::Enter);
+    assert!(!app.scope_tree());
+    let stacks: Vec<(&str, f64)> = app
+        .rows()
+        .iter()
+        .map(|r| (r.label.as_str(), r.totals.live_bytes))
+        .collect();
+    assert_eq!(stacks, [("serve ← main", 2000.0)]);
+    assert_eq!(app.scope().map(|k| k.pid.0), Some(9));
 }

@@ -366,3 +366,34 @@ fn the_first_screen_says_how_to_make_a_program_profilable() {
         "{text}"
     );
 }
+
+#[test]
+fn the_process_table_folds_trees_and_a_root_opens_its_whole_tree() {
+    let mut app = crate::tui::state::tests::forked_app();
+    press(&mut app, KeyCode::Char('t'));
+    press(&mut app, KeyCode::Right);
+    let lines = screen_lines(&mut app, 120, 30);
+    assert!(
+        lines[2].contains(" Processes   Stacks  trees "),
+        "{lines:#?}"
+    );
+    assert!(lines[4].starts_with("│▶ ▾ server (2 under)"), "{lines:#?}");
+    // The root's live heap is the tree's: 100 B + 3000 B + 2000 B.
+    assert!(lines[4].contains("5.0 KiB"), "{lines:#?}");
+    assert!(lines[5].starts_with("│    └ worker"), "{lines:#?}");
+    assert!(lines[6].starts_with("│    └ worker"), "{lines:#?}");
+    assert!(lines[7].starts_with("│    other"), "{lines:#?}");
+    // The notice says how to unfold; once gone, the footer names the key.
+    assert!(lines[29].contains("→ unfolds, ← folds"), "{lines:#?}");
+    for secs in [2, 13] {
+        app.update(AppEvent::Profile(crate::tui::state::tests::forked(secs)));
+    }
+    let lines = screen_lines(&mut app, 120, 30);
+    assert!(lines[29].contains("t:trees"), "{lines:#?}");
+    press(&mut app, KeyCode::Enter);
+    let lines = screen_lines(&mut app, 120, 30);
+    assert!(
+        lines[2].contains(" Stacks  tree of server (7) · by stack "),
+        "{lines:#?}"
+    );
+}
