@@ -246,6 +246,12 @@ pub struct AgentArgs {
     #[arg(long)]
     pub otlp_command_line: bool,
 
+    /// Send addresses, mappings and GNU build ids only, no function names,
+    /// for backends that symbolize server-side (allocprof then symbolizes
+    /// nothing).
+    #[arg(long)]
+    pub no_symbolize: bool,
+
     #[command(flatten)]
     pub otlp: OtlpArgs,
 }

@@ -21,6 +21,7 @@ use allocprof::{
     output::export::{self, Format, diff, otlp, pprof, svg},
     output::{self, Existing},
     session::Session,
+    symbolize::Symbolization,
 };
 use anyhow::{Context, Result};
 use prost::Message;
@@ -141,6 +142,9 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     let transport = agent::transport(&config).context("the OTLP exporter")?;
     cli::check_preconditions()?;
     let mut session = crate::start_session_reading(&args.targets, args.otlp_command_line)?;
+    if args.no_symbolize {
+        session.set_symbolization(Symbolization::Addresses);
+    }
     let mut driver = Driver::new(args.push_interval.min(REFRESH))
         .with_deadline(args.duration)
         .with_snapshots(Some(args.push_interval))
@@ -165,6 +169,9 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
         eprintln!("allocprof: warning: {e}");
     }
     let mut encoder = otlp::Encoder::with_host(host);
+    if args.no_symbolize {
+        encoder = encoder.addresses_only();
+    }
     let mut cpu = stats::CpuMeter::new();
     let mut pushes = 0u64;
     loop {

@@ -759,3 +759,153 @@ fn mappings_carry_the_build_id_of_the_file_mapped_not_of_its_path() {
         "pprof: the mapped file's build id, once"
     );
 }
+
+/// The virtual address of file offset `offset` of `exe`: in the `PT_LOAD`
+/// segment that maps it (from binutils' `readelf -lW`).
+fn virtual_address(exe: &std::path::Path, offset: u64) -> u64 {
+    let out = Command::new("readelf")
+        .arg("-lW")
+        .arg(exe)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "readelf -lW {}", exe.display());
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&"LOAD")).then(|| (hex(f[1]), hex(f[2]), hex(f[4])))
+        })
+        .find(|&(file_offset, _, size)| (file_offset..file_offset + size).contains(&offset))
+        .map(|(file_offset, vaddr, _)| offset - file_offset + vaddr)
+        .unwrap_or_else(|| panic!("no LOAD segment of {} maps {offset:#x}", exe.display()))
+}
+
+/// The functions binutils' `addr2line` names at `addresses` of `exe`.
+fn addr2line(exe: &std::path::Path, addresses: &[u64]) -> Vec<String> {
+    let out = Command::new("addr2line")
+        .arg("-f")
+        .arg("-e")
+        .arg(exe)
+        .args(addresses.iter().map(|a| format!("{a:#x}")))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "addr2line on {}", exe.display());
+    // Two lines per address: the function, then file:line.
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `allocprof agent --no-symbolize`: the collector gets no function names;
+/// each location is an address in a mapping that names its file and build
+/// id, and binutils, given the file and that address, names the workload's
+/// functions: site_large's stack (found that way alone) holds its 8 MiB.
+#[test]
+fn unsymbolized_exports_carry_addresses_a_peer_symbolizes() {
+    common::require_bpf();
+    let collector = Collector::start("no-symbolize");
+    let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
+    let mut w = Workload::c(&[]);
+    let pid = w.pid();
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_allocprof"))
+        .args(["agent", "--pid", &pid.to_string(), "--push-interval", "1s"])
+        .arg("--no-symbolize")
+        .arg("--otlp-endpoint")
+        .arg(collector.http_endpoint())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(agent.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    assert!(line.contains("pushing to"), "{line}");
+    w.allocate();
+    let before = collector.exports_so_far();
+    collector.wait_for_exports(before + 1);
+    w.exit();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(agent.wait().unwrap().success(), "{rest}");
+
+    let exported = decode_all(&collector.stop_and_read());
+    let (data, r) = exported
+        .iter()
+        .rev()
+        .find_map(|d| {
+            let r = d.resource_profiles.iter().find(|r| is_pid(d, r, pid))?;
+            (attribute(d, r, ATTR_STATE) == Some(Value::StringValue("exited".into())))
+                .then_some((d, r))
+        })
+        .expect("the workload's final export");
+    let dict = data.dictionary.as_ref().expect("a dictionary");
+    assert_eq!(dict.function_table.len(), 1, "no function but the zero one");
+    let string = |i: i32| dict.string_table[usize::try_from(i).unwrap()].clone();
+    let build_id = readelf_build_id(&exe);
+    let exe_name = exe.canonicalize().unwrap().display().to_string();
+
+    let profile = |name: &str| {
+        r.scope_profiles[0]
+            .profiles
+            .iter()
+            .find(|p| string(p.sample_type.unwrap().type_strindex) == name)
+            .unwrap_or_else(|| panic!("a {name} profile"))
+    };
+    let mut large = 0;
+    let mut resolved_stacks = 0;
+    for s in &profile("inuse_space").samples {
+        let stack = &dict.stack_table[usize::try_from(s.stack_index).unwrap()];
+        assert!(!stack.location_indices.is_empty());
+        let mut in_exe = Vec::new();
+        for &l in &stack.location_indices {
+            let loc = &dict.location_table[usize::try_from(l).unwrap()];
+            assert!(loc.lines.is_empty(), "no lines: {loc:?}");
+            assert_ne!(loc.address, 0, "an address: {loc:?}");
+            assert_ne!(loc.mapping_index, 0, "a mapping: {loc:?}");
+            let m = &dict.mapping_table[usize::try_from(loc.mapping_index).unwrap()];
+            assert_eq!((m.memory_start, m.file_offset), (0, 0), "{m:?}");
+            assert!(loc.address < m.memory_limit, "{loc:?} within {m:?}");
+            let ids: Vec<String> = m
+                .attribute_indices
+                .iter()
+                .map(|&a| &dict.attribute_table[usize::try_from(a).unwrap()])
+                .filter(|a| string(a.key_strindex) == ATTR_BUILD_ID)
+                .map(|a| match a.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    Some(Value::StringValue(s)) => s.clone(),
+                    v => panic!("a build id string: {v:?}"),
+                })
+                .collect();
+            assert_eq!(ids.len(), 1, "a build id on {m:?}");
+            let file = string(m.filename_strindex);
+            if file == exe_name {
+                assert_eq!(ids[0], build_id, "the build id of {file}");
+                // The file offset, as the mapping at 0 makes it.
+                in_exe.push(virtual_address(
+                    &exe,
+                    loc.address - m.memory_start + m.file_offset,
+                ));
+            }
+        }
+        // The stack's frames in the executable, innermost first, as binutils
+        // names them.
+        let names = addr2line(&exe, &in_exe);
+        if names.iter().any(|n| n == "main") {
+            resolved_stacks += 1;
+        }
+        if names.first().map(String::as_str) == Some("site_large") {
+            assert_eq!(names.get(1).map(String::as_str), Some("main"), "{names:?}");
+            large += s.values[0];
+        }
+    }
+    assert!(
+        resolved_stacks >= 3,
+        "{resolved_stacks} stacks resolved to main"
+    );
+    assert_eq!(
+        large, LARGE,
+        "site_large's live bytes, found by its address"
+    );
+}

@@ -357,7 +357,9 @@ pub fn parse_headers(s: &str) -> Result<Vec<(String, String)>, &'static str> {
     Ok(out)
 }
 
-fn percent_decode(s: &str) -> Option<String> {
+/// `%XX` escapes decoded (the OTLP variables' and `OTEL_RESOURCE_ATTRIBUTES`'
+/// values); none for a broken escape or bytes that are not UTF-8.
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -47,7 +47,7 @@ use crate::{
     process::discover::FileId,
     process::normalize::AddressSpace,
     process::pidns::PidMap,
-    symbolize::SymbolizerThread,
+    symbolize::{Symbolization, SymbolizerThread},
     unwind::tables::UnwindTables,
 };
 
@@ -480,6 +480,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// at least `age` ago (`--min-age`); zero counts all.
     pub fn set_min_age(&mut self, age: Duration) {
         self.min_age = age;
+    }
+
+    /// Whether stacks get names or stay addresses ([`Symbolization`]); to
+    /// be set before the first refresh, as stacks already symbolized keep
+    /// what they have.
+    pub fn set_symbolization(&mut self, mode: Symbolization) {
+        debug_assert_eq!(self.in_flight, 0, "symbolization set before any stack");
+        self.symbolizer = SymbolizerThread::spawn_with(mode);
     }
 
     /// Writes the final profile of each process the OOM killer kills.

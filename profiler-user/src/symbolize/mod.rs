@@ -47,6 +47,11 @@ pub struct Frame {
     pub module: Option<Name>,
     /// An inlined call (its caller is the next frame, at the same address).
     pub inlined: bool,
+    /// Where the frame's instruction is in `module`, as a file offset (a
+    /// caller's return address stepped back into its call): set only on
+    /// frames left unsymbolized for the backend to symbolize
+    /// ([`Symbolization::Addresses`]), whose names say no more than this.
+    pub offset: Option<u64>,
 }
 
 impl Frame {
@@ -57,6 +62,7 @@ impl Frame {
             location: None,
             module: None,
             inlined: false,
+            offset: None,
         }
     }
 
@@ -90,8 +96,24 @@ pub struct SymbolizerThread<K> {
     responses: mpsc::Receiver<Response<K>>,
 }
 
+/// What becomes of the stacks' addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Symbolization {
+    /// Function names, inlined calls and file:line, from the files.
+    #[default]
+    Names,
+    /// No symbolization: each frame is its file and file offset
+    /// ([`Frame::offset`]), for a backend that symbolizes (`allocprof agent
+    /// --no-symbolize`). Allocator frames are still dropped by file.
+    Addresses,
+}
+
 impl<K: Send + 'static> SymbolizerThread<K> {
     pub fn spawn() -> SymbolizerThread<K> {
+        SymbolizerThread::spawn_with(Symbolization::Names)
+    }
+
+    pub fn spawn_with(mode: Symbolization) -> SymbolizerThread<K> {
         let (req_tx, req_rx) = mpsc::channel::<Vec<Request<K>>>();
         let (resp_tx, resp_rx) = mpsc::channel();
         thread::Builder::new()
@@ -104,7 +126,12 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                     let _quiet = QuietContainedPanics::install();
                     for Request { key, frames } in batch {
                         used.note(&frames);
-                        let symbolized = symbolize_stack(&symbolizer, &mut names, &frames);
+                        let symbolized = match mode {
+                            Symbolization::Names => {
+                                symbolize_stack(&symbolizer, &mut names, &frames)
+                            }
+                            Symbolization::Addresses => address_stack(&mut names, &frames),
+                        };
                         // The request held the files open: release them
                         // before answering (nothing else may need them).
                         drop(frames);
@@ -316,14 +343,10 @@ pub(crate) fn symbolize_stack(
     let mut by_file: HashMap<&MappedFile, Vec<(usize, u64)>> = HashMap::new();
     for (i, (_, at)) in frames.iter().enumerate() {
         if let Some(at) = at {
-            // Return addresses point past the call; step back into it. The
-            // first frame is the probe site itself.
-            let offset = if i == 0 {
-                at.file_offset
-            } else {
-                at.file_offset.saturating_sub(1)
-            };
-            by_file.entry(&at.file).or_default().push((i, offset));
+            by_file
+                .entry(&at.file)
+                .or_default()
+                .push((i, call_offset(i, at)));
         }
     }
     let mut symbolized: Vec<Option<Vec<Frame>>> = vec![None; frames.len()];
@@ -365,9 +388,31 @@ pub(crate) fn symbolize_stack(
             }
         }
     }
+    assemble(frames, symbolized, failures, None)
+}
+
+/// One stack left unsymbolized, innermost first: a frame per address, named
+/// by file and offset, with its offset ([`Symbolization::Addresses`]).
+pub(crate) fn address_stack(
+    names: &mut Interner,
+    frames: &[(u64, Option<FileAddr>)],
+) -> Vec<Frame> {
+    let n = frames.len();
+    assemble(frames, vec![None; n], vec![None; n], Some(names))
+}
+
+/// The stack's frames: each address's symbols, else a marker or an unknown
+/// frame (with its offset when `offsets` interns their names).
+fn assemble(
+    frames: &[(u64, Option<FileAddr>)],
+    symbolized: Vec<Option<Vec<Frame>>>,
+    failures: Vec<Option<String>>,
+    mut offsets: Option<&mut Interner>,
+) -> Vec<Frame> {
     let mut out = Vec::with_capacity(frames.len());
     let mut previous: Option<&FileAddr> = None;
-    for (((addr, at), sym), failure) in frames.iter().zip(symbolized).zip(failures) {
+    for (i, (((addr, at), sym), failure)) in frames.iter().zip(symbolized).zip(failures).enumerate()
+    {
         if *addr == TRUNCATED_FRAME {
             out.push(truncation_marker(previous));
             continue;
@@ -396,10 +441,32 @@ pub(crate) fn symbolize_stack(
                     ..unknown
                 });
             }
-            (None, None) => out.push(Frame::unknown(*addr, at.as_ref())),
+            (None, None) => {
+                let unknown = Frame::unknown(*addr, at.as_ref());
+                match (offsets.as_deref_mut(), at) {
+                    (Some(names), Some(at)) => out.push(Frame {
+                        function: names.name(&unknown.function),
+                        module: unknown.module.as_deref().map(|m| names.name(m)),
+                        offset: Some(call_offset(i, at)),
+                        ..unknown
+                    }),
+                    _ => out.push(unknown),
+                }
+            }
         }
     }
     strip_allocator_frames(out)
+}
+
+/// The file offset of frame `i`'s instruction: return addresses point past
+/// the call, so a caller's steps back into it; the first frame is the probe
+/// site itself.
+fn call_offset(i: usize, at: &FileAddr) -> u64 {
+    if i == 0 {
+        at.file_offset
+    } else {
+        at.file_offset.saturating_sub(1)
+    }
 }
 
 /// The symbols at `offsets` of one file (`None` where it has none).
@@ -431,6 +498,7 @@ fn expand(sym: &blazesym::symbolize::Sym<'_>, module: &Name, names: &mut Interne
             location: inlined.code_info.as_ref().map(|c| names.name(&location(c))),
             module: Some(module.clone()),
             inlined: true,
+            offset: None,
         });
     }
     frames.push(Frame {
@@ -438,6 +506,7 @@ fn expand(sym: &blazesym::symbolize::Sym<'_>, module: &Name, names: &mut Interne
         location: sym.code_info.as_deref().map(|c| names.name(&location(c))),
         module: Some(module.clone()),
         inlined: false,
+        offset: None,
     });
     frames
 }

@@ -6,6 +6,7 @@ fn frame(function: &str, module: &str) -> Frame {
         location: None,
         module: Some(module.into()),
         inlined: false,
+        offset: None,
     }
 }
 
@@ -142,6 +143,32 @@ fn own_test_binary_symbolizes_with_file_and_line() {
             .is_some_and(|l| l.contains("symbolize/tests.rs")),
         "{f:?}"
     );
+}
+
+#[test]
+fn unsymbolized_frames_keep_their_file_offsets() {
+    // This function's address and a return address into it: the caller's
+    // offset steps back into its call, the first frame's does not.
+    let space =
+        crate::process::normalize::AddressSpace::read(crate::ids::Pid(std::process::id())).unwrap();
+    let addr = unsymbolized_frames_keep_their_file_offsets as *const () as u64;
+    let at = space.normalize(addr).expect("our code is file-backed");
+    let offset = at.file_offset;
+    let stack = [
+        (addr, Some(at.clone())),
+        (addr + 8, space.normalize(addr + 8)),
+        (TRUNCATED_FRAME, None),
+    ];
+    let frames = address_stack(&mut Interner::default(), &stack);
+    let offsets: Vec<_> = frames.iter().map(|f| f.offset).collect();
+    assert_eq!(offsets, [Some(offset), Some(offset + 7), None]);
+    let module = at.file.path.display().to_string();
+    assert!(
+        frames[..2]
+            .iter()
+            .all(|f| f.module.as_deref() == Some(&*module))
+    );
+    assert!(frames[2].function.starts_with("[truncated"), "{frames:?}");
 }
 
 #[test]

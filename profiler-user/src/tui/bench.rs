@@ -60,6 +60,7 @@ fn world() -> Vec<ProcessProfile> {
                         location: None,
                         module: Some(module.clone()),
                         inlined: false,
+                        offset: None,
                     }];
                     // Stacks of one program share their outer frames.
                     let base = program * 60 + s % 7;
@@ -74,6 +75,7 @@ fn world() -> Vec<ProcessProfile> {
                             location: Some(lines[f].clone()),
                             module: Some(module.clone()),
                             inlined: false,
+                            offset: None,
                         });
                     }
                     let live = (1 + next(1000)) as f64 * 4096.0;

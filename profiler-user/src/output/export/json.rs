@@ -480,6 +480,7 @@ mod tests {
             location: Some("/a/b.rs".into()),
             module: None,
             inlined: false,
+            offset: None,
         };
         assert_eq!(
             (frame(&f).file.as_deref(), frame(&f).line),

@@ -160,6 +160,7 @@ pub(crate) mod tests {
             location: None,
             module: module.map(crate::symbolize::Name::from),
             inlined: false,
+            offset: None,
         }
     }
 

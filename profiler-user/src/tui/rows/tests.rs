@@ -15,6 +15,7 @@ pub fn frames(names: &[&str]) -> Arc<[Frame]> {
             location: Some(format!("/src/work.c:{}", n.len()).into()),
             module: Some("/usr/bin/work".into()),
             inlined: false,
+            offset: None,
         })
         .collect()
 }

@@ -22,6 +22,15 @@
 //!   inlined into it, innermost first), address 0 as in the pprof export;
 //!   mappings carry their file's GNU build id
 //!   (`process.executable.build_id.gnu`).
+//! - Unsymbolized ([`Encoder::addresses_only`], `agent --no-symbolize`):
+//!   a location per frame with an offset ([`Frame::offset`]), no lines, its
+//!   address the file offset of the instruction (a caller's inside its call
+//!   instruction, as the proto allows). Its mapping (file name, build id)
+//!   is the file as if mapped whole at 0: `memory_start` and `file_offset`
+//!   0, so that address − memory_start + file_offset is the file offset
+//!   whatever each process's load address; `memory_limit` just past the
+//!   highest address. allocprof's own markers (a truncated walk, ...) stay
+//!   named, without a mapping.
 //!
 //! The tables are built the way `export::pprof` builds its own (strings,
 //! functions by name and file, locations by frame chain, mappings by file):
@@ -83,6 +92,7 @@ pub struct Encoder {
     allocated: HashMap<(ProcessKey, Arc<[Frame]>), [f64; 2]>,
     gone_exported: HashSet<ProcessKey>,
     last_end: Option<SystemTime>,
+    addresses_only: bool,
 }
 
 impl Default for Encoder {
@@ -106,7 +116,16 @@ impl Encoder {
             allocated: HashMap::new(),
             gone_exported: HashSet::new(),
             last_end: None,
+            addresses_only: false,
         }
+    }
+
+    /// Exports without names: addresses, mappings and build ids, for a
+    /// backend that symbolizes (of stacks left unsymbolized:
+    /// `Symbolization::Addresses`).
+    pub fn addresses_only(mut self) -> Encoder {
+        self.addresses_only = true;
+        self
     }
 
     /// The profile as it stands at `end`. The window starts at the previous
@@ -121,7 +140,7 @@ impl Encoder {
             start: unix_nanos(start),
             duration: end.duration_since(start).unwrap_or(Duration::ZERO),
         };
-        let mut b = Builder::new();
+        let mut b = Builder::new(self.addresses_only);
         let mut resource_profiles = Vec::new();
         let mut allocated = HashMap::new();
         let mut gone_exported = HashSet::new();
@@ -222,6 +241,8 @@ struct Builder {
     mappings: HashMap<(String, Option<String>), i32>,
     stacks: HashMap<Vec<i32>, i32>,
     attributes: HashMap<(i32, String), i32>,
+    /// Frames with an offset get no lines ([`Encoder::addresses_only`]).
+    addresses_only: bool,
 }
 
 /// The table's next index (tables stay far below 2³¹ entries: they grow
@@ -231,7 +252,7 @@ fn next_index<T>(table: &[T]) -> i32 {
 }
 
 impl Builder {
-    fn new() -> Builder {
+    fn new(addresses_only: bool) -> Builder {
         let mut b = Builder {
             dict: ProfilesDictionary {
                 mapping_table: vec![Mapping::default()],
@@ -252,6 +273,7 @@ impl Builder {
             mappings: HashMap::new(),
             stacks: HashMap::new(),
             attributes: HashMap::new(),
+            addresses_only,
         };
         b.string("");
         b
@@ -343,21 +365,34 @@ impl Builder {
         if let Some(&i) = self.locations.get(&(chain.to_vec(), mapping_index)) {
             return i;
         }
-        let lines = chain
-            .iter()
-            .map(|f| {
-                let (file, line) = split_location(f.location.as_deref());
-                Line {
-                    function_index: self.function(&f.function, file),
-                    line,
-                    column: 0,
-                }
-            })
-            .collect();
+        let lines = if self.addresses_only && outer.offset.is_some() {
+            Vec::new()
+        } else {
+            chain
+                .iter()
+                .map(|f| {
+                    let (file, line) = split_location(f.location.as_deref());
+                    Line {
+                        function_index: self.function(&f.function, file),
+                        line,
+                        column: 0,
+                    }
+                })
+                .collect()
+        };
+        // An address lies within its mapping, which starts at 0.
+        let address = outer.offset.filter(|_| mapping_index != 0).unwrap_or(0);
+        if let Some(m) = usize::try_from(mapping_index)
+            .ok()
+            .filter(|&m| m != 0 && address != 0)
+            .and_then(|m| self.dict.mapping_table.get_mut(m))
+        {
+            m.memory_limit = m.memory_limit.max(address.saturating_add(1));
+        }
         let i = next_index(&self.dict.location_table);
         self.dict.location_table.push(Location {
             mapping_index,
-            address: 0,
+            address,
             lines,
             attribute_indices: Vec::new(),
         });

@@ -16,6 +16,7 @@
 use std::io::Read;
 
 use crate::{
+    agent::config::percent_decode,
     model::profile::ProcessProfile,
     output::inert::inert,
     process::resource::{MAX_VALUE_CHARS, parse_machine_id},
@@ -198,25 +199,6 @@ pub fn parse_resource_attributes(s: &str) -> Result<Vec<(String, String)>, BadRe
         out.push((key.to_owned(), value));
     }
     Ok(out)
-}
-
-/// `%XX` escapes decoded; none for a broken escape or bytes that are not
-/// UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

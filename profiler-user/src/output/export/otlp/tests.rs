@@ -223,3 +223,61 @@ fn an_empty_profile_is_an_empty_export() {
     assert!(data.resource_profiles.is_empty());
     assert_eq!(data.dictionary.unwrap().string_table, [""]);
 }
+
+#[test]
+fn unsymbolized_frames_are_addresses_in_mappings_at_zero() {
+    let mut profile = hand_made();
+    for (i, s) in profile.processes[0].stacks.iter_mut().enumerate() {
+        let base = 0x1000 * (i as u64 + 1);
+        let mut frames: Vec<Frame> = (0..3)
+            .map(|j| Frame {
+                module: Some("/usr/bin/app".into()),
+                offset: Some(base + j),
+                ..Frame::named(format!("app+{:#x}", base + j))
+            })
+            .collect();
+        frames.push(Frame::named("[stack cut at 127 frames]"));
+        s.frames = frames.into();
+    }
+    let n = profile.processes[0].stacks.len() as u64;
+    let data = decoded(&Encoder::new().addresses_only().encode(&profile, at(1)));
+    let dict = data.dictionary.as_ref().unwrap();
+    let string = |i: i32| dict.string_table[i as usize].as_str();
+    // Names only for allocprof's marker (and other processes' frames).
+    assert!(
+        dict.function_table
+            .iter()
+            .all(|f| !string(f.name_strindex).starts_with("app+"))
+    );
+    let app = dict
+        .mapping_table
+        .iter()
+        .position(|m| string(m.filename_strindex) == "/usr/bin/app")
+        .expect("the app's mapping") as i32;
+    let m = &dict.mapping_table[app as usize];
+    assert_eq!((m.memory_start, m.file_offset), (0, 0));
+    assert_eq!(
+        m.memory_limit,
+        0x1000 * n + 3,
+        "just past the highest address"
+    );
+    let mut addresses: Vec<u64> = dict
+        .location_table
+        .iter()
+        .filter(|l| l.mapping_index == app)
+        .inspect(|l| assert!(l.lines.is_empty(), "{l:?}"))
+        .map(|l| l.address)
+        .collect();
+    addresses.sort_unstable();
+    let expected: Vec<u64> = (1..=n)
+        .flat_map(|i| (0..3).map(move |j| 0x1000 * i + j))
+        .collect();
+    assert_eq!(addresses, expected);
+    let marker = dict
+        .location_table
+        .iter()
+        .find(|l| l.mapping_index == 0 && !l.lines.is_empty())
+        .expect("the marker's location");
+    let f = &dict.function_table[marker.lines[0].function_index as usize];
+    assert_eq!(string(f.name_strindex), "[stack cut at 127 frames]");
+}

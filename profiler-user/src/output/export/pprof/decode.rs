@@ -173,6 +173,7 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
                 location: location.map(Name::from),
                 module: module.clone(),
                 inlined: i + 1 < l.line.len(),
+                offset: None,
             });
         }
         if frames.is_empty() {
@@ -182,6 +183,7 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
                 location: None,
                 module,
                 inlined: false,
+                offset: None,
             });
         }
         locations.insert(l.id, frames);

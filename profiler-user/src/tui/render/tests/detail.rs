@@ -12,24 +12,28 @@ fn detail_shows_locations_inlined_and_library_frames() {
             location: Some("/rustc/abc/library/alloc/src/raw_vec.rs:1".into()),
             module: Some("/usr/bin/app".into()),
             inlined: false,
+            offset: None,
         },
         StackFrame {
             function: "app::index::insert".into(),
             location: Some("/home/me/app/src/index.rs:42".into()),
             module: Some("/usr/bin/app".into()),
             inlined: true,
+            offset: None,
         },
         StackFrame {
             function: "app::main".into(),
             location: Some("/home/me/app/src/main.rs:7".into()),
             module: Some("/usr/bin/app".into()),
             inlined: false,
+            offset: None,
         },
         StackFrame {
             function: "__libc_start_call_main".into(),
             location: None,
             module: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
             inlined: false,
+            offset: None,
         },
     ];
     p.processes[0].stacks[0].frames = frames.into();

@@ -59,6 +59,7 @@ fn arbitrary_profile() -> impl Strategy<Value = Profile> {
             }),
             module: module.map(Name::from),
             inlined,
+            offset: None,
         });
     let stack = (
         proptest::collection::vec(frame, 0..6),
