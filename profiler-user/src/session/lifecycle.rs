@@ -55,6 +55,12 @@ pub(super) struct Frozen {
 }
 
 impl Frozen {
+    /// An image the OOM killer killed that has no file yet (each victim is
+    /// written once: a later one may have the same pid and generation).
+    pub(super) fn oom_due(&self) -> bool {
+        self.state == ProcessState::OomKilled && !self.oom_recorded
+    }
+
     /// The heap of the image itself, without its stacks' names.
     fn own_bytes(&self) -> u64 {
         let resource = self.resource.as_deref().map_or(0, |r| {

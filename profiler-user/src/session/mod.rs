@@ -409,10 +409,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// An image the OOM killer killed that has no file yet.
     fn oom_victim_due(&self) -> bool {
-        self.oom_recorder.is_some()
-            && self.frozen.iter().any(|f| {
-                f.state == crate::model::profile::ProcessState::OomKilled && !f.oom_recorded
-            })
+        self.oom_recorder.is_some() && self.frozen.iter().any(Frozen::oom_due)
     }
 
     /// Writes the images the OOM killer killed, once each, with their
@@ -421,11 +418,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         if self.oom_recorder.is_none() {
             return;
         }
-        // Each frozen victim once: a later victim may have the same pid,
-        // even the same pid and generation.
-        let due = |f: &Frozen| {
-            f.state == crate::model::profile::ProcessState::OomKilled && !f.oom_recorded
-        };
+        let due = Frozen::oom_due;
         if self.frozen.iter().any(|f| due(f) && !f.stacks_reclaimed) {
             return; // the next refresh has them
         }
