@@ -13,7 +13,8 @@
 //! - the kernel's guards: `stack_budget` (the flood budget on new stacks),
 //!   `claim` (the per-CPU scratch protocol);
 //! - contracts with the allocator and its probes: [`usdt`], [`rate`],
-//!   [`ledger`], [`backend_stats`]; and [`unwind`], the compiled unwind tables.
+//!   [`ledger`], [`backend_stats`]; [`unwind`], the compiled unwind tables;
+//!   and [`python`], Python frames in a stack.
 #![no_std]
 
 pub mod backend_stats;
@@ -26,6 +27,7 @@ pub mod ledger;
 pub mod map_names;
 #[cfg(feature = "user")]
 mod pod;
+pub mod python;
 pub mod rate;
 mod sample;
 mod stack_budget;
