@@ -58,8 +58,8 @@ pub struct PyFrame {
 /// negative, i.e. not started, or too large → [`PY_UNKNOWN_INSTR`]).
 #[inline(always)]
 pub fn encode_python_frame(code: u64, instr: i64, entry: bool) -> u64 {
-    let instr = if instr < 0 || instr >= PY_UNKNOWN_INSTR as i64 {
-        PY_UNKNOWN_INSTR as u64
+    let instr = if instr < 0 || instr >= i64::from(PY_UNKNOWN_INSTR) {
+        u64::from(PY_UNKNOWN_INSTR)
     } else {
         instr as u64
     };
@@ -103,7 +103,7 @@ mod tests {
             (12, true, Some(12)),
             (-1, false, None),
             (
-                PY_UNKNOWN_INSTR as i64 - 1,
+                i64::from(PY_UNKNOWN_INSTR) - 1,
                 true,
                 Some(PY_UNKNOWN_INSTR - 1),
             ),
@@ -133,7 +133,7 @@ mod tests {
             assert_eq!(decode_python_frame(value), None, "{value:#x}");
         }
         // Even the highest code address with every flag never reaches a marker.
-        let top = encode_python_frame(0x7fff_ffff_ffff, PY_UNKNOWN_INSTR as i64, true);
+        let top = encode_python_frame(0x7fff_ffff_ffff, i64::from(PY_UNKNOWN_INSTR), true);
         assert!(top < PY_TRUNCATED_FRAME);
     }
 
