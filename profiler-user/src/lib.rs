@@ -22,6 +22,7 @@ pub mod model;
 pub mod oom;
 pub mod output;
 pub mod process;
+pub mod python;
 pub mod session;
 pub mod symbolize;
 pub mod unwind;
