@@ -39,9 +39,9 @@
 //! rounds of 300k pairs), `--rounds N`, `--only TEXT` (the workloads whose
 //! name contains TEXT, and neither the fast-path nor the cost section).
 
-mod runner;
-mod targets;
-mod workloads;
+pub(crate) mod runner;
+pub(crate) mod targets;
+pub(crate) mod workloads;
 
 use std::{path::Path, process::Command};
 
@@ -393,7 +393,7 @@ fn setups(programs: &Programs) -> Vec<Setup> {
             &[],
             Tool::None,
         ),
-        setup(TARGET_ROW, lib, &[], Tool::AllocprofPid),
+        setup(TARGET_ROW, lib, &[], Tool::AllocprofPid(&[])),
         setup(
             "liballocprof.so + allocprof system-wide",
             lib,
@@ -407,7 +407,7 @@ fn setups(programs: &Programs) -> Vec<Setup> {
         },
         Setup {
             churn_only: true,
-            ..setup(LOW_ATTACHED, lib, &[], Tool::AllocprofPid)
+            ..setup(LOW_ATTACHED, lib, &[], Tool::AllocprofPid(&[]))
         },
     ]
 }
@@ -433,13 +433,13 @@ fn slow_setups() -> Vec<Setup> {
 /// Per setup, over `rounds` rounds of every setup in turn: the wall times,
 /// allocprof's CPU seconds (when it ran) and the sampled events allocprof
 /// `--pid` saw in each (none for a setup not run on the workload).
-struct Times {
-    wall: Vec<Vec<f64>>,
+pub(crate) struct Times {
+    pub(crate) wall: Vec<Vec<f64>>,
     allocprof_cpu: Vec<Vec<f64>>,
     events: Vec<Vec<f64>>,
 }
 
-fn rounds_of(
+pub(crate) fn rounds_of(
     runner: &Runner,
     w: &Workload,
     inv: &workloads::Invocation,
@@ -475,12 +475,12 @@ fn rounds_of(
 }
 
 /// A setup's time over the baseline's, round by round.
-fn ratios(times: &[f64], base: &[f64]) -> Vec<f64> {
+pub(crate) fn ratios(times: &[f64], base: &[f64]) -> Vec<f64> {
     times.iter().zip(base).map(|(t, b)| t / b).collect()
 }
 
 /// `median (min–max)`, with as many digits as the size of the ratio needs.
-fn cell(r: &[f64]) -> String {
+pub(crate) fn cell(r: &[f64]) -> String {
     let (lo, hi) = r.iter().fold((f64::INFINITY, 0.0_f64), |(lo, hi), &x| {
         (lo.min(x), hi.max(x))
     });
@@ -493,7 +493,7 @@ fn cell(r: &[f64]) -> String {
 }
 
 /// CPU, cores, kernel and date, for the table's heading.
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -515,7 +515,7 @@ fn machine() -> String {
     )
 }
 
-fn load() -> String {
+pub(crate) fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()

@@ -4,6 +4,7 @@ mod bench_alloc;
 mod bench_otlp;
 mod bench_peers;
 mod bench_pipeline;
+mod bench_python;
 mod demo;
 mod ebpf_object;
 mod fuzz;
@@ -44,10 +45,11 @@ enum Command {
     Demo,
     /// Benchmarks: `alloc` (allocator overhead), `pipeline` (profiler costs)
     /// `tui` (the live view's key-to-screen latency and CPU), `peers` (wall
-    /// time against other allocators and heap profilers) or `otlp` (`allocprof
-    /// agent` pushing 500 processes' heaps to a real collector).
+    /// time against other allocators and heap profilers), `otlp` (`allocprof
+    /// agent` pushing 500 processes' heaps to a real collector) or `python`
+    /// (what seeing a CPython process's heap costs, with Python frames).
     Bench {
-        #[arg(value_parser = ["alloc", "pipeline", "tui", "peers", "otlp"])]
+        #[arg(value_parser = ["alloc", "pipeline", "tui", "peers", "otlp", "python"])]
         which: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -121,6 +123,7 @@ fn run(cli: Cli) -> Result<()> {
                 "alloc" => bench_alloc::run(&root, &args),
                 "peers" => bench_peers::run(&root, &args),
                 "otlp" => bench_otlp::run(&root, &args),
+                "python" => bench_python::run(&root, &args),
                 _ => bench_pipeline::run(&root, &args),
             }
         }

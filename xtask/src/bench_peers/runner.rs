@@ -18,8 +18,9 @@ use super::workloads::Invocation;
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Tool {
     None,
-    /// `allocprof --pid`, attached once the workload waits for its input.
-    AllocprofPid,
+    /// `allocprof --pid` with these arguments too, attached once the
+    /// workload waits for its input.
+    AllocprofPid(&'static [&'static str]),
     /// `allocprof` system-wide, attached before the workload starts.
     AllocprofAll,
     /// `heaptrack -o FILE program`.
@@ -126,12 +127,17 @@ impl Runner {
             }
         };
         let tool = match s.tool {
-            Tool::AllocprofPid => Some(self.allocprof(&["--pid", &pid.to_string()])?),
+            Tool::AllocprofPid(extra) => {
+                let pid = pid.to_string();
+                let mut args = vec!["--pid", &pid];
+                args.extend(extra);
+                Some(self.allocprof(&args)?)
+            }
             Tool::Bpftrace => Some(self.bpftrace(pid)?),
             _ => None,
         };
         let profiler = match s.tool {
-            Tool::AllocprofPid => tool.as_ref(),
+            Tool::AllocprofPid(_) => tool.as_ref(),
             _ => system_wide.as_ref(),
         };
         let cpu0 = profiler.and_then(|p| cpu_secs(p.id()).ok());
@@ -152,7 +158,7 @@ impl Runner {
             stop(tool, s.tool == Tool::Bpftrace, "the tool")?;
         }
         let events = match s.tool {
-            Tool::AllocprofPid => Some(sampled_events(&self.dir.join("allocprof.json"))?),
+            Tool::AllocprofPid(_) => Some(sampled_events(&self.dir.join("allocprof.json"))?),
             _ => None,
         };
         if let Some(p) = system_wide {

@@ -42,7 +42,7 @@ pub(super) struct Measured<'a> {
 }
 
 /// "met", or by how much a ratio misses `target` (in % of the baseline).
-pub(super) fn ratio_verdict(m: f64, target: f64) -> String {
+pub(crate) fn ratio_verdict(m: f64, target: f64) -> String {
     if m <= target {
         "met".to_string()
     } else {
