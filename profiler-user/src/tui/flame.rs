@@ -53,6 +53,9 @@ pub enum Scope {
     /// when they went, which is not live heap.
     All,
     Process(ProcessKey),
+    /// A process tree's stacks merged, in a profile where the tree is one
+    /// image keyed by its root (`view_model::merged_tree`).
+    Tree(ProcessKey),
 }
 
 #[derive(Clone, Debug)]
@@ -119,6 +122,14 @@ impl Tree {
                 .iter()
                 .find(|p| p.key == key)
                 .map_or_else(|| format!("pid {}", key.pid), |p| p.label()),
+            Scope::Tree(key) => {
+                profile
+                    .processes
+                    .iter()
+                    .find(|p| p.key == key)
+                    .map_or_else(|| format!("pid {}", key.pid), |p| p.label())
+                    + " and children"
+            }
         };
         let mut tree = Tree {
             nodes: vec![Node {
@@ -162,7 +173,7 @@ impl Tree {
                     let key = Key::Process(p.key);
                     tree.child(&mut index, ROOT, key, || (p.label().into(), None))
                 }
-                Scope::Process(k) if p.key == k => ROOT,
+                Scope::Process(k) | Scope::Tree(k) if p.key == k => ROOT,
                 _ => continue,
             };
             for s in &p.stacks {

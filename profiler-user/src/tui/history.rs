@@ -6,8 +6,11 @@
 
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
-use super::rows::{RowId, totals_of};
-use allocprof::model::profile::Profile;
+use super::{
+    rows::{RowId, totals_of},
+    view_model::merged_tree,
+};
+use allocprof::model::profile::{ProcessKey, Profile};
 
 /// Span of the total-live-bytes series.
 pub const TOTALS_SPAN: Duration = Duration::from_secs(600);
@@ -116,13 +119,23 @@ impl History {
     }
 
     /// One row's live bytes in the kept profiles, oldest first, up to `now`;
-    /// 0 where the row did not exist yet.
-    pub fn row_series(&self, now: Duration, id: &RowId) -> Vec<(Duration, u64)> {
+    /// 0 where the row did not exist yet. A row of a tree's merged stacks
+    /// (`tree`: its root) is looked up in each profile's tree, merged.
+    pub fn row_series(
+        &self,
+        now: Duration,
+        id: &RowId,
+        tree: Option<ProcessKey>,
+    ) -> Vec<(Duration, u64)> {
         self.profiles
             .iter()
             .filter(|p| p.elapsed <= now)
             .map(|p| {
-                let live = totals_of(p, id).map_or(0.0, |t| t.live_bytes);
+                let totals = match tree {
+                    Some(root) => totals_of(&merged_tree(p, root), id),
+                    None => totals_of(p, id),
+                };
+                let live = totals.map_or(0.0, |t| t.live_bytes);
                 (p.elapsed, live.max(0.0) as u64)
             })
             .collect()

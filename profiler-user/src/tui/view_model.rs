@@ -105,9 +105,17 @@ pub fn build(request: &Request) -> Built {
         };
         (of, rows)
     });
-    let flame = request
-        .flame
-        .map(|scope| Tree::build(&request.current, scope, request.baseline.as_deref()));
+    let flame = request.flame.map(|scope| match scope {
+        FlameScope::Tree(root) => {
+            let baseline = request.baseline.as_deref().map(|b| merged_tree(b, root));
+            Tree::build(
+                &merged_tree(&request.current, root),
+                scope,
+                baseline.as_ref(),
+            )
+        }
+        _ => Tree::build(&request.current, scope, request.baseline.as_deref()),
+    });
     Built {
         generation: request.generation,
         elapsed: request.current.elapsed,

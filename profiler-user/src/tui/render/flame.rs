@@ -62,6 +62,7 @@ fn graph(frame: &mut Frame, app: &App, flame: &FlameView, area: Rect) {
         Span::raw(match flame.scope() {
             Scope::All => "all processes",
             Scope::Process(_) => "one process",
+            Scope::Tree(_) => "a process tree",
         }),
         Span::styled(" · ", DIM),
         Span::raw(match (mode, app.baseline()) {

@@ -11,7 +11,7 @@ use ratatui::{
 use super::{ACCENT, BOLD, DIM, signed_bytes, truncate};
 use crate::tui::{
     history::GROWTH_WINDOW,
-    state::{App, format_elapsed},
+    state::{App, View, format_elapsed},
 };
 use allocprof::model::stats::human_bytes;
 
@@ -58,7 +58,10 @@ pub(super) fn history(frame: &mut Frame, app: &App, area: Rect) {
     sparkline(frame, top, title, &total, width, ACCENT);
 
     if let Some(row) = app.selected_row() {
-        let series = app.history().row_series(now, &row.id);
+        let tree = app
+            .scope()
+            .filter(|_| app.scope_tree() && app.view() == View::Stacks);
+        let series = app.history().row_series(now, &row.id, tree);
         let value = Span::raw(format!(" {}", human_bytes(row.totals.live_bytes)));
         let span = span_of(&series, width, now);
         let room = width.saturating_sub(value.width() + span.width()).max(8);

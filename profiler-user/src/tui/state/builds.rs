@@ -143,7 +143,9 @@ impl App {
     /// root alone (named after its process).
     pub(super) fn placeholder_tree(&self, scope: FlameScope) -> Tree {
         let mut bare = Profile::default();
-        if let (FlameScope::Process(key), Some(shown)) = (scope, self.profiles.shown.as_deref()) {
+        if let (FlameScope::Process(key) | FlameScope::Tree(key), Some(shown)) =
+            (scope, self.profiles.shown.as_deref())
+        {
             bare.processes
                 .extend(
                     shown

@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use crossterm::event::{KeyCode, KeyEvent};
 
-use super::{App, Effect, Notice};
+use super::{App, Effect, Notice, View};
 use crate::tui::{
     callers::{Callers, ROOT, SELF},
     rows::{RowId, function_of},
+    view_model::merged_tree,
 };
 use allocprof::model::profile::{ProcessKey, Profile};
 
@@ -19,6 +20,9 @@ pub struct CallersView {
     pub callers: Callers,
     /// The process whose stacks are counted (`None`: every running one).
     pub scope: Option<ProcessKey>,
+    /// `scope` is a tree's root: its whole tree's stacks are counted, merged
+    /// (as the stack view shows them).
+    pub tree: bool,
     /// In the callers then the callees, as listed.
     pub selected: usize,
     /// The functions followed to this one, to go back to.
@@ -45,8 +49,17 @@ impl CallersView {
     }
 
     fn rebuild(&mut self, profile: &Profile, function: &str) {
-        self.callers = Callers::of(profile, self.scope, function);
+        self.callers = callers_of(profile, self.scope, self.tree, function);
         self.selected = self.selected.min(self.len().saturating_sub(1));
+    }
+}
+
+/// `function`'s callers and callees in `scope`'s stacks, or with `tree` in
+/// its whole tree's, merged.
+fn callers_of(profile: &Profile, scope: Option<ProcessKey>, tree: bool, function: &str) -> Callers {
+    match scope {
+        Some(root) if tree => Callers::of(&merged_tree(profile, root), scope, function),
+        _ => Callers::of(profile, scope, function),
     }
 }
 
@@ -71,9 +84,11 @@ impl App {
             _ => function_of(&row.frames),
         };
         let scope = row.process_key();
+        let tree = self.settings.scope_tree && self.settings.view == View::Stacks;
         self.callers = Some(CallersView {
-            callers: Callers::of(&shown, scope, &function),
+            callers: callers_of(&shown, scope, tree, &function),
             scope,
+            tree,
             selected: 0,
             trail: Vec::new(),
         });

@@ -200,15 +200,17 @@ impl App {
     }
 
     /// `f`: the flamegraph of the process the view is on (the selected
-    /// process, or the stack view's), else of all processes.
+    /// process, or the stack view's: its whole tree when the view shows the
+    /// tree), else of all processes.
     pub(super) fn open_flame(&mut self) {
         let scope = match (self.settings.view, self.selected_row().map(|r| &r.id)) {
             (View::Processes, Some(RowId::Process(key))) => FlameScope::Process(*key),
             (View::Processes, _) => FlameScope::All,
-            (View::Stacks, _) => self
-                .settings
-                .scope
-                .map_or(FlameScope::All, FlameScope::Process),
+            (View::Stacks, _) => match self.settings.scope {
+                Some(root) if self.settings.scope_tree => FlameScope::Tree(root),
+                Some(key) => FlameScope::Process(key),
+                None => FlameScope::All,
+            },
         };
         let Some(shown) = self.profiles.shown.as_deref() else {
             self.notice = Some(Notice::Warning("no profile yet to draw".into()));

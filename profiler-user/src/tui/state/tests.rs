@@ -685,3 +685,53 @@ fn enter_on_a_root_shows_its_tree_s_stacks_merged_and_on_a_member_its_own() {
     assert_eq!(stacks, [("serve ← main", 2000.0)]);
     assert_eq!(app.scope().map(|k| k.pid.0), Some(9));
 }
+
+#[test]
+fn on_a_tree_s_stacks_the_flamegraph_and_callers_count_the_whole_tree() {
+    let mut app = forked_app();
+    press(&mut app, KeyCode::Char('t'));
+    press(&mut app, KeyCode::Enter);
+    assert!(app.scope_tree());
+    // The history of the first row, both workers' `serve ← main`: the
+    // tree's, not the root's own (which has no such stack).
+    let (row, root) = (app.rows()[0].id.clone(), app.scope());
+    let now = Duration::from_secs(1);
+    assert_eq!(
+        app.history().row_series(now, &row, root).last().unwrap().1,
+        5000
+    );
+    assert_eq!(
+        app.history().row_series(now, &row, None).last().unwrap().1,
+        0
+    );
+    press(&mut app, KeyCode::Char('f'));
+    assert_eq!(flame_at(&app).0, "server (7) and children");
+    let root = app
+        .flame()
+        .unwrap()
+        .tree()
+        .node(crate::tui::flame::ROOT)
+        .live_bytes;
+    assert_eq!(root, 5100.0, "the server's and both workers' bytes");
+    press(&mut app, KeyCode::Char('q'));
+    // The first row is both workers' `serve ← main`.
+    press(&mut app, KeyCode::Char('c'));
+    let callers = &app.callers().expect("the callers view").callers;
+    assert_eq!(&*callers.function, "serve");
+    assert_eq!(callers.live_bytes, 5000.0);
+    // A member's own stacks stay its own.
+    press(&mut app, KeyCode::Char('q'));
+    press(&mut app, KeyCode::Esc);
+    press(&mut app, KeyCode::Right);
+    press(&mut app, KeyCode::Down);
+    press(&mut app, KeyCode::Enter);
+    press(&mut app, KeyCode::Char('f'));
+    assert_eq!(
+        app.flame()
+            .unwrap()
+            .tree()
+            .node(crate::tui::flame::ROOT)
+            .live_bytes,
+        3000.0
+    );
+}
