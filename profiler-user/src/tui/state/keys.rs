@@ -149,7 +149,7 @@ impl App {
 
     /// `←` (`fold`) and `→`: fold the selected root's tree, or the tree of
     /// the selected member (the selection goes to its root); unfold it.
-    fn fold(&mut self, fold: bool) {
+    pub(super) fn fold(&mut self, fold: bool) {
         if self.settings.view != View::Processes || !self.settings.trees {
             return;
         }

@@ -1,5 +1,6 @@
 //! The mouse (crossterm's mouse capture): a click selects the row (or, in
-//! the flamegraph, the frame) under it, the wheel moves the selection, or
+//! the flamegraph, the frame) under it, a click on the selected root of a
+//! process tree folds or unfolds it, the wheel moves the selection, or
 //! scrolls the detail pane when over it. Where things are on screen comes
 //! from the last draw ([`App::fit_screen`]), as the table's height does.
 
@@ -7,6 +8,7 @@ use crossterm::event::{MouseButton, MouseEvent, MouseEventKind};
 use ratatui::layout::{Position, Rect};
 
 use super::{App, Effect};
+use crate::tui::rows::TreeMark;
 
 /// What the mouse can point at, as last drawn; empty before the first draw
 /// and for what is not on screen.
@@ -61,7 +63,14 @@ impl App {
             let offset = self.table().visible(self.rows.len()).start;
             let index = offset + usize::from(at.y - self.screen.rows.y);
             if index < self.rows.len() {
-                self.select(|t, len| t.select(index, len));
+                // A click on the selected root of a tree folds or unfolds it.
+                if let (true, Some(TreeMark::Root { unfolded, .. })) =
+                    (self.selected_index() == Some(index), self.rows[index].tree)
+                {
+                    self.fold(unfolded);
+                } else {
+                    self.select(|t, len| t.select(index, len));
+                }
             }
         } else if let Some(step) = wheel {
             if self.screen.detail.contains(at) {
@@ -205,5 +214,26 @@ mod tests {
         // Off the icicle (the header): nothing.
         click(&mut app, 5, 0);
         assert_eq!(app.flame().unwrap().selected(), ROOT);
+    }
+
+    #[test]
+    fn a_click_on_the_selected_root_of_a_tree_unfolds_it_and_folds_it() {
+        let mut app = crate::tui::state::tests::forked_app();
+        press(&mut app, KeyCode::Char('t'));
+        let row_of = |lines: &[String], text: &str| {
+            lines.iter().position(|l| l.contains(text)).unwrap() as u16
+        };
+        let lines = draw(&mut app, 100, 30);
+        let (root, other) = (row_of(&lines, "server"), row_of(&lines, "other"));
+        // The first click selects the unrelated process, the next the root.
+        click(&mut app, 10, other);
+        click(&mut app, 10, root);
+        assert_eq!(app.rows().len(), 2, "a click selects, it does not unfold");
+        // A click on the selected root unfolds it, another folds it.
+        click(&mut app, 10, root);
+        assert_eq!(app.rows().len(), 4);
+        draw(&mut app, 100, 30);
+        click(&mut app, 10, root);
+        assert_eq!(app.rows().len(), 2);
     }
 }
