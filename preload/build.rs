@@ -27,8 +27,11 @@ fn main() {
         env::var("DEP_MIMALLOC_INCLUDE_DIR").expect("libmimalloc-sys exports its include dir"),
     );
     let src = include.parent().expect("include/ has a parent").join("src");
-    let glue = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("c/mimalloc_errno.c");
+    let c_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("c");
+    let glue = c_dir.join("mimalloc_errno.c");
+    let entries = c_dir.join("entries.c");
     println!("cargo:rerun-if-changed={}", glue.display());
+    println!("cargo:rerun-if-changed={}", entries.display());
     println!("cargo:rerun-if-changed=build.rs");
 
     let glue_text = fs::read_to_string(&glue).expect("read c/mimalloc_errno.c");
@@ -71,6 +74,7 @@ fn main() {
         "libmimalloc-sys's static.c no longer includes page.c and prim/prim.c: review build.rs"
     );
     writeln!(unity, "#include \"{}\"", glue.display()).unwrap();
+    writeln!(unity, "#include \"{}\"", entries.display()).unwrap();
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("mimalloc_allocprof.c");
     fs::write(&out, unity).expect("write the unity file");
 
@@ -96,6 +100,18 @@ fn main() {
             .define("NDEBUG", None);
     }
     build.compile("allocprof_mimalloc");
+
+    // The exported `malloc` and `free` are the C functions of c/entries.c,
+    // mimalloc's fast paths inlined: rustc's version script exports only
+    // symbols Rust defines, so the Rust entries (`export_c_allocator!`)
+    // keep the names exported and these assignments, which take precedence
+    // over the Rust definitions, give the names the C functions' addresses.
+    for (name, c_fn) in [
+        ("malloc", "allocprof_mimalloc_malloc"),
+        ("free", "allocprof_mimalloc_free"),
+    ] {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,--defsym={name}={c_fn}");
+    }
 }
 
 /// `_mi_prim_*` names wrapped by the glue (`ALLOCPROF_WRAP(type, name, ...`

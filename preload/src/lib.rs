@@ -125,6 +125,33 @@ allocator::export_c_allocator!(
     local free = allocprof_mi_free,
 );
 
+// The slow halves of c/entries.c's `malloc` and `free` (which the library
+// exports instead of the Rust entries above, see build.rs), under hidden
+// fixed names: tail jumps to the generic Rust functions, on the slow paths
+// only.
+core::arch::global_asm!(
+    ".pushsection .text.allocprof_entries_slow,\"ax\",@progbits",
+    ".globl allocprof_malloc_expired",
+    ".hidden allocprof_malloc_expired",
+    ".type allocprof_malloc_expired,@function",
+    "allocprof_malloc_expired:",
+    ".cfi_startproc",
+    "jmp {malloc_expired}",
+    ".cfi_endproc",
+    ".size allocprof_malloc_expired, . - allocprof_malloc_expired",
+    ".globl allocprof_free_sampled",
+    ".hidden allocprof_free_sampled",
+    ".type allocprof_free_sampled,@function",
+    "allocprof_free_sampled:",
+    ".cfi_startproc",
+    "jmp {free_sampled}",
+    ".cfi_endproc",
+    ".size allocprof_free_sampled, . - allocprof_free_sampled",
+    ".popsection",
+    malloc_expired = sym allocator::capi::malloc_expired::<Mimalloc>,
+    free_sampled = sym allocator::capi::free_sampled::<Mimalloc>,
+);
+
 /// `otel_memory:mmap` and `otel_memory:munmap` for the memory mimalloc maps
 /// from the system (its arenas and segments, every mapping: these are not
 /// sampled), called by c/mimalloc_errno.c after `_mi_prim_alloc` and before
