@@ -27,7 +27,8 @@
 //! callgrind, plain and with the layer at the default rate ([`instructions`]:
 //! the stable figure behind (1)'s timings).
 //! Arguments: `--quick` for fewer rounds and iterations; `--big` for
-//! section (5) alone, `--instructions` for (6) alone.
+//! section (5) alone, `--instructions` for (6) alone, `--fast-path` for
+//! (1) at the default rate alone.
 //!
 //! `bench peers` builds the same [`Programs`] and runs (1) at the default
 //! rate alone ([`per_operation`]) for issue 12's fast-path target.
@@ -319,9 +320,15 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         "## Per-operation cost: ratio to the plain backend (median of {rounds} interleaved rounds, min-max of the per-round ratios; {iters} pairs per run)\n"
     );
     println!("{PER_OPERATION_HEAD}");
-    let rates = [("off", "0"), DEFAULT_RATE, ("64k", "65536")];
+    // `--fast-path`: the default rate alone, then the verdict and the end.
+    let fast_path_only = args.iter().any(|a| a == "--fast-path");
+    let rates: &[(&'static str, &'static str)] = if fast_path_only {
+        &[DEFAULT_RATE]
+    } else {
+        &[("off", "0"), DEFAULT_RATE, ("64k", "65536")]
+    };
     let pairs: f64 = iters.parse()?;
-    let groups = per_operation(&programs, &rates, iters, rounds, |g| g.print(&rates, pairs))?;
+    let groups = per_operation(&programs, rates, iters, rounds, |g| g.print(rates, pairs))?;
     let mut missed = Vec::new();
     for g in &groups {
         for (rate, r) in rates.iter().zip(&g.rows) {
@@ -339,6 +346,10 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
             "\nTarget (default rate <= {FAST_PATH_TARGET}x the plain backend) missed: {}",
             missed.join(", ")
         );
+    }
+    if fast_path_only {
+        println!("\nLoad average at the end: {}", load_average());
+        return Ok(());
     }
     print_instructions(&instructions(&programs, quick)?);
 
@@ -457,8 +468,10 @@ fn instructions_of(s: &Setup, mode: &str, pairs: u64) -> Result<u64> {
     let c = command(s, &[]);
     let prog = c.get_program().to_owned();
     let mut vg = Command::new("valgrind");
-    vg.args(["--tool=callgrind", "--callgrind-out-file"])
-        .arg(&out_file)
+    let mut out_arg = std::ffi::OsString::from("--callgrind-out-file=");
+    out_arg.push(&out_file);
+    vg.arg("--tool=callgrind")
+        .arg(out_arg)
         .arg(prog)
         .args([mode, &pairs.to_string()])
         .stdout(std::process::Stdio::null());
@@ -485,16 +498,23 @@ fn instructions_of(s: &Setup, mode: &str, pairs: u64) -> Result<u64> {
 }
 
 /// Instructions per pair: the difference of two runs of different lengths,
-/// so start-up, set-up and teardown cancel out.
+/// so start-up, set-up and teardown cancel out. Per pair of one thread in
+/// the 2-thread workloads (each thread runs that many pairs), as the
+/// timings are.
 fn instructions_per_pair(s: &Setup, mode: &str, quick: bool) -> Result<f64> {
     let (short, long) = if quick {
         (100_000, 300_000)
     } else {
         (200_000, 600_000)
     };
+    let threads = if matches!(mode, "threads2" | "churn-2t") {
+        2.0
+    } else {
+        1.0
+    };
     let a = instructions_of(s, mode, short)?;
     let b = instructions_of(s, mode, long)?;
-    Ok((b as f64 - a as f64) / (long - short) as f64)
+    Ok((b as f64 - a as f64) / (long - short) as f64 / threads)
 }
 
 /// Every workload on every backend under callgrind (threads run one at a

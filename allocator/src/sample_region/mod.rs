@@ -197,21 +197,22 @@ const FAILED: u64 = 3;
 /// and a compare.
 #[inline(always)]
 pub fn contains(p: *const u8) -> bool {
-    let (base, len): (usize, usize);
+    let (off, len): (usize, usize);
     // SAFETY: reads the two aligned words of `BOUNDS` rip-relative (a plain
     // `.load()` would go through the GOT from another crate, see
     // `load_relaxed_direct!`); aligned 8-byte loads are atomic on x86_64.
+    // `off` = p - base with base as a memory operand (one load fewer).
     unsafe {
         core::arch::asm!(
-            "mov {b}, qword ptr [rip + {s}]",
+            "sub {o}, qword ptr [rip + {s}]",
             "mov {l}, qword ptr [rip + {s} + 8]",
-            b = out(reg) base,
+            o = inout(reg) p as usize => off,
             l = out(reg) len,
             s = sym BOUNDS,
-            options(readonly, nostack, preserves_flags),
+            options(readonly, nostack),
         );
     }
-    (p as usize).wrapping_sub(base) < len
+    off < len
 }
 
 /// The region's address range and whether it runs in lazy mode, once it
