@@ -22,10 +22,11 @@
 //! stays resident after everything is freed;
 //! (5) big-block churn (malloc, memset, free of 1-64 MiB blocks, nearly all
 //! sampled at the default rate) against the same library with
-//! `ALLOCPROF_RATE=0`, for issue 26's target (within 5%);
-//! (6) instructions per malloc/free pair of each workload and backend under
-//! callgrind, plain and with the layer at the default rate ([`instructions`]:
-//! the stable figure behind (1)'s timings).
+//! `ALLOCPROF_RATE=0`, for issue 26's target (within 5%).
+//! Right after (1) and its verdict: (6) instructions per malloc/free pair of
+//! each workload and backend under callgrind, plain and with the layer at
+//! the default rate ([`instructions`]: the stable figure behind (1)'s
+//! timings).
 //! Arguments: `--quick` for fewer rounds and iterations; `--big` for
 //! section (5) alone, `--instructions` for (6) alone, `--fast-path` for
 //! (1) at the default rate alone.
