@@ -3,8 +3,10 @@
 //! `DEP_MIMALLOC_INCLUDE_DIR`), with that crate's flags and defines, plus
 //! one change: mimalloc's OS primitives (`_mi_prim_*`) and its generic
 //! allocation path keep C's errno semantics themselves
-//! (`c/mimalloc_errno.c`), so the exported `malloc`/`free` can tail-call
-//! `mi_malloc`/`mi_free` with nothing around them.
+//! (`c/mimalloc_errno.c`), so the exported `malloc`/`free` need nothing
+//! around mimalloc's fast paths; they are `c/entries.c`, appended to the
+//! same unity file so that those fast paths are inlined into them, and
+//! exported through `--defsym` (see the end of `main`).
 //!
 //! The unity file is `static.c` (libmimalloc-sys's single translation
 //! unit) with the definitions in `page.c` and `prim/prim.c` renamed to

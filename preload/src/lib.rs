@@ -6,7 +6,10 @@
 //! linked). Its slow paths keep errno as C requires (c/mimalloc_errno.c):
 //! every OS primitive runs with errno saved and restored, and a failed
 //! allocation sets ENOMEM. Its fast paths make no call. So `malloc` and
-//! `free` tail-call `mi_malloc`/`mi_free` with no errno work around them.
+//! `free` need no errno work around mimalloc: they are C functions compiled
+//! with mimalloc (c/entries.c) with its fast paths inlined after the
+//! countdown and the range compare (exported under the names the Rust
+//! entries of `export_c_allocator!` hold, see build.rs).
 
 use core::ffi::c_void;
 
