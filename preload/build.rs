@@ -3,8 +3,10 @@
 //! `DEP_MIMALLOC_INCLUDE_DIR`), with that crate's flags and defines, plus
 //! one change: mimalloc's OS primitives (`_mi_prim_*`) and its generic
 //! allocation path keep C's errno semantics themselves
-//! (`c/mimalloc_errno.c`), so the exported `malloc`/`free` can tail-call
-//! `mi_malloc`/`mi_free` with nothing around them.
+//! (`c/mimalloc_errno.c`), so the exported `malloc`/`free` need nothing
+//! around mimalloc's fast paths; they are `c/entries.c`, appended to the
+//! same unity file so that those fast paths are inlined into them, and
+//! exported through `--defsym` (see the end of `main`).
 //!
 //! The unity file is `static.c` (libmimalloc-sys's single translation
 //! unit) with the definitions in `page.c` and `prim/prim.c` renamed to
@@ -27,8 +29,11 @@ fn main() {
         env::var("DEP_MIMALLOC_INCLUDE_DIR").expect("libmimalloc-sys exports its include dir"),
     );
     let src = include.parent().expect("include/ has a parent").join("src");
-    let glue = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("c/mimalloc_errno.c");
+    let c_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("c");
+    let glue = c_dir.join("mimalloc_errno.c");
+    let entries = c_dir.join("entries.c");
     println!("cargo:rerun-if-changed={}", glue.display());
+    println!("cargo:rerun-if-changed={}", entries.display());
     println!("cargo:rerun-if-changed=build.rs");
 
     let glue_text = fs::read_to_string(&glue).expect("read c/mimalloc_errno.c");
@@ -71,6 +76,7 @@ fn main() {
         "libmimalloc-sys's static.c no longer includes page.c and prim/prim.c: review build.rs"
     );
     writeln!(unity, "#include \"{}\"", glue.display()).unwrap();
+    writeln!(unity, "#include \"{}\"", entries.display()).unwrap();
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("mimalloc_allocprof.c");
     fs::write(&out, unity).expect("write the unity file");
 
@@ -96,6 +102,18 @@ fn main() {
             .define("NDEBUG", None);
     }
     build.compile("allocprof_mimalloc");
+
+    // The exported `malloc` and `free` are the C functions of c/entries.c,
+    // mimalloc's fast paths inlined: rustc's version script exports only
+    // symbols Rust defines, so the Rust entries (`export_c_allocator!`)
+    // keep the names exported and these assignments, which take precedence
+    // over the Rust definitions, give the names the C functions' addresses.
+    for (name, c_fn) in [
+        ("malloc", "allocprof_mimalloc_malloc"),
+        ("free", "allocprof_mimalloc_free"),
+    ] {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,--defsym={name}={c_fn}");
+    }
 }
 
 /// `_mi_prim_*` names wrapped by the glue (`ALLOCPROF_WRAP(type, name, ...`

@@ -6,7 +6,10 @@
 //! linked). Its slow paths keep errno as C requires (c/mimalloc_errno.c):
 //! every OS primitive runs with errno saved and restored, and a failed
 //! allocation sets ENOMEM. Its fast paths make no call. So `malloc` and
-//! `free` tail-call `mi_malloc`/`mi_free` with no errno work around them.
+//! `free` need no errno work around mimalloc: they are C functions compiled
+//! with mimalloc (c/entries.c) with its fast paths inlined after the
+//! countdown and the range compare (exported under the names the Rust
+//! entries of `export_c_allocator!` hold, see build.rs).
 
 use core::ffi::c_void;
 
@@ -123,6 +126,33 @@ allocator::export_c_allocator!(
     Mimalloc,
     local malloc = allocprof_mi_malloc,
     local free = allocprof_mi_free,
+);
+
+// The slow halves of c/entries.c's `malloc` and `free` (which the library
+// exports instead of the Rust entries above, see build.rs), under hidden
+// fixed names: tail jumps to the generic Rust functions, on the slow paths
+// only.
+core::arch::global_asm!(
+    ".pushsection .text.allocprof_entries_slow,\"ax\",@progbits",
+    ".globl allocprof_malloc_expired",
+    ".hidden allocprof_malloc_expired",
+    ".type allocprof_malloc_expired,@function",
+    "allocprof_malloc_expired:",
+    ".cfi_startproc",
+    "jmp {malloc_expired}",
+    ".cfi_endproc",
+    ".size allocprof_malloc_expired, . - allocprof_malloc_expired",
+    ".globl allocprof_free_sampled",
+    ".hidden allocprof_free_sampled",
+    ".type allocprof_free_sampled,@function",
+    "allocprof_free_sampled:",
+    ".cfi_startproc",
+    "jmp {free_sampled}",
+    ".cfi_endproc",
+    ".size allocprof_free_sampled, . - allocprof_free_sampled",
+    ".popsection",
+    malloc_expired = sym allocator::capi::malloc_expired::<Mimalloc>,
+    free_sampled = sym allocator::capi::free_sampled::<Mimalloc>,
 );
 
 /// `otel_memory:mmap` and `otel_memory:munmap` for the memory mimalloc maps

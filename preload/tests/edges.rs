@@ -85,6 +85,87 @@ fn free_sized_and_free_aligned_sized() {
     }
 }
 
+/// What each library exports is exactly the C allocator and
+/// `allocprof_stats`: nothing of mimalloc, of the Rust runtime or of the
+/// fused C entries' helpers leaks into the interposed namespace.
+#[test]
+fn exports_are_exactly_the_c_allocator() {
+    let nm = require_tool("nm", "binutils");
+    let mut expected = vec![
+        "__libc_calloc",
+        "__libc_free",
+        "__libc_malloc",
+        "__libc_memalign",
+        "__libc_pvalloc",
+        "__libc_realloc",
+        "__libc_valloc",
+        "aligned_alloc",
+        "allocprof_stats",
+        "calloc",
+        "cfree",
+        "free",
+        "free_aligned_sized",
+        "free_sized",
+        "malloc",
+        "malloc_usable_size",
+        "memalign",
+        "posix_memalign",
+        "pvalloc",
+        "realloc",
+        "reallocarray",
+        "valloc",
+    ];
+    expected.sort_unstable();
+    for backend in BACKENDS {
+        let out = run_ok(
+            Command::new(&nm)
+                .args(["-D", "--defined-only", "--format=posix"])
+                .arg(library(backend)),
+            "nm -D",
+        );
+        let mut names: Vec<String> = stdout(&out)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .collect();
+        names.sort_unstable();
+        assert_eq!(names, expected, "{backend:?}: exported symbols");
+    }
+}
+
+/// liballocprof.so's exported `malloc` and `free` are the C functions with
+/// mimalloc's fast paths inlined (preload/c/entries.c, aliased by the
+/// link's `--defsym`), not the Rust entries that tail-jump into mimalloc.
+#[test]
+fn mimalloc_entries_have_its_fast_path_inlined() {
+    let nm = require_tool("nm", "binutils");
+    let out = run_ok(
+        Command::new(&nm)
+            .args(["--defined-only", "--format=posix"])
+            .arg(library(Backend::Mimalloc)),
+        "nm",
+    );
+    let text = stdout(&out);
+    let address = |name: &str| -> Vec<&str> {
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(name)).then(|| f.nth(1)).flatten()
+            })
+            .collect()
+    };
+    for (export, fused) in [
+        ("malloc", "allocprof_mimalloc_malloc"),
+        ("free", "allocprof_mimalloc_free"),
+    ] {
+        let (e, f) = (address(export), address(fused));
+        assert!(
+            !f.is_empty() && e == f,
+            "`{export}` is at {e:?}, the fused C entry `{fused}` at {f:?}"
+        );
+    }
+}
+
 /// The region is never backed by transparent huge pages (`nh`), and a
 /// live sampled block is in core dumps (no `dd`: only the region past the
 /// slots ever placed is left out, see tests/region.rs).

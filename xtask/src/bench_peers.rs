@@ -26,7 +26,8 @@
 //!
 //! - the fast path: `bench alloc`'s per-operation section at the default
 //!   rate only (each library and `SamplingAllocator<System>` against its
-//!   plain backend, in fewer rounds), target ≤ 1.03;
+//!   plain backend, in fewer rounds), target ≤ 1.02, with each one's
+//!   instructions per malloc/free pair under callgrind;
 //! - the attached cost per sampled alloc and free: `bench pipeline`'s cost
 //!   loop in one thread and in two at once, targets ≤ 2 µs and ≤ 0.8 µs;
 //! - from the table above: attached / unattached wall time on the 2-thread
@@ -266,12 +267,20 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     }
     println!();
 
-    let (fast_path, costs) = match only {
-        Some(_) => (Vec::new(), Vec::new()),
-        None => (fast_path(&programs, quick)?, sampled_costs(root)?),
+    let (fast_path, instructions, costs) = match only {
+        Some(_) => (Vec::new(), Vec::new(), Vec::new()),
+        None => {
+            let groups = fast_path(&programs, quick)?;
+            eprintln!("peers: the fast path's instructions (callgrind)");
+            let instructions = bench_alloc::instructions(&programs, quick)?;
+            bench_alloc::print_instructions(&instructions);
+            println!();
+            (groups, instructions, sampled_costs(root)?)
+        }
     };
     print_targets(&Measured {
         fast_path: &fast_path,
+        instructions: &instructions,
         costs: &costs,
         pairs: &pairs,
         programs: &programs_rows,

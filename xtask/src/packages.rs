@@ -45,6 +45,8 @@ const BENCH_PACKAGES: &[(&str, &str)] = &[
         "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
     ),
     ("heaptrack", "/usr/bin/heaptrack"),
+    // Instructions per malloc/free pair (`bench alloc`, `bench peers`).
+    ("valgrind", "/usr/bin/valgrind"),
 ];
 
 pub fn ensure_test_packages() -> Result<()> {

@@ -139,8 +139,9 @@ const UNMAPPED_BASE: usize = 0usize.wrapping_sub(MAX_REGION_LEN);
 /// The region's range: `p - base < len` is the whole "is it sampled?"
 /// test of `free`, so both words share one cache line of their own (read on
 /// every free, written once). `len` is 0 until the region exists. Public
-/// only for the `free` entry of `export_c_allocator!`, which reads it in
-/// assembly (`base` at offset 0, `len` at 8).
+/// only for the `free` entries that read it outside Rust: the assembly of
+/// `export_c_allocator!` and liballocprof.so's C `free` (`base` at offset 0,
+/// `len` at 8).
 #[doc(hidden)]
 #[repr(C, align(64))]
 pub struct Bounds {
@@ -148,11 +149,32 @@ pub struct Bounds {
     pub len: AtomicUsize,
 }
 
-#[doc(hidden)]
-pub static BOUNDS: Bounds = Bounds {
-    base: AtomicUsize::new(UNMAPPED_BASE),
-    len: AtomicUsize::new(0),
-};
+// `BOUNDS` is defined here in assembly under a fixed, hidden name, so that
+// C code linked into the same library (preload/c/entries.c) can read it
+// rip-relative, as the assembly entries do; a Rust `#[no_mangle]` static
+// would be exported from the cdylib.
+core::arch::global_asm!(
+    ".pushsection .data.__allocprof_sample_bounds,\"aw\",@progbits",
+    ".balign 64",
+    ".globl __allocprof_sample_bounds",
+    ".hidden __allocprof_sample_bounds",
+    ".type __allocprof_sample_bounds,@object",
+    ".size __allocprof_sample_bounds,64",
+    "__allocprof_sample_bounds:",
+    ".quad {base}",
+    ".quad 0",
+    ".zero 48",
+    ".popsection",
+    base = const UNMAPPED_BASE,
+);
+const _: () = assert!(size_of::<Bounds>() == 64);
+
+unsafe extern "C" {
+    /// Initially `base` = `UNMAPPED_BASE`, `len` = 0 (see above).
+    #[doc(hidden)]
+    #[link_name = "__allocprof_sample_bounds"]
+    pub safe static BOUNDS: Bounds;
+}
 static META: AtomicPtr<SlotMeta> = AtomicPtr::new(ptr::null_mut());
 /// The ledger's record table, 0 if none (lazy mode commits its records).
 static TABLE: AtomicUsize = AtomicUsize::new(0);
@@ -175,21 +197,22 @@ const FAILED: u64 = 3;
 /// and a compare.
 #[inline(always)]
 pub fn contains(p: *const u8) -> bool {
-    let (base, len): (usize, usize);
+    let (off, len): (usize, usize);
     // SAFETY: reads the two aligned words of `BOUNDS` rip-relative (a plain
     // `.load()` would go through the GOT from another crate, see
     // `load_relaxed_direct!`); aligned 8-byte loads are atomic on x86_64.
+    // `off` = p - base with base as a memory operand (one load fewer).
     unsafe {
         core::arch::asm!(
-            "mov {b}, qword ptr [rip + {s}]",
+            "sub {o}, qword ptr [rip + {s}]",
             "mov {l}, qword ptr [rip + {s} + 8]",
-            b = out(reg) base,
+            o = inout(reg) p as usize => off,
             l = out(reg) len,
             s = sym BOUNDS,
-            options(readonly, nostack, preserves_flags),
+            options(readonly, nostack),
         );
     }
-    (p as usize).wrapping_sub(base) < len
+    off < len
 }
 
 /// The region's address range and whether it runs in lazy mode, once it

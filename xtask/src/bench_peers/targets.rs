@@ -6,7 +6,7 @@ use super::{
     workloads::{self, Workload},
 };
 use crate::{
-    bench_alloc::{FAST_PATH_TARGET, Group, median},
+    bench_alloc::{FAST_PATH_TARGET, Group, Instructions, median},
     bench_pipeline::SampledCost,
 };
 
@@ -33,6 +33,8 @@ pub(super) struct Pair {
 pub(super) struct Measured<'a> {
     /// Per workload and backend, the default rate's row.
     pub(super) fast_path: &'a [Group],
+    /// Per workload and backend, callgrind's instructions per pair.
+    pub(super) instructions: &'a [Instructions],
     /// Per thread count, `bench pipeline`'s cost loop.
     pub(super) costs: &'a [(&'static str, SampledCost)],
     /// Per workload and attached setup.
@@ -67,8 +69,21 @@ pub(super) fn print_targets(m: &Measured) {
     println!("|---|---|---|---|");
     for g in m.fast_path {
         let r = &g.rows[0];
+        let instructions = m
+            .instructions
+            .iter()
+            .find(|i| i.mode == g.mode && i.setup == g.setup)
+            .map(|i| {
+                format!(
+                    "; instructions per pair {:.1} vs {:.1} ({:+.1})",
+                    i.layer,
+                    i.plain,
+                    i.layer - i.plain
+                )
+            })
+            .unwrap_or_default();
         println!(
-            "| fast path, default rate: ≤ {FAST_PATH_TARGET} × the plain backend | {}: {} vs {} | {:.3} ({:.3}–{:.3}) | {} |",
+            "| fast path, default rate: ≤ {FAST_PATH_TARGET} × the plain backend | {}: {} vs {} | {:.3} ({:.3}–{:.3}){instructions} | {} |",
             g.mode,
             g.setup,
             g.reference,
