@@ -7,6 +7,7 @@ fn frame(function: &str, module: &str) -> Frame {
         module: Some(module.into()),
         inlined: false,
         offset: None,
+        kind: FrameKind::Native,
     }
 }
 

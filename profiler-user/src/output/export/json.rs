@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     model::profile::{ProcessState, Profile},
     model::stats::Totals,
-    symbolize::Frame,
+    symbolize::{Frame, FrameKind},
 };
 
 /// 2: `*_ci95` may be null (unavailable); `contracts`, `weight_form`,
@@ -481,6 +481,7 @@ mod tests {
             module: None,
             inlined: false,
             offset: None,
+            kind: FrameKind::Native,
         };
         assert_eq!(
             (frame(&f).file.as_deref(), frame(&f).line),

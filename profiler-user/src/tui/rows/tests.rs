@@ -6,6 +6,7 @@ use profiler_common::DROP_REASONS;
 
 use super::*;
 use allocprof::model::profile::ProcessState;
+use allocprof::symbolize::FrameKind;
 
 pub fn frames(names: &[&str]) -> Arc<[Frame]> {
     names
@@ -16,6 +17,7 @@ pub fn frames(names: &[&str]) -> Arc<[Frame]> {
             module: Some("/usr/bin/work".into()),
             inlined: false,
             offset: None,
+            kind: FrameKind::Native,
         })
         .collect()
 }
