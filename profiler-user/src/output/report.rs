@@ -9,7 +9,7 @@ use crate::{
     model::profile::{ProcessState, Profile, StackProfile, is_loss},
     model::stats::{Totals, human_bytes, human_ci, human_count},
     output::inert::inert,
-    symbolize::{Frame, is_library_frame},
+    symbolize::{Frame, FrameKind, is_library_frame, most_informative},
 };
 
 /// How much of the profile to show.
@@ -326,6 +326,9 @@ fn stacks(out: &mut String, stacks: &[StackProfile], total: Totals, opts: Report
             old,
             human_age(s.totals.ages.oldest),
         );
+        if let Some(python) = most_informative(&s.frames).filter(|f| f.kind == FrameKind::Python) {
+            let _ = writeln!(out, "    site: {}", inert(&python.site_name()));
+        }
         frames(out, &s.frames, opts.depth);
     }
     if stacks.len() > opts.top {

@@ -35,6 +35,8 @@ pub enum CodeError {
     Blocked(crate::process::target_memory::Unreadable),
     #[error("Python {0}: no code object layout for this version")]
     Unsupported(PyVersion),
+    #[error("the interpreter's version is not known")]
+    NoVersion,
     #[error("not a code object at {at:#x}: {why}")]
     NotCode { at: u64, why: &'static str },
     #[error("not a string at {at:#x}: {why}")]
@@ -47,6 +49,17 @@ pub enum CodeError {
 pub trait Memory {
     /// Exactly `len` bytes at `address`.
     fn read(&self, address: u64, len: usize) -> Result<Vec<u8>, CodeError>;
+}
+
+/// No memory to read (a process gone): every read fails as unreadable.
+pub struct NoMemory;
+
+impl Memory for NoMemory {
+    fn read(&self, _address: u64, _len: usize) -> Result<Vec<u8>, CodeError> {
+        Err(CodeError::Blocked(
+            crate::process::target_memory::Unreadable::NoThread(std::io::ErrorKind::NotFound),
+        ))
+    }
 }
 
 /// A process's memory through the session's reader (never blocks the
@@ -169,7 +182,7 @@ fn word(bytes: &[u8], at: usize) -> u64 {
 }
 
 fn plausible_pointer(p: u64) -> bool {
-    p != 0 && p % 8 == 0 && p < 1 << 47
+    p != 0 && p.is_multiple_of(8) && p < 1 << 47
 }
 
 /// The header of the code object at `address`. With `code_type` (the

@@ -95,6 +95,16 @@ impl Frame {
         }
     }
 
+    /// Its name in a flamegraph: a Python frame's function and line
+    /// ([`Frame::site_name`]; each line its own box, as py-spy draws them),
+    /// a native frame's function.
+    pub fn flame_name(&self) -> Name {
+        match self.kind {
+            FrameKind::Python => self.site_name().into(),
+            FrameKind::Native => self.function.clone(),
+        }
+    }
+
     /// How a site is named by this frame: a Python frame by its function,
     /// file name and line (`handle_request (server.py:42)`), a native one by
     /// its function.
@@ -139,6 +149,9 @@ impl Frame {
 pub struct Request<K> {
     pub key: K,
     pub frames: Vec<(u64, Option<FileAddr>)>,
+    /// The thread's Python frames, resolved, innermost first: they take
+    /// the place of the native eval frames (`python::merge`).
+    pub python: Vec<crate::python::merge::PyItem>,
 }
 
 /// Symbolized stack, innermost frame first, allocator frames removed.
@@ -181,7 +194,12 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                 let mut names = Interner::default();
                 for batch in req_rx {
                     let _quiet = QuietContainedPanics::install();
-                    for Request { key, frames } in batch {
+                    for Request {
+                        key,
+                        frames,
+                        python,
+                    } in batch
+                    {
                         used.note(&frames);
                         let symbolized = match mode {
                             Symbolization::Names => {
@@ -189,6 +207,7 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                             }
                             Symbolization::Addresses => address_stack(&mut names, &frames),
                         };
+                        let symbolized = crate::python::merge::merge(symbolized, python);
                         // The request held the files open: release them
                         // before answering (nothing else may need them).
                         drop(frames);

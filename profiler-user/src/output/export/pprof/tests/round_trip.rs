@@ -81,6 +81,7 @@ fn arbitrary_profile() -> impl Strategy<Value = Profile> {
                     frames[i].inlined = false;
                 } else if frames[i].inlined {
                     frames[i].module = frames[i + 1].module.clone();
+                    frames[i].kind = frames[i + 1].kind;
                 }
             }
             let [ao, ab, lo, lb] = values.map(f64::from);
