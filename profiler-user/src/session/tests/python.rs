@@ -21,7 +21,7 @@ extern "C" fn _PyEval_EvalFrameDefault() -> u64 {
 }
 
 fn eval_address() -> u64 {
-    _PyEval_EvalFrameDefault as usize as u64 + 1
+    _PyEval_EvalFrameDefault as *const () as u64 + 1
 }
 
 /// Objects laid out as CPython 3.11's, in our memory (kept alive here).
