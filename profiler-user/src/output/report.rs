@@ -427,6 +427,30 @@ mod tests {
     }
 
     #[test]
+    fn a_python_stack_is_named_by_its_innermost_python_frame() {
+        let mut profile = hand_made();
+        let python = Frame::python("handle_request", "/srv/app/server.py", Some(42));
+        let mut frames = profile.processes[0].stacks[0].frames.to_vec();
+        frames.insert(1, python);
+        profile.processes[0].stacks[0].frames = frames.into();
+        let text = render(&profile, ReportOptions::default());
+        assert!(
+            text.contains("site: handle_request (server.py:42)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("handle_request  /srv/app/server.py:42"),
+            "{text}"
+        );
+        // Native stacks have none (the stack may be listed more than once).
+        assert_eq!(
+            text.matches("site:").count(),
+            text.matches("handle_request  /srv").count(),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn lost_live_bytes_mark_the_estimate_a_lower_bound() {
         let mut profile = hand_made();
         let plain = render(&profile, ReportOptions::default());
