@@ -9,7 +9,7 @@ use crate::{
     model::profile::{ProcessState, Profile, StackProfile, is_loss},
     model::stats::{Totals, human_bytes, human_ci, human_count},
     output::inert::inert,
-    symbolize::{Frame, is_library_frame},
+    symbolize::{Frame, FrameKind, is_library_frame, most_informative},
 };
 
 /// How much of the profile to show.
@@ -326,6 +326,9 @@ fn stacks(out: &mut String, stacks: &[StackProfile], total: Totals, opts: Report
             old,
             human_age(s.totals.ages.oldest),
         );
+        if let Some(python) = most_informative(&s.frames).filter(|f| f.kind == FrameKind::Python) {
+            let _ = writeln!(out, "    site: {}", inert(&python.site_name()));
+        }
         frames(out, &s.frames, opts.depth);
     }
     if stacks.len() > opts.top {
@@ -421,6 +424,30 @@ mod tests {
         );
         assert!(text.contains("\\x1b[2J\\x1b]0;x\\x07esc"), "{text}");
         assert!(text.contains("evil\\x1b[31m\\u{202e}"), "{text}");
+    }
+
+    #[test]
+    fn a_python_stack_is_named_by_its_innermost_python_frame() {
+        let mut profile = hand_made();
+        let python = Frame::python("handle_request", "/srv/app/server.py", Some(42));
+        let mut frames = profile.processes[0].stacks[0].frames.to_vec();
+        frames.insert(1, python);
+        profile.processes[0].stacks[0].frames = frames.into();
+        let text = render(&profile, ReportOptions::default());
+        assert!(
+            text.contains("site: handle_request (server.py:42)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("handle_request  /srv/app/server.py:42"),
+            "{text}"
+        );
+        // Native stacks have none (the stack may be listed more than once).
+        assert_eq!(
+            text.matches("site:").count(),
+            text.matches("handle_request  /srv").count(),
+            "{text}"
+        );
     }
 
     #[test]

@@ -20,3 +20,10 @@ impl std::fmt::Display for PyVersion {
         write!(f, "{}.{}.{}", self.major, self.minor, self.micro)
     }
 }
+
+pub mod cache;
+pub mod code;
+pub mod linetable;
+pub mod merge;
+#[cfg(test)]
+mod tests;

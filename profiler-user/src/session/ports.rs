@@ -164,6 +164,11 @@ pub trait ProcessPort {
     fn take_warnings(&mut self) -> Vec<String> {
         Vec::new()
     }
+    /// Its memory, to read the Python code objects its stacks name (none
+    /// where it cannot be read: then they show as unreadable).
+    fn python_memory(&self, _pid: Pid) -> Option<Box<dyn crate::python::code::Memory + '_>> {
+        None
+    }
 }
 
 impl KernelPort for Kernel {
@@ -423,5 +428,13 @@ impl ProcessPort for Procfs {
 
     fn take_warnings(&mut self) -> Vec<String> {
         self.memory.take_warnings()
+    }
+
+    fn python_memory(&self, pid: Pid) -> Option<Box<dyn crate::python::code::Memory + '_>> {
+        let process = discover::Process::find(pid)?;
+        Some(Box::new(crate::python::code::TargetReader {
+            memory: &self.memory,
+            thread: process.thread(),
+        }))
     }
 }

@@ -61,6 +61,7 @@ pub(super) struct Tracked {
     /// CLOCK_MONOTONIC ns).
     pub attached_ns: HashMap<FileId, u64>,
     pub symbols: Symbols,
+    pub python: Option<crate::python::PyVersion>,
 }
 
 /// What the session knows of a process's current image.
@@ -84,6 +85,8 @@ pub(super) struct ImageState {
     pub ledger: Option<LedgerImage>,
     /// Where its backend-statistics block is (found at the first read).
     pub backend_block: BackendBlock,
+    /// The Python code objects its stacks name (a CPython process).
+    pub python_code: crate::python::cache::CodeCache,
 }
 
 /// The names of a live incarnation's stacks, by stack id.
@@ -112,6 +115,7 @@ impl Tracked {
             attached: HashMap::new(),
             attached_ns: HashMap::new(),
             symbols: Symbols::default(),
+            python: None,
         }
     }
 

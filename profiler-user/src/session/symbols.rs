@@ -8,10 +8,16 @@
 use std::{collections::HashMap, sync::Arc};
 
 use super::{Incarnation, KernelPort, ProcessPort, Session, SymbolKey, record::Symbols};
+use profiler_common::python::split_python;
+
 use crate::ids::Pid;
 use crate::{
     kernel::KernelSnapshot,
     model::profile::synthetic_stack,
+    python::{
+        code::{CodeError, Layout, Memory, NoMemory},
+        merge::PyItem,
+    },
     symbolize::{Frame, Request, Response, heap_bytes},
 };
 
@@ -49,14 +55,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 continue;
             }
             let incarnation = self.incarnation(Pid(key.pid));
-            let tracked = &self.tracked[&Pid(key.pid)];
-            let space = tracked.image.space.as_ref();
-            let symbols = &tracked.symbols;
             let stack = key.stack_id;
-            if symbols.pending.contains(&stack)
-                || (symbols.names.contains_key(&stack) && !newly_mapped(symbols, stack, space))
             {
-                continue;
+                let tracked = &self.tracked[&Pid(key.pid)];
+                let space = tracked.image.space.as_ref();
+                let symbols = &tracked.symbols;
+                if symbols.pending.contains(&stack)
+                    || (symbols.names.contains_key(&stack) && !newly_mapped(symbols, stack, space))
+                {
+                    continue;
+                }
             }
             let addrs = match self.seeded_stack(Pid(key.pid), stack) {
                 Some(frames) => Some(frames.to_vec()),
@@ -65,9 +73,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let Some(addrs) = addrs else {
                 continue;
             };
-            let frames: Vec<_> = addrs
-                .into_iter()
-                .map(|a| (a, space.and_then(|s| s.normalize(a))))
+            // The Python part is code objects, not addresses: resolved now,
+            // while the process lives, before the native part is normalized.
+            let (native, python) = split_python(&addrs);
+            let python = self.resolve_python(Pid(key.pid), python);
+            let space = self.tracked[&Pid(key.pid)].image.space.as_ref();
+            let frames: Vec<_> = native
+                .iter()
+                .map(|&a| (a, space.and_then(|s| s.normalize(a))))
                 .collect();
             // Walked before its process's tables were in: only the frames
             // that can be vouched for (a live image's waits for its files'
@@ -94,10 +107,31 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 incarnation,
                 stack,
             };
-            batch.push(Request { key, frames });
+            batch.push(Request {
+                key,
+                frames,
+                python,
+            });
         }
         self.in_flight += batch.len();
         self.symbolizer.submit(batch);
+    }
+
+    /// The Python part of a stack of `pid`, resolved through its image's
+    /// code cache (see `python::cache`).
+    fn resolve_python(&mut self, pid: Pid, python: &[u64]) -> Vec<PyItem> {
+        if python.is_empty() {
+            return Vec::new();
+        }
+        let Some(tracked) = self.tracked.get_mut(&pid) else {
+            return Vec::new();
+        };
+        let layout = tracked
+            .python
+            .map_or(Err(CodeError::NoVersion), Layout::for_version);
+        let memory = self.processes.python_memory(pid);
+        let memory: &dyn Memory = memory.as_deref().unwrap_or(&NoMemory);
+        tracked.image.python_code.resolve(memory, layout, python)
     }
 
     /// Takes in what the symbolizer has finished.

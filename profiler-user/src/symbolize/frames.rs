@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::{Frame, basename};
+use super::{Frame, FrameKind, basename};
 
 /// Drops the innermost frames that belong to the allocator itself (the
 /// LD_PRELOAD library, the Rust global allocator and the standard library's
@@ -102,11 +102,18 @@ fn qualified_name(name: &str) -> &str {
     &name[start..]
 }
 
-/// The frame that best names a stack: the first that is neither allocator
-/// nor standard library, else the innermost.
+/// The frame that best names a stack: in a Python process, the innermost
+/// Python function (what the program's author wrote; the interpreter's
+/// frames inside it are how it allocates); else the first that is neither
+/// allocator nor standard library, else the innermost.
 pub fn most_informative(frames: &[Frame]) -> Option<&Frame> {
     frames
         .iter()
-        .find(|f| !is_allocator_frame(f) && !is_library_frame(f))
+        .find(|f| f.kind == FrameKind::Python && f.location.is_some())
+        .or_else(|| {
+            frames
+                .iter()
+                .find(|f| !is_allocator_frame(f) && !is_library_frame(f))
+        })
         .or_else(|| frames.first())
 }

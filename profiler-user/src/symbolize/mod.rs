@@ -52,6 +52,72 @@ pub struct Frame {
     /// frames left unsymbolized for the backend to symbolize
     /// ([`Symbolization::Addresses`]), whose names say no more than this.
     pub offset: Option<u64>,
+    /// Machine code, or a Python function.
+    pub kind: FrameKind,
+}
+
+/// What a frame runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrameKind {
+    /// Machine code: `function` a symbol, `module` the file it is in.
+    #[default]
+    Native,
+    /// Python code of a CPython process: `function` the code's qualified
+    /// name, `location` its `file:line` (the file alone when the line is
+    /// unknown), `module` [`PYTHON_MODULE`] (pprof's and OTLP's mapping).
+    Python,
+}
+
+/// The module of every Python frame: what the exports file Python code
+/// under (its files are in the frames' locations).
+pub const PYTHON_MODULE: &str = "[python]";
+
+impl Frame {
+    /// A Python frame: `qualname` at `file:line`.
+    pub fn python(qualname: &str, file: &str, line: Option<i32>) -> Frame {
+        Frame {
+            location: Some(match line {
+                Some(line) => format!("{file}:{line}").into(),
+                None => file.into(),
+            }),
+            module: Some(PYTHON_MODULE.into()),
+            kind: FrameKind::Python,
+            ..Frame::named(qualname)
+        }
+    }
+
+    /// A marker among Python frames (code that could not be read, a walk
+    /// cut short).
+    pub fn python_marker(text: &str) -> Frame {
+        Frame {
+            kind: FrameKind::Python,
+            ..Frame::named(text)
+        }
+    }
+
+    /// Its name in a flamegraph: a Python frame's function and line
+    /// ([`Frame::site_name`]; each line its own box, as py-spy draws them),
+    /// a native frame's function.
+    pub fn flame_name(&self) -> Name {
+        match self.kind {
+            FrameKind::Python => self.site_name().into(),
+            FrameKind::Native => self.function.clone(),
+        }
+    }
+
+    /// How a site is named by this frame: a Python frame by its function,
+    /// file name and line (`handle_request (server.py:42)`), a native one by
+    /// its function.
+    pub fn site_name(&self) -> String {
+        match (self.kind, self.location.as_deref()) {
+            (FrameKind::Python, Some(location)) => format!(
+                "{} ({})",
+                self.function,
+                location.rsplit('/').next().unwrap_or(location)
+            ),
+            _ => self.function.to_string(),
+        }
+    }
 }
 
 impl Frame {
@@ -63,6 +129,7 @@ impl Frame {
             module: None,
             inlined: false,
             offset: None,
+            kind: FrameKind::Native,
         }
     }
 
@@ -82,6 +149,9 @@ impl Frame {
 pub struct Request<K> {
     pub key: K,
     pub frames: Vec<(u64, Option<FileAddr>)>,
+    /// The thread's Python frames, resolved, innermost first: they take
+    /// the place of the native eval frames (`python::merge`).
+    pub python: Vec<crate::python::merge::PyItem>,
 }
 
 /// Symbolized stack, innermost frame first, allocator frames removed.
@@ -124,7 +194,12 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                 let mut names = Interner::default();
                 for batch in req_rx {
                     let _quiet = QuietContainedPanics::install();
-                    for Request { key, frames } in batch {
+                    for Request {
+                        key,
+                        frames,
+                        python,
+                    } in batch
+                    {
                         used.note(&frames);
                         let symbolized = match mode {
                             Symbolization::Names => {
@@ -132,6 +207,7 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                             }
                             Symbolization::Addresses => address_stack(&mut names, &frames),
                         };
+                        let symbolized = crate::python::merge::merge(symbolized, python);
                         // The request held the files open: release them
                         // before answering (nothing else may need them).
                         drop(frames);
@@ -499,6 +575,7 @@ fn expand(sym: &blazesym::symbolize::Sym<'_>, module: &Name, names: &mut Interne
             module: Some(module.clone()),
             inlined: true,
             offset: None,
+            kind: FrameKind::Native,
         });
     }
     frames.push(Frame {
@@ -507,6 +584,7 @@ fn expand(sym: &blazesym::symbolize::Sym<'_>, module: &Name, names: &mut Interne
         module: Some(module.clone()),
         inlined: false,
         offset: None,
+        kind: FrameKind::Native,
     });
     frames
 }

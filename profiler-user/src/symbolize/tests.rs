@@ -7,6 +7,7 @@ fn frame(function: &str, module: &str) -> Frame {
         module: Some(module.into()),
         inlined: false,
         offset: None,
+        kind: FrameKind::Native,
     }
 }
 
@@ -185,6 +186,7 @@ fn files_are_released_once_their_stacks_are_symbolized() {
     thread.submit(vec![Request {
         key: 1u32,
         frames: vec![(addr, Some(at))],
+        python: Vec::new(),
     }]);
     let responses = thread.wait(1);
     assert!(

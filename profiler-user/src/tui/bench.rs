@@ -21,7 +21,7 @@ use super::{App, AppEvent, AppOptions, Exporter, ui, view_model};
 use crate::tui::rows::tests::{process, profile, totals};
 use allocprof::{
     model::profile::{ProcessProfile, Profile},
-    symbolize::Frame,
+    symbolize::{Frame, FrameKind},
 };
 
 const PROCESSES: usize = 500;
@@ -61,6 +61,7 @@ fn world() -> Vec<ProcessProfile> {
                         module: Some(module.clone()),
                         inlined: false,
                         offset: None,
+                        kind: FrameKind::Native,
                     }];
                     // Stacks of one program share their outer frames.
                     let base = program * 60 + s % 7;
@@ -76,6 +77,7 @@ fn world() -> Vec<ProcessProfile> {
                             module: Some(module.clone()),
                             inlined: false,
                             offset: None,
+                            kind: FrameKind::Native,
                         });
                     }
                     let live = (1 + next(1000)) as f64 * 4096.0;

@@ -233,11 +233,12 @@ impl Tree {
         let mut at = under;
         // Frames are innermost first: the tree grows from the outermost.
         for f in stack.frames.iter().rev() {
+            let function = f.flame_name();
             let key = Key::Frame {
-                function: f.function.clone(),
+                function: function.clone(),
                 module: f.module.clone(),
             };
-            at = self.child(index, at, key, || (f.function.clone(), f.module.clone()));
+            at = self.child(index, at, key, || (function, f.module.clone()));
             chain.push(at);
         }
         let mut up = self.nodes[under].parent;

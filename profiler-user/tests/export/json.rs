@@ -117,6 +117,7 @@ pub(crate) struct Frame {
     pub(crate) line: Option<u32>,
     pub(crate) module: Option<String>,
     pub(crate) inlined: bool,
+    pub(crate) kind: String,
 }
 
 #[derive(Deserialize, Debug)]
@@ -292,6 +293,7 @@ fn json_follows_the_documented_schema() {
     assert!(leaf.line.is_some_and(|l| l > 0));
     assert_eq!(leaf.module.as_deref(), exe.to_str());
     assert!(!leaf.inlined);
+    assert_eq!(leaf.kind, "native");
     assert_eq!(large.frames[1].function, "main", "innermost first");
     let small = site("site_small");
     assert!(small.totals.live_bytes_ci95 > Some(0.0), "{small:?}");

@@ -25,7 +25,7 @@ pub fn folded(profile: &Profile, value: Quantity) -> BTreeMap<String, u64> {
             let mut line = sanitize(&p.label());
             for f in s.frames.iter().rev() {
                 line.push(';');
-                line.push_str(&sanitize(&f.function));
+                line.push_str(&sanitize(&f.flame_name()));
             }
             *lines.entry(line).or_default() += v;
         }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     model::profile::{ProcessState, Profile},
     model::stats::Totals,
-    symbolize::Frame,
+    symbolize::{Frame, FrameKind},
 };
 
 /// 2: `*_ci95` may be null (unavailable); `contracts`, `weight_form`,
@@ -206,6 +206,14 @@ pub struct StackFrame {
     pub module: Option<String>,
     /// Inlined into the next frame (same machine address).
     pub inlined: bool,
+    /// `"native"` or `"python"` (added within version 3: absent reads as
+    /// native).
+    #[serde(default = "native_kind")]
+    pub kind: String,
+}
+
+fn native_kind() -> String {
+    "native".into()
 }
 
 /// Unbiased estimates; `x_ci95` is the half-width of the 95% confidence
@@ -288,6 +296,10 @@ fn frame(f: &Frame) -> StackFrame {
         line,
         module: f.module.as_deref().map(str::to_string),
         inlined: f.inlined,
+        kind: match f.kind {
+            FrameKind::Native => native_kind(),
+            FrameKind::Python => "python".into(),
+        },
     }
 }
 
@@ -481,6 +493,7 @@ mod tests {
             module: None,
             inlined: false,
             offset: None,
+            kind: FrameKind::Native,
         };
         assert_eq!(
             (frame(&f).file.as_deref(), frame(&f).line),

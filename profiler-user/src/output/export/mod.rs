@@ -151,7 +151,7 @@ pub(crate) mod tests {
     use crate::{
         model::profile::{ProcessKey, ProcessProfile, ProcessState, StackProfile},
         model::stats::Totals,
-        symbolize::Frame,
+        symbolize::{Frame, FrameKind},
     };
 
     pub fn frame(function: &str, module: Option<&str>) -> Frame {
@@ -161,6 +161,7 @@ pub(crate) mod tests {
             module: module.map(crate::symbolize::Name::from),
             inlined: false,
             offset: None,
+            kind: FrameKind::Native,
         }
     }
 

@@ -127,6 +127,8 @@ struct FakeProcesses {
     /// Our own process: the address space every fake process has.
     scanner: Scanner,
     open: HashMap<FileId, Arc<ProbeFile>>,
+    /// Reads our own memory (where `python` tests lay out code objects).
+    memory: crate::process::target_memory::TargetMemory,
 }
 
 impl World {
@@ -413,6 +415,14 @@ impl KernelPort for FakeKernel {
 }
 
 impl ProcessPort for FakeProcesses {
+    fn python_memory(&self, Pid(pid): Pid) -> Option<Box<dyn crate::python::code::Memory + '_>> {
+        self.world.0.borrow().processes.get(&pid)?;
+        Some(Box::new(crate::python::code::TargetReader {
+            memory: &self.memory,
+            thread: crate::process::target_memory::LiveThread::current(),
+        }))
+    }
+
     fn alive(&self, Pid(pid): Pid) -> bool {
         self.world.0.borrow().processes.contains_key(&pid)
     }
@@ -527,6 +537,7 @@ fn session(world: &World, target: Target) -> Session<FakeKernel, FakeProcesses> 
         world: world.clone(),
         scanner: Scanner::default(),
         open: HashMap::new(),
+        memory: Default::default(),
     };
     let mut s = Session::with_ports(
         FakeKernel(world.clone()),
@@ -578,6 +589,7 @@ mod attach;
 mod frozen;
 mod ledger;
 mod lifecycle;
+mod python;
 mod sweeps;
 mod symbols;
 mod tables;

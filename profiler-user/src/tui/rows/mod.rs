@@ -14,7 +14,7 @@ use allocprof::{
     model::profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile},
     model::stats::Totals,
     output::inert::inert,
-    symbolize::{Frame, Name, is_allocator_frame, is_library_frame, most_informative},
+    symbolize::{Frame, FrameKind, Name, is_allocator_frame, is_library_frame, most_informative},
 };
 
 /// How the stack view groups stacks.
@@ -140,7 +140,7 @@ pub struct Inputs<'a> {
 /// The function that names a stack (`symbolize::most_informative`).
 pub fn function_of(frames: &[Frame]) -> String {
     most_informative(frames)
-        .map(|f| f.function.to_string())
+        .map(Frame::site_name)
         .unwrap_or_else(|| "[empty stack]".into())
 }
 
@@ -154,9 +154,10 @@ pub fn function_name(frames: &[Frame]) -> Name {
 /// A stack from the frame that names it (`function_of`) outward: what is
 /// under that frame is the allocator's and the library's.
 pub fn from_naming_frame(frames: &Arc<[Frame]>) -> Arc<[Frame]> {
+    let naming = most_informative(frames).map(std::ptr::from_ref);
     match frames
         .iter()
-        .position(|f| !is_allocator_frame(f) && !is_library_frame(f))
+        .position(|f| Some(std::ptr::from_ref(f)) == naming)
     {
         Some(at) if at > 0 => frames[at..].into(),
         _ => frames.clone(),
@@ -166,6 +167,10 @@ pub fn from_naming_frame(frames: &Arc<[Frame]>) -> Arc<[Frame]> {
 /// A stack's label: its most informative frame and that frame's nearest
 /// informative caller, which tells apart stacks through the same function.
 pub fn stack_label(frames: &[Frame]) -> String {
+    // A Python process's stack: by its innermost Python function and line.
+    if let Some(python) = most_informative(frames).filter(|f| f.kind == FrameKind::Python) {
+        return python.site_name();
+    }
     let informative = |f: &&Frame| !is_allocator_frame(f) && !is_library_frame(f);
     let Some(first) = frames.iter().position(|f| informative(&f)) else {
         return function_of(frames);

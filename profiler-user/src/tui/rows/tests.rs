@@ -6,6 +6,7 @@ use profiler_common::DROP_REASONS;
 
 use super::*;
 use allocprof::model::profile::ProcessState;
+use allocprof::symbolize::FrameKind;
 
 pub fn frames(names: &[&str]) -> Arc<[Frame]> {
     names
@@ -16,6 +17,7 @@ pub fn frames(names: &[&str]) -> Arc<[Frame]> {
             module: Some("/usr/bin/work".into()),
             inlined: false,
             offset: None,
+            kind: FrameKind::Native,
         })
         .collect()
 }
@@ -100,6 +102,24 @@ fn labels_skip_allocator_and_library_frames() {
     assert_eq!(stack_label(&v), "app::load ← main");
     assert_eq!(function_of(&v), "app::load");
     assert_eq!(stack_label(&frames(&["std::alloc"])), "std::alloc");
+}
+
+#[test]
+fn a_python_process_s_sites_are_named_by_their_innermost_python_frame() {
+    // PyUnicode_New ← (interpreter) ← handle_request ← main.py's serve.
+    let mut v = frames(&["PyUnicode_New", "list_append"]).to_vec();
+    v.push(Frame::python(
+        "Handler.handle_request",
+        "/srv/app/server.py",
+        Some(42),
+    ));
+    v.push(Frame::python("serve", "/srv/app/main.py", Some(13)));
+    v.extend(frames(&["Py_RunMain", "main"]).iter().cloned());
+    assert_eq!(stack_label(&v), "Handler.handle_request (server.py:42)");
+    assert_eq!(function_of(&v), "Handler.handle_request (server.py:42)");
+    // A marker (code freed) does not name a site.
+    v[2] = Frame::python_marker("[python code freed]");
+    assert_eq!(stack_label(&v), "serve (main.py:13)");
 }
 
 #[test]

@@ -61,7 +61,7 @@ use super::build_id::build_id;
 use crate::{
     model::profile::{BuildIds, ProcessKey, ProcessProfile, ProcessState, Profile},
     model::stats::Totals,
-    symbolize::Frame,
+    symbolize::{Frame, FrameKind, PYTHON_MODULE},
 };
 
 /// The sample types, in the order of each process's profiles.
@@ -78,6 +78,8 @@ pub use self::resource::{
     ATTR_HOST_NAME, ATTR_PID, ATTR_POD_UID, ATTR_SERVICE_NAME,
 };
 pub const ATTR_BUILD_ID: &str = "process.executable.build_id.gnu";
+/// A location's frame type (semantic conventions: `cpython` for Python).
+pub const ATTR_FRAME_TYPE: &str = "profile.frame.type";
 /// allocprof's own: the exec generation after an exec (absent before), and
 /// the state of an image that is gone (absent while it runs).
 pub const ATTR_GENERATION: &str = "allocprof.process.generation";
@@ -320,6 +322,8 @@ impl Builder {
     fn mapping(&mut self, module: &str, ids: Option<&BuildIds>) -> i32 {
         let id = match ids {
             Some(ids) => ids.get(module).map(|id| id.to_string()),
+            // Python code's mapping is no file.
+            None if module == PYTHON_MODULE => None,
             None => build_id(Path::new(module)),
         };
         let key = (module.to_owned(), id);
@@ -389,12 +393,17 @@ impl Builder {
         {
             m.memory_limit = m.memory_limit.max(address.saturating_add(1));
         }
+        // OpenTelemetry's frame type: a Python frame is CPython's.
+        let attribute_indices = match outer.kind {
+            FrameKind::Python => vec![self.string_attribute(ATTR_FRAME_TYPE, "cpython")],
+            FrameKind::Native => Vec::new(),
+        };
         let i = next_index(&self.dict.location_table);
         self.dict.location_table.push(Location {
             mapping_index,
             address,
             lines,
-            attribute_indices: Vec::new(),
+            attribute_indices,
         });
         self.locations.insert((chain.to_vec(), mapping_index), i);
         i

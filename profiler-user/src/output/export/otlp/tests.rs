@@ -281,3 +281,49 @@ fn unsymbolized_frames_are_addresses_in_mappings_at_zero() {
     let f = &dict.function_table[marker.lines[0].function_index as usize];
     assert_eq!(string(f.name_strindex), "[stack cut at 127 frames]");
 }
+
+#[test]
+fn python_frames_are_cpython_locations_in_a_mapping_of_their_own() {
+    let mut profile = hand_made();
+    let python = Frame::python("handle_request", "/srv/app/server.py", Some(42));
+    let native = Frame {
+        module: Some("/usr/bin/python3.11".into()),
+        ..Frame::named("PyUnicode_New")
+    };
+    profile.processes[0].stacks[0].frames = vec![native, python].into();
+    let data = decoded(&encode(&profile, at(1_000)));
+    let dict = data.dictionary.as_ref().unwrap();
+    let location_of = |function: &str| {
+        dict.location_table
+            .iter()
+            .find(|l| {
+                l.lines.iter().any(|line| {
+                    let f = &dict.function_table[line.function_index as usize];
+                    dict.string_table[f.name_strindex as usize] == function
+                })
+            })
+            .unwrap_or_else(|| panic!("a location of {function}"))
+    };
+    let frame_type = |l: &Location| -> Vec<String> {
+        l.attribute_indices
+            .iter()
+            .map(|&a| &dict.attribute_table[a as usize])
+            .filter(|a| dict.string_table[a.key_strindex as usize] == ATTR_FRAME_TYPE)
+            .map(|a| format!("{:?}", a.value.as_ref().unwrap().value))
+            .collect()
+    };
+    let py = location_of("handle_request");
+    let mapping = &dict.mapping_table[py.mapping_index as usize];
+    assert_eq!(
+        dict.string_table[mapping.filename_strindex as usize],
+        PYTHON_MODULE
+    );
+    assert_eq!(
+        frame_type(py),
+        [format!("{:?}", Some(Value::StringValue("cpython".into())))]
+    );
+    assert_eq!(py.lines[0].line, 42);
+    let file = dict.function_table[py.lines[0].function_index as usize].filename_strindex;
+    assert_eq!(dict.string_table[file as usize], "/srv/app/server.py");
+    assert!(frame_type(location_of("PyUnicode_New")).is_empty());
+}

@@ -24,7 +24,7 @@ use crate::{
         ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile, sort_processes,
     },
     model::stats::{Totals, human_bytes},
-    symbolize::{Frame, Name},
+    symbolize::{Frame, FrameKind, Name, PYTHON_MODULE},
 };
 
 #[derive(Debug, Error)]
@@ -174,6 +174,7 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
                 module: module.clone(),
                 inlined: i + 1 < l.line.len(),
                 offset: None,
+                kind: frame_kind(module.as_deref()),
             });
         }
         if frames.is_empty() {
@@ -184,6 +185,7 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
                 module,
                 inlined: false,
                 offset: None,
+                kind: FrameKind::Native,
             });
         }
         locations.insert(l.id, frames);
@@ -270,4 +272,12 @@ pub(crate) fn from_proto(p: &proto::Profile, limits: &Limits) -> Result<Profile,
         attached_at: None,
         ran_before_attach: Vec::new(),
     })
+}
+
+/// Python code is filed under a mapping of its own ([`PYTHON_MODULE`]).
+fn frame_kind(module: Option<&str>) -> FrameKind {
+    match module {
+        Some(PYTHON_MODULE) => FrameKind::Python,
+        _ => FrameKind::Native,
+    }
 }

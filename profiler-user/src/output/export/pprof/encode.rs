@@ -18,7 +18,7 @@ use crate::{
     model::profile::{BuildIds, Profile},
     model::stats::{Totals, human_bytes, human_ci},
     output::export::build_id::build_id,
-    symbolize::Frame,
+    symbolize::{Frame, PYTHON_MODULE},
 };
 
 /// The profile as a gzip'd `profile.proto`.
@@ -241,6 +241,8 @@ impl Builder {
     fn mapping(&mut self, module: &str, ids: Option<&BuildIds>) -> usize {
         let build_id = match ids {
             Some(ids) => ids.get(module).map(|id| id.to_string()),
+            // Python code's mapping is no file.
+            None if module == PYTHON_MODULE => None,
             None => build_id(Path::new(module)),
         };
         let key = (module.to_owned(), build_id);

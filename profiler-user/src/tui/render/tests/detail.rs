@@ -1,6 +1,7 @@
 //! The detail pane: a stack's frames, a process's figures, scrolling.
 
 use super::*;
+use allocprof::symbolize::FrameKind;
 
 #[test]
 fn detail_shows_locations_inlined_and_library_frames() {
@@ -13,6 +14,7 @@ fn detail_shows_locations_inlined_and_library_frames() {
             module: Some("/usr/bin/app".into()),
             inlined: false,
             offset: None,
+            kind: FrameKind::Native,
         },
         StackFrame {
             function: "app::index::insert".into(),
@@ -20,6 +22,7 @@ fn detail_shows_locations_inlined_and_library_frames() {
             module: Some("/usr/bin/app".into()),
             inlined: true,
             offset: None,
+            kind: FrameKind::Native,
         },
         StackFrame {
             function: "app::main".into(),
@@ -27,6 +30,7 @@ fn detail_shows_locations_inlined_and_library_frames() {
             module: Some("/usr/bin/app".into()),
             inlined: false,
             offset: None,
+            kind: FrameKind::Native,
         },
         StackFrame {
             function: "__libc_start_call_main".into(),
@@ -34,6 +38,7 @@ fn detail_shows_locations_inlined_and_library_frames() {
             module: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
             inlined: false,
             offset: None,
+            kind: FrameKind::Native,
         },
     ];
     p.processes[0].stacks[0].frames = frames.into();

@@ -20,7 +20,7 @@ use crate::{
     model::profile::{ProcessKey, ProcessProfile, ProcessState, Profile, StackProfile},
     model::stats::Totals,
     output::export::tests::hand_made,
-    symbolize::{Frame, Name},
+    symbolize::{Frame, FrameKind, Name, PYTHON_MODULE},
 };
 
 #[test]
@@ -48,7 +48,10 @@ fn arbitrary_profile() -> impl Strategy<Value = Profile> {
     let frame = (
         "[a-z_:<>]{0,8}",
         proptest::option::of(("[a-z/]{1,6}", 0u32..50)),
-        proptest::option::of("/[a-z]{1,6}(\\.so)?"),
+        proptest::option::of(prop_oneof![
+            "/[a-z]{1,6}(\\.so)?",
+            Just(PYTHON_MODULE.to_string())
+        ]),
         any::<bool>(),
     )
         .prop_map(|(function, location, module, inlined)| Frame {
@@ -57,6 +60,11 @@ fn arbitrary_profile() -> impl Strategy<Value = Profile> {
                 0 => file.into(),
                 n => format!("{file}:{n}").into(),
             }),
+            // Python frames are told apart by their mapping.
+            kind: match module.as_deref() {
+                Some(PYTHON_MODULE) => FrameKind::Python,
+                _ => FrameKind::Native,
+            },
             module: module.map(Name::from),
             inlined,
             offset: None,
@@ -73,6 +81,7 @@ fn arbitrary_profile() -> impl Strategy<Value = Profile> {
                     frames[i].inlined = false;
                 } else if frames[i].inlined {
                     frames[i].module = frames[i + 1].module.clone();
+                    frames[i].kind = frames[i + 1].kind;
                 }
             }
             let [ao, ab, lo, lb] = values.map(f64::from);
