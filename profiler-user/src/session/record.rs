@@ -61,6 +61,9 @@ pub(super) struct Tracked {
     /// CLOCK_MONOTONIC ns).
     pub attached_ns: HashMap<FileId, u64>,
     pub symbols: Symbols,
+    /// The CPython its image runs, once recognised (its Python frames are
+    /// walked); reset at exec.
+    pub python: Option<crate::python::PyVersion>,
 }
 
 /// What the session knows of a process's current image.
@@ -112,12 +115,14 @@ impl Tracked {
             attached: HashMap::new(),
             attached_ns: HashMap::new(),
             symbols: Symbols::default(),
+            python: None,
         }
     }
 
     /// Its image was replaced by an exec.
     pub fn exec(&mut self) {
         self.image = ImageState::default();
+        self.python = None;
         self.execed_since_attach = true;
     }
 
@@ -131,6 +136,7 @@ impl Tracked {
             + usize::from(i.identity.is_some())
             + usize::from(i.unwound.is_some())
             + usize::from(i.ledger.is_some())
+            + usize::from(self.python.is_some())
             + self.attached.len()
             + self.attached_ns.len()
             + self.symbols.names.len()
