@@ -13,3 +13,4 @@ pub const UNWIND_PROCS: &str = "UNWIND_PROCS";
 pub const SEEDED_PIDS: &str = "SEEDED_PIDS";
 pub const UNSEEN_FREES: &str = "UNSEEN_FREES";
 pub const FOLLOWED: &str = "FOLLOWED";
+pub const PY_PROCS: &str = "PY_PROCS";

@@ -26,3 +26,5 @@ unsafe impl aya::Pod for unwind::UnwindRow {}
 unsafe impl aya::Pod for unwind::UnwindMapping {}
 // SAFETY: as above.
 unsafe impl aya::Pod for unwind::ProcUnwind {}
+// SAFETY: as above.
+unsafe impl aya::Pod for python::PyProcConfig {}

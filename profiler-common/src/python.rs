@@ -90,6 +90,140 @@ pub fn split_python(frames: &[u64]) -> (&[u64], &[u64]) {
     }
 }
 
+/// Where a process's Python frames are: the address of its `_PyRuntime` and
+/// the byte offsets of the fields the kernel reads, per CPython minor
+/// version (user space fills it, the kernel's `PY_PROCS` holds it by host
+/// pid). Every offset of a frame field is below `frame_read`, which is at
+/// most `PY_FRAME_WORDS * 8`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProcConfig {
+    /// Address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    /// `_PyRuntimeState` → `interpreters.head`.
+    pub runtime_interpreters_head: u32,
+    /// `PyInterpreterState` → `threads.head`.
+    pub interp_threads_head: u32,
+    /// `PyThreadState` → `next`.
+    pub tstate_next: u32,
+    /// `PyThreadState` → `native_thread_id`.
+    pub tstate_native_thread_id: u32,
+    /// `PyThreadState` → `cframe` (3.11, 3.12), or [`PY_NO_FIELD`] where
+    /// the thread state holds its current frame itself (3.13+).
+    pub tstate_cframe: u32,
+    /// `_PyCFrame` → `current_frame` (or `PyThreadState` →
+    /// `current_frame` without a cframe).
+    pub current_frame: u32,
+    /// `_PyInterpreterFrame` → `f_code` (3.13+: `f_executable`).
+    pub frame_code: u32,
+    /// `_PyInterpreterFrame` → `previous`.
+    pub frame_previous: u32,
+    /// `_PyInterpreterFrame` → `prev_instr` (3.13+: `instr_ptr`).
+    pub frame_instr: u32,
+    /// `_PyInterpreterFrame` → `is_entry` (3.11), or → `owner` with
+    /// [`PY_ENTRY_BY_OWNER`] (3.12+).
+    pub frame_entry: u32,
+    /// Bytes of a frame read at once (every frame field above lies within).
+    pub frame_read: u32,
+    /// `PyCodeObject` → `co_code_adaptive` (the first instruction).
+    pub code_adaptive: u32,
+    /// [`PY_ENTRY_BY_OWNER`], [`PY_CODE_TAGGED`].
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// A field a version does not have.
+pub const PY_NO_FIELD: u32 = u32::MAX;
+/// `frame_entry` is the frame's `owner` (3.12+): a frame owned by the C
+/// stack is the shim `_PyEval_EvalFrameDefault` pushes on entry, not a
+/// Python frame, and the frame it precedes is an entry frame.
+pub const PY_ENTRY_BY_OWNER: u32 = 1;
+/// The code pointer is a tagged stack reference (3.14+): its low bits are
+/// flags.
+pub const PY_CODE_TAGGED: u32 = 2;
+/// `owner` of a shim frame (`FRAME_OWNED_BY_CSTACK`, 3.12+).
+pub const PY_FRAME_OWNED_BY_CSTACK: u64 = 3;
+
+/// Words of a frame the kernel reads at once, at most (a power of two).
+pub const PY_FRAME_WORDS: usize = 16;
+/// Python frames a walk files at most (within the stack's 127 slots).
+pub const MAX_PYTHON_FRAMES: usize = 96;
+/// Slots a process with Python frames keeps free of native frames, so a
+/// deep native stack cannot crowd out its Python part: the native walk of
+/// such a process stops this much short of `MAX_STACK_DEPTH`.
+pub const PY_RESERVED_SLOTS: usize = 40;
+/// Threads of an interpreter looked through, at most, for the allocating
+/// thread's state.
+pub const MAX_PYTHON_THREADS: usize = 256;
+
+/// What one interpreter frame read by the kernel gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PyFrameStep {
+    /// A Python frame: the value to file, and the frame it returns to (0:
+    /// none).
+    Frame { value: u64, previous: u64 },
+    /// A shim frame (3.12+): nothing to file; the frame filed just before
+    /// (the first its eval call ran) is an entry frame.
+    Shim { previous: u64 },
+    /// Not a plausible frame: the walk ends in [`PY_TRUNCATED_FRAME`].
+    Bad,
+}
+
+/// Whether `addr` may be a user-space object's address (aligned, below
+/// 2^47, not null).
+#[inline(always)]
+pub fn py_plausible(addr: u64) -> bool {
+    addr != 0 && addr & 7 == 0 && addr < (1 << 47)
+}
+
+#[inline(always)]
+fn frame_word(words: &[u64; PY_FRAME_WORDS], offset: u32) -> u64 {
+    words[(offset >> 3) as usize & (PY_FRAME_WORDS - 1)]
+}
+
+/// Decodes one `_PyInterpreterFrame` from its first words, as read from the
+/// target (hostile: any value may come): its code object, the index of its
+/// instruction (`(instr − (code + co_code_adaptive)) / 2`, −1 before the
+/// first, unknown if implausible), and whether it is an entry frame.
+#[inline(always)]
+pub fn py_frame_step(cfg: &PyProcConfig, words: &[u64; PY_FRAME_WORDS]) -> PyFrameStep {
+    let previous = frame_word(words, cfg.frame_previous);
+    if previous != 0 && !py_plausible(previous) {
+        return PyFrameStep::Bad;
+    }
+    let flag = (frame_word(words, cfg.frame_entry) >> ((cfg.frame_entry & 7) * 8)) & 0xff;
+    let by_owner = cfg.flags & PY_ENTRY_BY_OWNER != 0;
+    if by_owner && flag == PY_FRAME_OWNED_BY_CSTACK {
+        return PyFrameStep::Shim { previous };
+    }
+    let mut code = frame_word(words, cfg.frame_code);
+    if cfg.flags & PY_CODE_TAGGED != 0 {
+        code &= !7;
+    }
+    if !py_plausible(code) {
+        return PyFrameStep::Bad;
+    }
+    let first = code.wrapping_add(u64::from(cfg.code_adaptive));
+    let instr = frame_word(words, cfg.frame_instr);
+    // Arithmetic shift: one code unit before the first instruction is −1.
+    let index = (instr.wrapping_sub(first) as i64) >> 1;
+    let entry = !by_owner && flag != 0;
+    PyFrameStep::Frame {
+        value: encode_python_frame(code, index, entry),
+        previous,
+    }
+}
+
+/// `value` (a filed Python frame) marked as an entry frame.
+#[inline(always)]
+pub fn py_mark_entry(value: u64) -> u64 {
+    if value & PY_FRAME_TAG != 0 && value < PY_TRUNCATED_FRAME {
+        value | PY_ENTRY_BIT
+    } else {
+        value
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,5 +280,114 @@ mod tests {
             (&frames[..2], &[py, PY_TRUNCATED_FRAME][..])
         );
         assert_eq!(split_python(&frames[..2]), (&frames[..2], &[][..]));
+    }
+
+    fn config_311() -> PyProcConfig {
+        PyProcConfig {
+            frame_code: 32,
+            frame_previous: 48,
+            frame_instr: 56,
+            frame_entry: 68,
+            frame_read: 72,
+            code_adaptive: 184,
+            ..PyProcConfig::default()
+        }
+    }
+
+    fn frame_311(code: u64, previous: u64, instr: u64, entry: bool) -> [u64; PY_FRAME_WORDS] {
+        let mut w = [0u64; PY_FRAME_WORDS];
+        w[4] = code;
+        w[6] = previous;
+        w[7] = instr;
+        // stacktop (int) at 64, is_entry at 68, owner at 69.
+        w[8] = 5 | (u64::from(entry) << 32) | (1 << 40);
+        w
+    }
+
+    #[test]
+    fn a_311_frame_decodes() {
+        let cfg = config_311();
+        let code = 0x7f00_0000_1000;
+        let first = code + 184;
+        let step = py_frame_step(
+            &cfg,
+            &frame_311(code, 0x7f00_0000_2000, first + 2 * 7, true),
+        );
+        assert_eq!(
+            step,
+            PyFrameStep::Frame {
+                value: encode_python_frame(code, 7, true),
+                previous: 0x7f00_0000_2000
+            }
+        );
+        // Before the first instruction: unknown; not an entry.
+        let PyFrameStep::Frame { value, previous } =
+            py_frame_step(&cfg, &frame_311(code, 0, first - 2, false))
+        else {
+            panic!("a frame");
+        };
+        assert_eq!(previous, 0);
+        let frame = decode_python_frame(value).unwrap();
+        assert_eq!((frame.code, frame.instr, frame.entry), (code, None, false));
+    }
+
+    #[test]
+    fn implausible_frames_are_refused() {
+        let cfg = config_311();
+        let code = 0x7f00_0000_1000;
+        for (code, previous) in [
+            (0, 0),
+            (code + 3, 0),
+            (1 << 50, 0),
+            (code, 0x7f00_0000_2001),
+            (code, 0xffff_8000_0000_0000),
+        ] {
+            assert_eq!(
+                py_frame_step(&cfg, &frame_311(code, previous, code, false)),
+                PyFrameStep::Bad,
+                "{code:#x} {previous:#x}"
+            );
+        }
+        // A far-off instruction pointer is only an unknown instruction.
+        let PyFrameStep::Frame { value, .. } = py_frame_step(&cfg, &frame_311(code, 0, 0, false))
+        else {
+            panic!("a frame");
+        };
+        assert_eq!(decode_python_frame(value).unwrap().instr, None);
+    }
+
+    #[test]
+    fn shims_are_skipped_by_owner() {
+        // 3.12: f_code 0, previous 8, prev_instr 56, owner at 70.
+        let cfg = PyProcConfig {
+            frame_code: 0,
+            frame_previous: 8,
+            frame_instr: 56,
+            frame_entry: 70,
+            frame_read: 72,
+            code_adaptive: 192,
+            flags: PY_ENTRY_BY_OWNER,
+            ..PyProcConfig::default()
+        };
+        let mut w = [0u64; PY_FRAME_WORDS];
+        w[0] = 0x7f00_0000_1000;
+        w[1] = 0x7f00_0000_3000;
+        w[7] = 0x7f00_0000_1000 + 192;
+        w[8] = PY_FRAME_OWNED_BY_CSTACK << 48;
+        assert_eq!(
+            py_frame_step(&cfg, &w),
+            PyFrameStep::Shim {
+                previous: 0x7f00_0000_3000
+            }
+        );
+        w[8] = 0; // owned by the thread: a frame, never an entry by itself
+        let PyFrameStep::Frame { value, .. } = py_frame_step(&cfg, &w) else {
+            panic!("a frame");
+        };
+        let frame = decode_python_frame(value).unwrap();
+        assert_eq!((frame.instr, frame.entry), (Some(0), false));
+        assert!(decode_python_frame(py_mark_entry(value)).unwrap().entry);
+        assert_eq!(py_mark_entry(PY_STACK_BEGIN), PY_STACK_BEGIN);
+        assert_eq!(py_mark_entry(0x1234), 0x1234);
     }
 }

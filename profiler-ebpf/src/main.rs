@@ -10,6 +10,7 @@
 mod maps;
 mod probes;
 mod process;
+mod python;
 mod unwind;
 mod usdt;
 

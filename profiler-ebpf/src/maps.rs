@@ -4,11 +4,12 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
     LiveSample, ProcCounters, StackAgg, StackTrace, UsdtSpec,
+    python::{PY_FRAME_WORDS, PyProcConfig},
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -62,6 +63,9 @@ pub static THIN_SCRATCH: PerCpuArray<Parked> = PerCpuArray::with_max_entries(1, 
 pub struct Parked {
     pub factor: u64,
     pub weight: u64,
+    /// The stack's length between its native and Python parts, parked so
+    /// that the verifier sees one state (see `probes::take_stack_claimed`).
+    pub len: u64,
 }
 
 /// Walks claiming `STACK_SCRATCH` on this CPU (see `probes::take_stack`).
@@ -94,6 +98,51 @@ pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1 << 20, 0);
 #[map]
 pub static UNWIND_PROCS: HashMap<u32, ProcUnwind> =
     HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+
+/// Per CPython process (host pid): where its Python frames are (see
+/// `python::append`). Written by user space; a fork child takes a copy of
+/// its parent's; exec and exit delete it.
+#[map]
+pub static PY_PROCS: HashMap<u32, PyProcConfig> =
+    HashMap::with_max_entries(16_384, BPF_F_NO_PREALLOC);
+
+/// The thread state of each thread (`pid_tgid`) that allocated in a CPython
+/// process, 0 for a thread without one (re-checked after
+/// `python::NO_THREAD_STATE_NS`). A hint: checked at each use by reading the
+/// state's native thread id back. LRU: threads come and go unannounced.
+#[map]
+pub static PY_THREADS: LruHashMap<u64, PyThread> = LruHashMap::with_max_entries(16_384, 0);
+
+/// What [`PY_THREADS`] holds.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct PyThread {
+    pub tstate: u64,
+    pub checked_ns: u64,
+}
+
+/// Per-CPU state of a Python walk, under the `STACK_SCRATCH` claim.
+#[map]
+pub static PY_SCRATCH: PerCpuArray<PyScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// What [`PY_SCRATCH`] holds: the loops' changing state (in a map, not on
+/// the stack, so the verifier checks each callback once) and the copy of
+/// the interpreter frame being read.
+#[repr(C)]
+pub struct PyScratch {
+    pub words: [u64; PY_FRAME_WORDS],
+    /// The next frame (or thread state) to read; 0: none.
+    pub frame: u64,
+    /// Frames in the trace so far: the next slot.
+    pub len: u64,
+    /// The slot past the last a Python frame may take.
+    pub end: u64,
+    /// The slot of the last frame filed (`NO_FRAME` before any); the thread
+    /// search's result.
+    pub last: u64,
+    /// The walk was cut short.
+    pub cut: u64,
+}
 
 /// Exit and exec of processes, so that user space cleans up and rescans.
 #[map]

@@ -118,8 +118,16 @@ fn try_alloc(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
     }
 
     let generation = proc.generation;
-    let (stack, Parked { factor, weight }) =
-        take_stack(ctx, pid, generation, Parked { factor, weight });
+    let (stack, Parked { factor, weight, .. }) = take_stack(
+        ctx,
+        pid,
+        generation,
+        Parked {
+            factor,
+            weight,
+            len: 0,
+        },
+    );
     let stack_id = stack.unwrap_or_else(|reason| {
         count_drop(pid, reason);
         if reason == DropReason::StackRateLimited {
@@ -341,11 +349,24 @@ fn take_stack(
     };
     // SAFETY: this CPU's slot, ours alone under the claim.
     unsafe { core::ptr::write_volatile(parked, thinning) };
-    let result = take_stack_claimed(ctx, pid, generation);
+    let result = take_stack_claimed(ctx, pid, generation, parked);
     // SAFETY: as above.
     let thinning = unsafe { core::ptr::read_volatile(parked) };
     release_claim(&claims);
     (result, thinning)
+}
+
+/// `len` (a stack length, at most `MAX_STACK_DEPTH`) through this CPU's
+/// parked slot (see `take_stack_claimed`).
+#[inline(always)]
+fn settle(parked: *mut Parked, len: usize) -> usize {
+    // SAFETY: this CPU's slot, ours under the scratch claim.
+    unsafe {
+        let slot = core::ptr::addr_of_mut!((*parked).len);
+        core::ptr::write_volatile(slot, len as u64);
+        // A mask, not a comparison: one state (MAX_STACK_DEPTH is 127).
+        core::ptr::read_volatile(slot) as usize & 127
+    }
 }
 
 /// A counter in a map value, shared between CPUs or preempted programs.
@@ -364,12 +385,23 @@ impl ClaimCounter for MapCounter<'_> {
     }
 }
 
-fn take_stack_claimed(ctx: &ProbeContext, pid: u32, generation: u32) -> Result<u64, DropReason> {
+fn take_stack_claimed(
+    ctx: &ProbeContext,
+    pid: u32,
+    generation: u32,
+    parked: *mut Parked,
+) -> Result<u64, DropReason> {
     // Either walk writes the scratch's frames itself.
     let len = match crate::unwind::walk(ctx, pid) {
         Some(len) => len.min(MAX_STACK_DEPTH),
         None => crate::unwind::walk_without_tables(ctx).ok_or(DropReason::StackFailed)?,
     };
+    // The Python part, if any, after the native one (the hash covers both).
+    // The length goes through the parked slot before and after: read back
+    // from a map, it is one unknown value to the verifier, so what follows
+    // is verified once, not once per way the walks ended.
+    let len = crate::python::append(pid, settle(parked, len));
+    let len = settle(parked, len);
     let scratch = STACK_SCRATCH
         .get_ptr_mut(0)
         .ok_or(DropReason::StackFailed)?;

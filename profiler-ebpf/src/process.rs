@@ -13,7 +13,8 @@ use profiler_common::{
 
 use crate::{
     maps::{
-        FOLLOWED, PROC_EVENTS, PROCS, UNWIND_PROCS, follow_tree, report_all_execs, task_tgid_offset,
+        FOLLOWED, PROC_EVENTS, PROCS, PY_PROCS, UNWIND_PROCS, follow_tree, report_all_execs,
+        task_tgid_offset,
     },
     probes::count_drop,
 };
@@ -33,6 +34,8 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     if followed {
         let _ = UNWIND_PROCS.remove(tgid);
     }
+    // Its Python entry may have come from its parent (a fork): gone with it.
+    let _ = PY_PROCS.remove(tgid);
     if followed || PROCS.get_ptr(tgid).is_some() {
         send(tgid, PROC_EVENT_EXIT);
     }
@@ -82,6 +85,12 @@ pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
         // copies it.
         let _ = UNWIND_PROCS.insert(child, unsafe { &*tables }, u64::from(BPF_NOEXIST));
     }
+    // Its interpreter too, at the same addresses.
+    if let Some(python) = PY_PROCS.get_ptr(parent) {
+        // SAFETY: a map value, valid for the whole program run; copied.
+        let config = unsafe { *python };
+        let _ = PY_PROCS.insert(child, config, u64::from(BPF_NOEXIST));
+    }
     let _ = PROC_EVENTS.output::<ProcEvent>(
         &ProcEvent {
             pid: child,
@@ -118,6 +127,8 @@ pub fn sched_process_exec(_ctx: RawTracePointContext) -> i32 {
         // (user space clears those it wrote at this event).
         let _ = UNWIND_PROCS.remove(tgid);
     }
+    // The new image's interpreter, if any, is not the old one's.
+    let _ = PY_PROCS.remove(tgid);
     if tracked || followed || report_all_execs() {
         send(tgid, PROC_EVENT_EXEC);
     }

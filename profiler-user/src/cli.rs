@@ -130,6 +130,12 @@ pub struct TargetArgs {
           value_parser = clap::value_parser!(u32).range(0..=1 << 24))]
     pub max_unwind_rows: u32,
 
+    /// Python frames in the stacks of CPython processes (3.11; 3.12 and
+    /// 3.13+ untested): each allocating thread's own interpreter frames,
+    /// walked by the kernel. Off: native frames only.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub python: Switch,
+
     /// Memory allocprof keeps for processes that exited or exec'ed (their
     /// figures and symbolized stacks, estimated); past it the oldest are no
     /// longer shown.
@@ -198,6 +204,7 @@ impl TargetArgs {
             max_event_rate: self.max_event_rate,
             max_unwind_rows: self.max_unwind_rows,
             diagnostics: self.verbose,
+            python: self.python == Switch::On,
             ..Limits::default()
         }
     }
@@ -340,6 +347,13 @@ pub struct DiffArgs {
     /// takes a few times this much memory at worst.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     pub max_profile_bytes: u64,
+}
+
+/// A feature on or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -25,6 +25,7 @@ use profiler_common::map_names as names;
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
     LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace, UnseenFree, UsdtSpec,
+    python::PyProcConfig,
     unwind::{ProcUnwind, UnwindRow},
 };
 use thiserror::Error;
@@ -69,6 +70,8 @@ pub struct Limits {
     /// Stream the kernel programs' diagnostics (aya-log, the unwinder's
     /// rare paths); off, the verifier drops their code.
     pub diagnostics: bool,
+    /// Python frames in the stacks of CPython processes (`--python`).
+    pub python: bool,
 }
 
 impl Default for Limits {
@@ -84,6 +87,7 @@ impl Default for Limits {
             max_event_rate: 0,
             max_unwind_rows: 1 << 20,
             diagnostics: false,
+            python: true,
         }
     }
 }
@@ -163,6 +167,8 @@ pub struct Kernel {
     unwind_rows: Array<MapData, UnwindRow>,
     unwind_procs: HashMap<MapData, u32, ProcUnwind>,
     followed: HashMap<MapData, u32, u32>,
+    py_procs: HashMap<MapData, u32, PyProcConfig>,
+    python: bool,
     max_unwind_rows: u32,
     /// With `Limits::diagnostics`: the reader of the programs' log ring and
     /// what it read.
@@ -305,6 +311,8 @@ impl Kernel {
             .map_err(map_err(names::UNWIND_PROCS))?;
         let followed = HashMap::try_from(take(&mut ebpf, names::FOLLOWED)?)
             .map_err(map_err(names::FOLLOWED))?;
+        let py_procs = HashMap::try_from(take(&mut ebpf, names::PY_PROCS)?)
+            .map_err(map_err(names::PY_PROCS))?;
         let diagnostics = if limits.diagnostics {
             let lines = Diagnostics::default();
             let reader = aya_log::EbpfLogger::init_with_logger(&mut ebpf, lines.clone())
@@ -330,6 +338,8 @@ impl Kernel {
             unwind_rows,
             unwind_procs,
             followed,
+            py_procs,
+            python: limits.python,
             max_unwind_rows: limits.max_unwind_rows,
             diagnostics,
             oom_unavailable: oom_victims,
@@ -622,6 +632,33 @@ impl Kernel {
         self.unwind_procs
             .insert(pid.0, table, 0)
             .map_err(map_err(names::UNWIND_PROCS))
+    }
+
+    /// Whether the stacks of CPython processes get their Python frames.
+    pub(crate) fn python_frames(&self) -> bool {
+        self.python
+    }
+
+    /// Tells the kernel where the Python frames of process `pid` (host)
+    /// are: its stacks carry them from now on.
+    pub(crate) fn set_process_python(
+        &mut self,
+        pid: HostPid,
+        config: &PyProcConfig,
+    ) -> Result<(), KernelError> {
+        self.py_procs
+            .insert(pid.0, config, 0)
+            .map_err(map_err(names::PY_PROCS))
+    }
+
+    /// No Python frames for `pid` (its image went).
+    pub(crate) fn clear_process_python(&mut self, pid: HostPid) {
+        let _ = self.py_procs.remove(&pid.0);
+    }
+
+    /// The kernel's Python entry of `pid` (for tests).
+    pub fn process_python(&self, pid: HostPid) -> Option<PyProcConfig> {
+        self.py_procs.get(&pid.0, 0).ok()
     }
 
     /// Back to frame pointers for `pid` (it exec'ed or exited).

@@ -6,6 +6,9 @@
 //! object the stacks name from the target's memory, and puts the Python
 //! frames in the place of the native eval frames that ran them.
 
+pub mod discover;
+pub mod offsets;
+
 /// A CPython version, as its `Py_Version` says (the layouts of its runtime,
 /// frames and code objects depend on the minor version).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -31,6 +31,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.identity(pid);
             self.resource(pid);
             self.unwind_process(pid);
+            self.detect_python(pid);
         }
         let mut stale = Vec::new();
         for file in &scan.probes {

@@ -147,6 +147,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 PROC_EVENT_EXEC => {
                     // The old image's tables would walk the new one wrong.
                     self.forget_tables(pid);
+                    self.forget_python(pid);
                     // The kernel bumped its generation if it tracks it.
                     let seeded = self.seeded_generation(pid);
                     match (self.kernel.process(host), seeded) {
@@ -405,6 +406,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// process's record, its pid mapping and its per-process attachments.
     pub(super) fn prune(&mut self, pid: Pid, exited: bool) {
         self.forget_tables(pid);
+        self.forget_python(pid);
         self.forget_ledger(pid);
         if !exited {
             self.track_pid(pid).exec();

@@ -24,6 +24,7 @@ mod lifecycle;
 mod namespace;
 mod ports;
 mod profile;
+mod python;
 mod record;
 mod symbols;
 #[cfg(test)]
@@ -204,6 +205,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     unwind: UnwindTables,
     /// The caps seeds share with the kernel (see `ledger.rs`).
     seed_limits: ledger::SeedLimits,
+    /// What each executable file a process mapped says about CPython
+    /// (see `python.rs`), and the files whose refusal was said.
+    python_files: HashMap<FileId, crate::python::discover::Inspection>,
+    python_warned: HashSet<FileId>,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
     pub warnings: Vec<String>,
 }
@@ -295,6 +300,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             sweep_every: SWEEP_EVERY,
             started: Instant::now(),
             seed_limits: ledger::SeedLimits::default(),
+            python_files: HashMap::new(),
+            python_warned: HashSet::new(),
             warnings: Vec::new(),
         };
         match target {
@@ -543,6 +550,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// The kernel side, for tests that read its maps (raw stacks).
+    pub fn kernel(&self) -> &K {
+        &self.kernel
+    }
+
     /// Whether the kernel holds state for `pid`.
     pub fn kernel_tracks(&self, pid: Pid) -> bool {
         let Some(host) = self.pids.host(pid) else {

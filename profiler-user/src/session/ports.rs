@@ -6,6 +6,7 @@
 
 use profiler_common::{
     AggKey, ProcCounters, ProcEvent,
+    python::PyProcConfig,
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -69,6 +70,20 @@ pub trait KernelPort {
     fn set_process_unwind(&mut self, pid: HostPid, table: &ProcUnwind) -> Result<(), KernelError>;
     /// Process `pid` is walked by frame pointers again.
     fn clear_process_unwind(&mut self, pid: HostPid);
+    /// Whether CPython processes get Python frames (`--python`).
+    fn python_frames(&self) -> bool {
+        false
+    }
+    /// Where the Python frames of process `pid` are.
+    fn set_process_python(
+        &mut self,
+        _pid: HostPid,
+        _config: &PyProcConfig,
+    ) -> Result<(), KernelError> {
+        Ok(())
+    }
+    /// No Python frames for `pid`.
+    fn clear_process_python(&mut self, _pid: HostPid) {}
     /// Report the frees of `pid` that find no live sample (its ledger was
     /// read): see [`KernelPort::unseen_frees`].
     fn watch_unseen_frees(&mut self, _pid: HostPid) -> Result<(), KernelError> {
@@ -240,6 +255,22 @@ impl KernelPort for Kernel {
 
     fn clear_process_unwind(&mut self, pid: HostPid) {
         Kernel::clear_process_unwind(self, pid);
+    }
+
+    fn python_frames(&self) -> bool {
+        Kernel::python_frames(self)
+    }
+
+    fn set_process_python(
+        &mut self,
+        pid: HostPid,
+        config: &PyProcConfig,
+    ) -> Result<(), KernelError> {
+        Kernel::set_process_python(self, pid, config)
+    }
+
+    fn clear_process_python(&mut self, pid: HostPid) {
+        Kernel::clear_process_python(self, pid);
     }
 
     fn watch_unseen_frees(&mut self, pid: HostPid) -> Result<(), KernelError> {

@@ -61,6 +61,8 @@ pub(super) struct Tracked {
     /// CLOCK_MONOTONIC ns).
     pub attached_ns: HashMap<FileId, u64>,
     pub symbols: Symbols,
+    /// The CPython its image runs, once recognised (its Python frames are
+    /// walked); reset at exec.
     pub python: Option<crate::python::PyVersion>,
 }
 
@@ -122,6 +124,7 @@ impl Tracked {
     /// Its image was replaced by an exec.
     pub fn exec(&mut self) {
         self.image = ImageState::default();
+        self.python = None;
         self.execed_since_attach = true;
     }
 
@@ -135,6 +138,7 @@ impl Tracked {
             + usize::from(i.identity.is_some())
             + usize::from(i.unwound.is_some())
             + usize::from(i.ledger.is_some())
+            + usize::from(self.python.is_some())
             + self.attached.len()
             + self.attached_ns.len()
             + self.symbols.names.len()

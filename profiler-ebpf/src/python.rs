@@ -1,0 +1,332 @@
+//! The allocating thread's Python frames, filed after its native ones
+//! (`profiler_common::python`): for a process user space recognised as
+//! CPython (`PY_PROCS`), find the thread's own thread state by its native
+//! thread id (never the GIL holder's), then walk its interpreter frames
+//! innermost first, one user read per frame, bounded in depth. What the
+//! frames mean is decided by `profiler_common::py_frame_step`, host-tested.
+
+use aya_ebpf::{
+    cty::c_void,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated},
+};
+use profiler_common::{
+    MAX_STACK_DEPTH,
+    python::{
+        MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_FRAME_WORDS, PY_NO_FIELD, PY_RESERVED_SLOTS,
+        PY_STACK_BEGIN, PY_TRUNCATED_FRAME, PyFrameStep, PyProcConfig, py_frame_step,
+        py_mark_entry, py_plausible,
+    },
+    unwind::DEPTH_CUT_FRAME,
+};
+
+use crate::maps::{PY_PROCS, PY_SCRATCH, PY_THREADS, PyScratch, PyThread, STACK_SCRATCH};
+
+/// How long a thread found without a thread state stays so before it is
+/// looked for again (a native thread may take one later).
+const NO_THREAD_STATE_NS: u64 = 1_000_000_000;
+
+const CONTINUE: i64 = 0;
+const STOP: i64 = 1;
+
+/// Appends the current thread's Python part to the `len` frames of
+/// `STACK_SCRATCH`; returns the new length (`len` when there is none).
+/// Native frames past `MAX_STACK_DEPTH - PY_RESERVED_SLOTS` give way to
+/// it (the last kept becomes `DEPTH_CUT_FRAME`), so a deep native stack
+/// cannot crowd it out. Not inlined: its locals stay off the program's own
+/// frame.
+#[inline(never)]
+pub fn append(pid: u32, len: usize) -> usize {
+    let Some(cfg) = PY_PROCS.get_ptr(pid) else {
+        return len;
+    };
+    // SAFETY: a map value, valid for the whole program run; only read.
+    let cfg = unsafe { &*cfg };
+    // Room for the marker, one frame and the truncation marker at least.
+    if len + 3 > MAX_STACK_DEPTH {
+        return len;
+    }
+    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+        return len;
+    };
+    let Some(frame) = current_frame(cfg, scratch) else {
+        return len;
+    };
+    let Some(trace) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return len;
+    };
+    // SAFETY: a per-CPU map value, ours under the scratch claim.
+    let trace = unsafe { &mut *trace };
+    const NATIVE_ROOM: usize = MAX_STACK_DEPTH - PY_RESERVED_SLOTS;
+    let len = if len > NATIVE_ROOM {
+        trace.frames[NATIVE_ROOM - 1] = DEPTH_CUT_FRAME;
+        NATIVE_ROOM
+    } else {
+        len
+    };
+    // Reloaded, so the bound is checked on the register the store indexes by.
+    // SAFETY: a read of a local.
+    let slot = unsafe { core::ptr::read_volatile(&len) };
+    let Some(begin) = trace.frames.get_mut(slot) else {
+        return len;
+    };
+    *begin = PY_STACK_BEGIN;
+    let frames = (MAX_STACK_DEPTH - 2 - len).min(MAX_PYTHON_FRAMES);
+    // The walk's changing state lives in the per-CPU scratch, not on the
+    // stack: the verifier checks the callback once, where a counter on the
+    // stack would make each iteration a new state.
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    unsafe {
+        (*scratch).frame = frame;
+        (*scratch).len = (len + 1) as u64;
+        (*scratch).end = (len + 1 + frames) as u64;
+        (*scratch).last = NO_FRAME;
+        (*scratch).cut = 0;
+    }
+    let mut walk = PyWalk { cfg };
+    // Shims (3.12+) take loop steps but no slot: twice the frames.
+    // SAFETY: the callback is a BPF subprogram taking (index, &mut PyWalk);
+    // `walk` outlives the call.
+    unsafe {
+        generated::bpf_loop(
+            2 * MAX_PYTHON_FRAMES as u32,
+            frame_step as *mut c_void,
+            (&raw mut walk).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    let (len, cut) = unsafe {
+        // Steps left over with frames to go count as a cut too.
+        (
+            (*scratch).len as usize,
+            (*scratch).cut != 0 || (*scratch).frame != 0,
+        )
+    };
+    if !cut {
+        return len;
+    }
+    // SAFETY: a read of a local (see above).
+    let slot = unsafe { core::ptr::read_volatile(&len) };
+    match trace.frames.get_mut(slot) {
+        Some(frame) => {
+            *frame = PY_TRUNCATED_FRAME;
+            slot + 1
+        }
+        None => len.min(MAX_STACK_DEPTH),
+    }
+}
+
+/// `PyScratch::last` before any frame is filed.
+const NO_FRAME: u64 = u64::MAX;
+
+/// What the walk's callbacks see on the stack: only what does not change.
+#[repr(C)]
+struct PyWalk {
+    cfg: *const PyProcConfig,
+}
+
+#[inline(never)]
+extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `append` passed its own `PyWalk` as the loop's context.
+    let walk = unsafe { &*ctx.cast::<PyWalk>() };
+    // SAFETY: a map value, valid for the whole program run; only read.
+    let cfg = unsafe { &*walk.cfg };
+    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+        return STOP;
+    };
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    let w = unsafe { &mut *scratch };
+    let at = w.frame;
+    if at == 0 {
+        return STOP;
+    }
+    if w.len >= w.end {
+        w.cut = 1;
+        return STOP;
+    }
+    // 8 to 128 bytes, whatever the entry says (user space writes a
+    // multiple of 8 in that range): a bound the verifier sees on the very
+    // register the helper takes.
+    let size = 8 + (cfg.frame_read.wrapping_sub(8) & (PY_FRAME_WORDS as u32 * 8 - 8));
+    // One read per frame: its header, into this CPU's copy.
+    // SAFETY: the helper writes at most `size` (≤ the buffer) bytes into
+    // this CPU's buffer, ours under the scratch claim, and reports a fault
+    // instead of taking it.
+    let err = unsafe {
+        generated::bpf_probe_read_user(
+            core::ptr::addr_of_mut!(w.words).cast(),
+            size,
+            at as *const c_void,
+        )
+    };
+    if err != 0 {
+        w.cut = 1;
+        return STOP;
+    }
+    let Some(trace) = STACK_SCRATCH.get_ptr_mut(0) else {
+        w.cut = 1;
+        return STOP;
+    };
+    // SAFETY: a per-CPU map value, ours under the scratch claim.
+    let trace = unsafe { &mut *trace };
+    let previous = match py_frame_step(cfg, &w.words) {
+        PyFrameStep::Frame { value, previous } => {
+            let slot = w.len as usize;
+            if slot >= MAX_STACK_DEPTH {
+                w.cut = 1;
+                return STOP;
+            }
+            trace.frames[slot] = value;
+            w.last = slot as u64;
+            w.len = slot as u64 + 1;
+            previous
+        }
+        PyFrameStep::Shim { previous } => {
+            // The frame filed just before is the first its eval call ran.
+            let last = w.last as usize;
+            if last < MAX_STACK_DEPTH {
+                trace.frames[last] = py_mark_entry(trace.frames[last]);
+            }
+            previous
+        }
+        PyFrameStep::Bad => {
+            w.cut = 1;
+            return STOP;
+        }
+    };
+    // A frame returning to itself is a scribbled chain: cut, not looped.
+    if previous == at {
+        w.cut = 1;
+        return STOP;
+    }
+    w.frame = previous;
+    if previous == 0 { STOP } else { CONTINUE }
+}
+
+/// The current thread's innermost interpreter frame, if it has a thread
+/// state with one.
+#[inline(always)]
+fn current_frame(cfg: &PyProcConfig, scratch: *mut PyScratch) -> Option<u64> {
+    let tstate = thread_state(cfg, scratch)?;
+    let holder = if cfg.tstate_cframe == PY_NO_FIELD {
+        tstate
+    } else {
+        plausible(read_word(
+            tstate.wrapping_add(u64::from(cfg.tstate_cframe)),
+        )?)?
+    };
+    plausible(read_word(
+        holder.wrapping_add(u64::from(cfg.current_frame)),
+    )?)
+}
+
+/// The current thread's `PyThreadState`: from the per-thread hint, checked
+/// by reading its native thread id back, else by a bounded walk of the
+/// interpreter's thread list.
+#[inline(always)]
+fn thread_state(cfg: &PyProcConfig, scratch: *mut PyScratch) -> Option<u64> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = u64::from(pid_tgid as u32);
+    // SAFETY: copied out at once.
+    let hint = unsafe { PY_THREADS.get(pid_tgid) }.copied();
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(hint) = hint {
+        if hint.tstate == 0 {
+            if now.wrapping_sub(hint.checked_ns) < NO_THREAD_STATE_NS {
+                return None;
+            }
+        } else if read_word(
+            hint.tstate
+                .wrapping_add(u64::from(cfg.tstate_native_thread_id)),
+        ) == Some(tid)
+        {
+            return Some(hint.tstate);
+        }
+    }
+    let interp = plausible(read_word(
+        cfg.runtime
+            .wrapping_add(u64::from(cfg.runtime_interpreters_head)),
+    )?)?;
+    let head = read_word(interp.wrapping_add(u64::from(cfg.interp_threads_head)))?;
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim (the
+    // search's changing state lives there, as the frame walk's does).
+    unsafe {
+        (*scratch).frame = head;
+        (*scratch).last = 0;
+    }
+    let mut search = ThreadSearch { cfg, tid };
+    // SAFETY: the callback is a BPF subprogram taking (index, &mut
+    // ThreadSearch); `search` outlives the call.
+    unsafe {
+        generated::bpf_loop(
+            MAX_PYTHON_THREADS as u32,
+            thread_step as *mut c_void,
+            (&raw mut search).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    let found = unsafe { (*scratch).last };
+    let _ = PY_THREADS.insert(
+        pid_tgid,
+        PyThread {
+            tstate: found,
+            checked_ns: now,
+        },
+        0,
+    );
+    (found != 0).then_some(found)
+}
+
+#[repr(C)]
+struct ThreadSearch {
+    cfg: *const PyProcConfig,
+    tid: u64,
+}
+
+/// One thread state of the list (`PyScratch::frame`; the one found goes
+/// to `PyScratch::last`).
+#[inline(never)]
+extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `thread_state` passed its own `ThreadSearch` as the context.
+    let search = unsafe { &*ctx.cast::<ThreadSearch>() };
+    // SAFETY: a map value, valid for the whole program run; only read.
+    let cfg = unsafe { &*search.cfg };
+    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+        return STOP;
+    };
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    let w = unsafe { &mut *scratch };
+    let tstate = w.frame;
+    if !py_plausible(tstate) {
+        return STOP;
+    }
+    match read_word(tstate.wrapping_add(u64::from(cfg.tstate_native_thread_id))) {
+        Some(id) if id == search.tid => {
+            w.last = tstate;
+            return STOP;
+        }
+        Some(_) => {}
+        None => return STOP,
+    }
+    match read_word(tstate.wrapping_add(u64::from(cfg.tstate_next))) {
+        Some(next) if next != tstate => {
+            w.frame = next;
+            CONTINUE
+        }
+        _ => STOP,
+    }
+}
+
+#[inline(always)]
+fn plausible(addr: u64) -> Option<u64> {
+    py_plausible(addr).then_some(addr)
+}
+
+#[inline(always)]
+fn read_word(addr: u64) -> Option<u64> {
+    // SAFETY: the helper copies from user memory and reports a fault instead
+    // of taking it.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}

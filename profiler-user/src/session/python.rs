@@ -1,0 +1,101 @@
+//! Which processes the kernel walks Python frames of: a process that maps
+//! CPython (its executable or a `libpython`, `python::discover`) gets a
+//! kernel entry with its `_PyRuntime`'s address and its version's offsets
+//! when it is scanned; the entry goes with its image (exec, exit). A file
+//! exporting `_PyRuntime` that is no CPython allocprof can walk is said
+//! once, and its processes keep native frames only.
+
+use std::collections::HashSet;
+
+use super::{KernelPort, ProcessPort, Session};
+use crate::{
+    ids::{FileId, Pid},
+    python::discover::{self, Inspection},
+};
+
+impl<K: KernelPort, P: ProcessPort> Session<K, P> {
+    /// Looks for CPython in `pid`'s executable mappings (each file once per
+    /// session) and gives the kernel its entry.
+    pub(super) fn detect_python(&mut self, pid: Pid) {
+        if !self.kernel.python_frames() {
+            return;
+        }
+        let Some(tracked) = self.tracked.get(&pid) else {
+            return;
+        };
+        if tracked.python.is_some() {
+            return;
+        }
+        let Some(space) = tracked.image.space.as_ref() else {
+            return;
+        };
+        let mut seen = HashSet::new();
+        let mut found = None;
+        for m in space.mappings().iter().filter(|m| m.executable) {
+            let Some(file) = &m.file.open else {
+                continue;
+            };
+            if !seen.insert(file.id) {
+                continue;
+            }
+            let inspection = self
+                .python_files
+                .entry(file.id)
+                .or_insert_with(|| discover::inspect(&file.file))
+                .clone();
+            match inspection {
+                Inspection::NotPython => {}
+                Inspection::Python(interp) => {
+                    found = Some((file.id, interp));
+                    break;
+                }
+                Inspection::Unsupported(why) => {
+                    if self.python_warned.insert(file.id) {
+                        self.warnings.push(format!(
+                            "{}: {why}: its processes have native frames only",
+                            m.file.path.display()
+                        ));
+                    }
+                }
+            }
+        }
+        let Some((file, interp)) = found else {
+            return;
+        };
+        self.give_python(pid, file, interp);
+    }
+
+    fn give_python(&mut self, pid: Pid, file: FileId, interp: discover::Interpreter) {
+        let (Some(tracked), Some(host)) = (self.tracked.get(&pid), self.pids.host(pid)) else {
+            return;
+        };
+        let Some(space) = tracked.image.space.as_ref() else {
+            return;
+        };
+        let Some(runtime) = discover::runtime_address(space, file, interp.runtime_offset) else {
+            return; // not mapped (yet): the next scan looks again
+        };
+        let mut config = interp.config;
+        config.runtime = runtime;
+        if let Err(e) = self.kernel.set_process_python(host, &config) {
+            self.warnings.push(format!("process {pid}: {e}"));
+            return;
+        }
+        if let Some(tracked) = self.tracked.get_mut(&pid) {
+            tracked.python = Some(interp.version);
+        }
+    }
+
+    /// The image of `pid` is gone (exec or exit): so is its interpreter.
+    pub(super) fn forget_python(&mut self, pid: Pid) {
+        if self
+            .tracked
+            .get_mut(&pid)
+            .and_then(|t| t.python.take())
+            .is_some()
+            && let Some(host) = self.pids.host(pid)
+        {
+            self.kernel.clear_process_python(host);
+        }
+    }
+}
