@@ -569,12 +569,8 @@ fn containers_carry_their_ids_and_host_pids() {
     assert_eq!(ns_pids(b_pid), [b_pid, 1], "b is its namespace's init");
 
     let mut agent = Command::new(env!("CARGO_BIN_EXE_allocprof"))
-        // Each process alone: what is tested here is the containers. (With
-        // their trees, 1 run in 2 here gave a's final export no resource and
-        // b's exports another executable name: an open bug of --pid's trees,
-        // issue 29's note.)
+        // With their trees (the default): each is its tree's root.
         .args(["agent", "--push-interval", "1s", "--otlp-command-line"])
-        .arg("--no-children")
         .args(["--pid", &a_pid.to_string(), "--pid", &b_pid.to_string()])
         .arg("--otlp-endpoint")
         .arg(collector.http_endpoint())
@@ -638,11 +634,9 @@ fn containers_carry_their_ids_and_host_pids() {
         !a_exports.is_empty() && !b_exports.is_empty(),
         "both exported"
     );
-    // The attributes of the live images. (A final export, of a process
-    // gone, sometimes lacks them: an open bug, in issue 28's note.)
-    let is_live =
-        |(d, r): &&(&ProfilesData, &ResourceProfiles)| attribute(d, r, ATTR_STATE).is_none();
-    for (data, r) in a_exports.iter().filter(is_live) {
+    // Every export, a gone process's final one too: it carries what was
+    // read while the process lived.
+    for (data, r) in &a_exports {
         assert_eq!(attribute(data, r, ATTR_CONTAINER_ID), string(&docker_id));
         assert_eq!(attribute(data, r, ATTR_POD_UID), None);
         assert_eq!(
@@ -651,11 +645,15 @@ fn containers_carry_their_ids_and_host_pids() {
         );
         assert_eq!(attribute(data, r, ATTR_SERVICE_NAME), string("alloc_sites"));
         assert_eq!(
+            attribute(data, r, ATTR_EXECUTABLE_NAME),
+            string("alloc_sites")
+        );
+        assert_eq!(
             attribute(data, r, "deployment.environment"),
             string("ci,test")
         );
     }
-    for (data, r) in b_exports.iter().filter(is_live) {
+    for (data, r) in &b_exports {
         assert_eq!(attribute(data, r, ATTR_CONTAINER_ID), string(&cri_id));
         assert_eq!(attribute(data, r, ATTR_POD_UID), string(pod_uid));
         assert_eq!(

@@ -184,7 +184,7 @@ fn exchange<S: Read + Write>(mut stream: S, head: &[u8], body: &[u8]) -> Result<
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             chunked = value.trim().eq_ignore_ascii_case("chunked");
         } else if name.eq_ignore_ascii_case("retry-after") {
-            retry_after = parse_retry_after(value);
+            retry_after = parse_retry_after(value, std::time::SystemTime::now());
         }
     }
     let mut body = Vec::new();
@@ -402,6 +402,11 @@ mod tests {
                 "504 Gateway Timeout",
                 "Retry-After: soon\r\n",
                 Verdict::Retry(None),
+            ),
+            (
+                "503 Service Unavailable",
+                "Retry-After: Wed, 21 Oct 2015 07:28:00 GMT\r\n",
+                Verdict::Retry(Some(Duration::ZERO)),
             ),
             ("400 Bad Request", "Retry-After: 7\r\n", Verdict::Drop),
             ("500 Internal Server Error", "", Verdict::Drop),

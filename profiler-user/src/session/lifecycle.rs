@@ -164,10 +164,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
         }
         // A child gone before it could be scanned, which did not exec, had
-        // its parent's mappings: its stacks are named with those.
+        // its parent's mappings and was who its parent is: its stacks are
+        // named with those, its resource is its parent's.
         for &pid in &forked {
             if exited.contains(&pid) && !execed_pids.contains(&pid) {
-                self.inherit_space(pid);
+                self.inherit_from_parent(pid);
             }
         }
         self.retire(&exited, &execed);
@@ -193,8 +194,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             if passed > 0 {
                 due.push(*pid);
                 *next += passed;
+                // Its name is read again; its resource is not: an exec
+                // reset the image (the first rescan reads the new one), and
+                // an exit event of a process still in /proc (exiting, or its
+                // main thread gone) must not lose what was read while it
+                // lived (the exe link and maps go at exit).
                 tracked.image.identity = None;
-                tracked.image.resource = None;
             }
             if *next >= RESCAN_AFTER_EXEC.len() {
                 tracked.rescan = None;

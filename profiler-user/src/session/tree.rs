@@ -5,10 +5,13 @@
 //! tracepoint takes a process out. The session keeps each process's parent
 //! for the views.
 
-use std::collections::HashSet;
+use std::{collections::HashSet, sync::Arc};
 
 use super::{KernelPort, ProcessPort, Session, Target};
-use crate::ids::{HostPid, Pid};
+use crate::{
+    ids::{HostPid, Pid},
+    process::resource::ProcessResource,
+};
 
 /// Passes over /proc at attach, at most: each finds the children of the
 /// processes the previous one followed (forked before they were followed);
@@ -124,17 +127,27 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Gives a fork child gone before its scan its parent's address space
     /// (what it mapped, unless it mapped more before it exited), so its
-    /// stacks are named.
-    pub(super) fn inherit_space(&mut self, pid: Pid) {
+    /// stacks are named, and its parent's resource (the same executable,
+    /// cgroup and environment) with its own host pid.
+    pub(super) fn inherit_from_parent(&mut self, pid: Pid) {
         let Some(parent) = self.parent_of(pid) else {
             return;
         };
-        let Some(space) = self.space(parent).cloned() else {
-            return;
-        };
+        let space = self.space(parent).cloned();
+        let resource = self
+            .tracked
+            .get(&parent)
+            .and_then(|t| t.image.resource.as_deref())
+            .map(|r| ProcessResource {
+                host_pid: self.pids.host(pid).map(|h| h.0),
+                ..r.clone()
+            });
         let image = &mut self.track_pid(pid).image;
         if image.space.is_none() {
-            image.space = Some(space);
+            image.space = space;
+        }
+        if image.resource.is_none() {
+            image.resource = resource.map(Arc::new);
         }
     }
 

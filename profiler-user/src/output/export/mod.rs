@@ -11,6 +11,7 @@ pub mod json;
 pub mod otlp;
 pub mod pprof;
 pub mod svg;
+pub mod tables;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

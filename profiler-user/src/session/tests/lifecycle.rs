@@ -278,6 +278,45 @@ fn drops_are_reported_per_process_and_in_total() {
     assert_eq!(exited.lost_live_bytes, 12345);
 }
 
+/// The kernel reports a process's exit while it is still in /proc (in its
+/// exit: its maps and executable already gone): its final image keeps the
+/// resource read while it lived.
+fn an_exit_seen_while_exiting_keeps_the_resource(target: Target) {
+    let world = World::default();
+    world.spawn(100, "worker");
+    let mut s = session(&world, target);
+    world.sample(100, 7, &[address_in(alpha_site)], 4 << 20);
+    let live = s.complete_profile().unwrap();
+    let read = only_image(&live, 100, ProcessState::Live)
+        .resource
+        .clone()
+        .expect("read while it lived");
+    assert_eq!(read.executable_path.as_deref(), Some("/fake/worker"));
+
+    world.process(100).exiting = true;
+    world.0.borrow_mut().kernel.events.push(ProcEvent {
+        pid: 100,
+        kind: PROC_EVENT_EXIT,
+        ..ProcEvent::default()
+    });
+    s.complete_profile().unwrap();
+    // Then it is gone (no second event: the kernel sent its one).
+    world.0.borrow_mut().processes.remove(&100);
+    let p = s.complete_profile().unwrap();
+    let exited = only_image(&p, 100, ProcessState::Exited);
+    assert_eq!(exited.resource.as_deref(), Some(&*read));
+}
+
+#[test]
+fn an_exit_seen_while_exiting_keeps_the_resource_with_pid() {
+    an_exit_seen_while_exiting_keeps_the_resource(Target::Pids(vec![Pid(100)]));
+}
+
+#[test]
+fn an_exit_seen_while_exiting_keeps_the_resource_with_trees() {
+    an_exit_seen_while_exiting_keeps_the_resource(Target::Trees(vec![Pid(100)]));
+}
+
 #[test]
 fn a_tree_s_fork_children_are_followed_with_their_parent_even_gone_before_a_scan() {
     let world = World::default();
@@ -305,9 +344,16 @@ fn a_tree_s_fork_children_are_followed_with_their_parent_even_gone_before_a_scan
     let p = s.complete_profile().unwrap();
     let gone = only_image(&p, 101, ProcessState::Exited);
     assert_eq!(gone.parent, Some(Pid(100)));
+    // Who its parent is (it never exec'ed), under its own pid.
+    let resource = gone.resource.as_deref().expect("its parent's resource");
+    assert_eq!(resource.executable_path.as_deref(), Some("/fake/server"));
+    assert_eq!(resource.container_id.as_deref(), Some("container-100"));
+    assert_eq!(resource.host_pid, Some(101));
     assert!(has_function(gone, "alpha_site"), "{:?}", functions(gone));
     let live = only_image(&p, 102, ProcessState::Live);
     assert_eq!(live.parent, Some(Pid(100)));
+    let resource = live.resource.as_deref().expect("read at its fork");
+    assert_eq!(resource.container_id.as_deref(), Some("container-102"));
     assert!(has_function(live, "beta_site"), "{:?}", functions(live));
     assert!(world.scans_of(102) > 0, "scanned at its fork");
 }

@@ -29,6 +29,7 @@ use crate::{
     model::profile::{ProcessProfile, ProcessState, Profile},
     process::discover::{FileId, OpenFile, ProbeFile, ProbeKind, ProbeSite, Scan, Scanner},
     process::pidns::PidMap,
+    process::resource::ProcessResource,
 };
 
 const RATE: u64 = 512 * 1024;
@@ -82,6 +83,8 @@ struct FakeProcess {
     probe_files: Vec<FileId>,
     /// Its live-sample ledger (none: its library has none).
     ledger: Option<FakeLedger>,
+    /// In its exit: still in /proc, but its maps and executable are gone.
+    exiting: bool,
 }
 
 /// A ledger's live records and each record's sequence now.
@@ -142,6 +145,7 @@ impl World {
                 code_size: None,
                 probe_files: vec![probe_file_id(1)],
                 ledger: None,
+                exiting: false,
             },
         );
     }
@@ -435,6 +439,9 @@ impl ProcessPort for FakeProcesses {
         self.world.0.borrow_mut().scans.push(pid);
         let process = self.world.0.borrow().processes.get(&pid).cloned();
         let process = process.ok_or(std::io::ErrorKind::NotFound)?;
+        if process.exiting {
+            return Err(std::io::ErrorKind::NotFound.into());
+        }
         if !process.maps_readable {
             return Err(std::io::ErrorKind::PermissionDenied.into());
         }
@@ -461,6 +468,18 @@ impl ProcessPort for FakeProcesses {
 
     fn name(&self, Pid(pid): Pid) -> Option<String> {
         Some(self.world.0.borrow().processes.get(&pid)?.name.clone())
+    }
+
+    /// Its executable named after it, its container after its pid; an
+    /// exiting process has no executable left to read.
+    fn resource(&self, Pid(pid): Pid) -> Option<ProcessResource> {
+        let w = self.world.0.borrow();
+        let p = w.processes.get(&pid)?;
+        Some(ProcessResource {
+            executable_path: (!p.exiting).then(|| format!("/fake/{}", p.name)),
+            container_id: Some(format!("container-{pid}")),
+            ..ProcessResource::default()
+        })
     }
 
     fn sampling_rate(&self, _pid: Pid) -> u64 {

@@ -32,17 +32,15 @@
 //!   highest address. allocprof's own markers (a truncated walk, ...) stay
 //!   named, without a mapping.
 //!
-//! The tables are built the way `export::pprof` builds its own (strings,
-//! functions by name and file, locations by frame chain, mappings by file):
-//! issue 28 wants one table builder for both encoders, to be shared once the
-//! pprof module's split has landed.
+//! The tables (strings, functions, mappings, locations, stacks) are
+//! `export::tables`', the same as pprof's; this module writes them as the
+//! dictionary, with the attribute table its own.
 
 pub mod proto;
 pub mod resource;
 
 use std::{
     collections::{HashMap, HashSet},
-    path::Path,
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -57,11 +55,11 @@ use self::proto::{
     resource::Resource,
 };
 use self::resource::{AttrValue, HostResource};
-use super::build_id::build_id;
+use super::tables::Tables;
 use crate::{
     model::profile::{BuildIds, ProcessKey, ProcessProfile, ProcessState, Profile},
     model::stats::Totals,
-    symbolize::{Frame, FrameKind, PYTHON_MODULE},
+    symbolize::{Frame, FrameKind},
 };
 
 /// The sample types, in the order of each process's profiles.
@@ -230,69 +228,115 @@ impl Rounding {
     }
 }
 
-/// The dictionary under construction: each table with its zero value at
-/// index 0, and an index of what is in it.
+/// The dictionary under construction: the shared [`Tables`] and the
+/// attribute table (OTLP's own), each written with its zero value at
+/// index 0.
 struct Builder {
-    dict: ProfilesDictionary,
-    strings: HashMap<String, i32>,
-    functions: HashMap<(i32, i32), i32>,
-    /// By frame chain and mapping (one path may be several files).
-    locations: HashMap<(Vec<Frame>, i32), i32>,
-    /// By file path and build id: two processes may name different files
-    /// by one path (containers, a library upgraded in place).
-    mappings: HashMap<(String, Option<String>), i32>,
-    stacks: HashMap<Vec<i32>, i32>,
+    tables: Tables,
+    attribute_table: Vec<KeyValueAndUnit>,
     attributes: HashMap<(i32, String), i32>,
-    /// Frames with an offset get no lines ([`Encoder::addresses_only`]).
-    addresses_only: bool,
 }
 
-/// The table's next index (tables stay far below 2³¹ entries: they grow
-/// with a profile's distinct frames, which the session bounds).
-fn next_index<T>(table: &[T]) -> i32 {
-    i32::try_from(table.len()).expect("dictionary within 2^31 entries")
+/// A position in a table as an OTLP index (tables stay far below 2³¹
+/// entries: they grow with a profile's distinct frames, which the session
+/// bounds).
+fn index(i: usize) -> i32 {
+    i32::try_from(i).expect("dictionary within 2^31 entries")
+}
+
+/// A [`Tables`] entry's index: past the zero value.
+fn entry(i: usize) -> i32 {
+    index(i + 1)
 }
 
 impl Builder {
     fn new(addresses_only: bool) -> Builder {
-        let mut b = Builder {
-            dict: ProfilesDictionary {
-                mapping_table: vec![Mapping::default()],
-                location_table: vec![Location::default()],
-                function_table: vec![Function::default()],
-                // The spec's preferred zero link: ids of their full lengths.
-                link_table: vec![Link {
-                    trace_id: vec![0; 16],
-                    span_id: vec![0; 8],
-                }],
-                string_table: Vec::new(),
-                attribute_table: vec![KeyValueAndUnit::default()],
-                stack_table: vec![Stack::default()],
-            },
-            strings: HashMap::new(),
-            functions: HashMap::new(),
-            locations: HashMap::new(),
-            mappings: HashMap::new(),
-            stacks: HashMap::new(),
+        Builder {
+            tables: Tables::new(addresses_only),
+            attribute_table: vec![KeyValueAndUnit::default()],
             attributes: HashMap::new(),
-            addresses_only,
-        };
-        b.string("");
-        b
+        }
     }
 
-    fn finish(self) -> ProfilesDictionary {
-        self.dict
+    fn finish(mut self) -> ProfilesDictionary {
+        let build_ids: Vec<Vec<i32>> = (0..self.tables.mappings.len())
+            .map(|i| match self.tables.mappings[i].build_id.clone() {
+                Some(id) => vec![self.string_attribute(ATTR_BUILD_ID, &id)],
+                None => Vec::new(),
+            })
+            .collect();
+        // OpenTelemetry's frame type: a Python frame is CPython's.
+        let cpython = self
+            .tables
+            .locations
+            .iter()
+            .any(|l| l.kind == FrameKind::Python)
+            .then(|| self.string_attribute(ATTR_FRAME_TYPE, "cpython"));
+        let t = self.tables;
+        let mapping_table = std::iter::once(Mapping::default())
+            .chain(
+                t.mappings
+                    .iter()
+                    .zip(build_ids)
+                    .map(|(m, attribute_indices)| Mapping {
+                        filename_strindex: index(m.path),
+                        attribute_indices,
+                        memory_limit: m.memory_limit,
+                        ..Default::default()
+                    }),
+            )
+            .collect();
+        let location_table = std::iter::once(Location::default())
+            .chain(t.locations.iter().map(|l| {
+                Location {
+                    mapping_index: l.mapping.map_or(0, entry),
+                    address: l.address,
+                    lines: l
+                        .lines
+                        .iter()
+                        .map(|line| Line {
+                            function_index: entry(line.function),
+                            line: line.line,
+                            column: 0,
+                        })
+                        .collect(),
+                    attribute_indices: match (l.kind, cpython) {
+                        (FrameKind::Python, Some(i)) => vec![i],
+                        _ => Vec::new(),
+                    },
+                }
+            }))
+            .collect();
+        let function_table = std::iter::once(Function::default())
+            .chain(t.functions.iter().map(|f| Function {
+                name_strindex: index(f.name),
+                system_name_strindex: index(f.name),
+                filename_strindex: index(f.file),
+                start_line: 0,
+            }))
+            .collect();
+        let stack_table = std::iter::once(Stack::default())
+            .chain(t.stacks.iter().map(|s| Stack {
+                location_indices: s.iter().map(|&l| entry(l)).collect(),
+            }))
+            .collect();
+        ProfilesDictionary {
+            mapping_table,
+            location_table,
+            function_table,
+            // The spec's preferred zero link: ids of their full lengths.
+            link_table: vec![Link {
+                trace_id: vec![0; 16],
+                span_id: vec![0; 8],
+            }],
+            string_table: t.strings,
+            attribute_table: self.attribute_table,
+            stack_table,
+        }
     }
 
     fn string(&mut self, s: &str) -> i32 {
-        if let Some(&i) = self.strings.get(s) {
-            return i;
-        }
-        let i = next_index(&self.dict.string_table);
-        self.dict.string_table.push(s.to_owned());
-        self.strings.insert(s.to_owned(), i);
-        i
+        index(self.tables.string(s))
     }
 
     fn string_attribute(&mut self, key: &str, value: &str) -> i32 {
@@ -300,8 +344,8 @@ impl Builder {
         if let Some(&i) = self.attributes.get(&(key, value.to_owned())) {
             return i;
         }
-        let i = next_index(&self.dict.attribute_table);
-        self.dict.attribute_table.push(KeyValueAndUnit {
+        let i = index(self.attribute_table.len());
+        self.attribute_table.push(KeyValueAndUnit {
             key_strindex: key,
             value: Some(string_value(value)),
             unit_strindex: 0,
@@ -317,117 +361,9 @@ impl Builder {
         }
     }
 
-    /// The mapping of file `module`; its build id read from the files the
-    /// process mapped (`ids`), or from the path where those are unknown.
-    fn mapping(&mut self, module: &str, ids: Option<&BuildIds>) -> i32 {
-        let id = match ids {
-            Some(ids) => ids.get(module).map(|id| id.to_string()),
-            // Python code's mapping is no file.
-            None if module == PYTHON_MODULE => None,
-            None => build_id(Path::new(module)),
-        };
-        let key = (module.to_owned(), id);
-        if let Some(&i) = self.mappings.get(&key) {
-            return i;
-        }
-        let attribute_indices = key
-            .1
-            .as_deref()
-            .map(|id| vec![self.string_attribute(ATTR_BUILD_ID, id)])
-            .unwrap_or_default();
-        let i = next_index(&self.dict.mapping_table);
-        let filename_strindex = self.string(module);
-        self.dict.mapping_table.push(Mapping {
-            filename_strindex,
-            attribute_indices,
-            ..Default::default()
-        });
-        self.mappings.insert(key, i);
-        i
-    }
-
-    fn function(&mut self, name: &str, file: &str) -> i32 {
-        let key = (self.string(name), self.string(file));
-        if let Some(&i) = self.functions.get(&key) {
-            return i;
-        }
-        let i = next_index(&self.dict.function_table);
-        self.dict.function_table.push(Function {
-            name_strindex: key.0,
-            system_name_strindex: key.0,
-            filename_strindex: key.1,
-            start_line: 0,
-        });
-        self.functions.insert(key, i);
-        i
-    }
-
-    /// A machine frame and the frames inlined into it, innermost first.
-    fn location(&mut self, chain: &[Frame], ids: Option<&BuildIds>) -> i32 {
-        let outer = chain.last().expect("a location has a frame");
-        let mapping_index = outer.module.as_deref().map_or(0, |m| self.mapping(m, ids));
-        if let Some(&i) = self.locations.get(&(chain.to_vec(), mapping_index)) {
-            return i;
-        }
-        let lines = if self.addresses_only && outer.offset.is_some() {
-            Vec::new()
-        } else {
-            chain
-                .iter()
-                .map(|f| {
-                    let (file, line) = split_location(f.location.as_deref());
-                    Line {
-                        function_index: self.function(&f.function, file),
-                        line,
-                        column: 0,
-                    }
-                })
-                .collect()
-        };
-        // An address lies within its mapping, which starts at 0.
-        let address = outer.offset.filter(|_| mapping_index != 0).unwrap_or(0);
-        if let Some(m) = usize::try_from(mapping_index)
-            .ok()
-            .filter(|&m| m != 0 && address != 0)
-            .and_then(|m| self.dict.mapping_table.get_mut(m))
-        {
-            m.memory_limit = m.memory_limit.max(address.saturating_add(1));
-        }
-        // OpenTelemetry's frame type: a Python frame is CPython's.
-        let attribute_indices = match outer.kind {
-            FrameKind::Python => vec![self.string_attribute(ATTR_FRAME_TYPE, "cpython")],
-            FrameKind::Native => Vec::new(),
-        };
-        let i = next_index(&self.dict.location_table);
-        self.dict.location_table.push(Location {
-            mapping_index,
-            address,
-            lines,
-            attribute_indices,
-        });
-        self.locations.insert((chain.to_vec(), mapping_index), i);
-        i
-    }
-
-    /// The stack of `frames` (innermost first): each machine frame with the
-    /// frames inlined into it (which precede it).
+    /// The stack of `frames` (innermost first).
     fn stack(&mut self, frames: &[Frame], ids: Option<&BuildIds>) -> i32 {
-        let mut location_indices = Vec::new();
-        let mut start = 0;
-        for (i, f) in frames.iter().enumerate() {
-            if f.inlined && i + 1 < frames.len() {
-                continue;
-            }
-            location_indices.push(self.location(&frames[start..=i], ids));
-            start = i + 1;
-        }
-        if let Some(&i) = self.stacks.get(&location_indices) {
-            return i;
-        }
-        let i = next_index(&self.dict.stack_table);
-        self.stacks.insert(location_indices.clone(), i);
-        self.dict.stack_table.push(Stack { location_indices });
-        i
+        entry(self.tables.stack(frames, ids))
     }
 
     fn resource_profiles(
@@ -519,20 +455,6 @@ fn string_key_value(key: &str, value: &str) -> KeyValue {
         key: key.into(),
         value: Some(string_value(value)),
         ..Default::default()
-    }
-}
-
-/// `file:line` → (file, line); a location without a line number → (it, 0).
-fn split_location(location: Option<&str>) -> (&str, i64) {
-    let Some(loc) = location else {
-        return ("", 0);
-    };
-    match loc.rsplit_once(':') {
-        Some((file, line)) => match line.parse::<i64>() {
-            Ok(n) if n > 0 => (file, n),
-            _ => (loc, 0),
-        },
-        None => (loc, 0),
     }
 }
 

@@ -1,7 +1,8 @@
 use prost::Message;
 
 use super::{proto::common::any_value::Value, *};
-use crate::output::export::tests::hand_made;
+use crate::output::export::{build_id::build_id, tests::hand_made};
+use crate::symbolize::PYTHON_MODULE;
 
 fn at(secs: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(secs)

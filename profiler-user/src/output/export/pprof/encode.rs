@@ -1,10 +1,6 @@
 //! The encoder: a [`Profile`] as a Go-shaped heap `profile.proto`.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    io::Write,
-    path::Path,
-};
+use std::{collections::BTreeMap, io::Write};
 
 use flate2::{Compression, write::GzEncoder};
 use profiler_common::DropReason;
@@ -15,10 +11,10 @@ use super::{
     proto::{self, Function, Label, Line, Location, Mapping, Sample, ValueType},
 };
 use crate::{
-    model::profile::{BuildIds, Profile},
+    model::profile::Profile,
     model::stats::{Totals, human_bytes, human_ci},
-    output::export::build_id::build_id,
-    symbolize::{Frame, PYTHON_MODULE},
+    output::export::tables::Tables,
+    symbolize::Frame,
 };
 
 /// The profile as a gzip'd `profile.proto`.
@@ -29,28 +25,28 @@ pub fn render(profile: &Profile, time_nanos: i64) -> Vec<u8> {
     gz.finish().expect("writing to memory")
 }
 
-/// Builds the `profile.proto` message.
+/// Builds the `profile.proto` message: samples per process and stack, the
+/// tables from [`Tables`] (pprof's ids are their positions + 1).
 pub(crate) fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
-    let mut b = Builder::default();
-    b.strings.get(""); // index 0 is ""
+    let mut t = Tables::new(false);
     let sample_type = SAMPLE_TYPES
         .iter()
-        .map(|(t, u)| ValueType {
-            r#type: b.strings.get(t),
-            unit: b.strings.get(u),
+        .map(|(ty, u)| ValueType {
+            r#type: string(&mut t, ty),
+            unit: string(&mut t, u),
         })
         .collect();
     // Executables first: pprof takes the first mapping for the main binary.
     for p in &profile.processes {
         if let Some(module) = p.stacks.iter().find_map(|s| executable(&s.frames)) {
-            b.mapping(module, p.build_ids.as_deref());
+            t.mapping(module, p.build_ids.as_deref());
         }
     }
-    let keys = [LABEL_PROCESS, LABEL_PID, LABEL_GENERATION].map(|k| b.strings.get(k));
+    let keys = [LABEL_PROCESS, LABEL_PID, LABEL_GENERATION].map(|k| string(&mut t, k));
     let mut rounding = Rounding::default();
     let mut samples = Vec::new();
     for p in &profile.processes {
-        let name = b.strings.get(&p.name);
+        let name = string(&mut t, &p.name);
         let mut label = vec![
             Label {
                 key: keys[0],
@@ -75,28 +71,31 @@ pub(crate) fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
             if value.iter().all(|&v| v == 0) {
                 continue;
             }
-            let location_id = b.locations(&s.frames, p.build_ids.as_deref());
+            let stack = t.stack(&s.frames, p.build_ids.as_deref());
             samples.push(Sample {
-                location_id,
+                location_id: t.stacks[stack].iter().map(|&l| id(l)).collect(),
                 value,
                 label: label.clone(),
             });
         }
     }
-    let comment = comments(profile).iter().map(|c| b.strings.get(c)).collect();
+    let comment = comments(profile)
+        .iter()
+        .map(|c| string(&mut t, c))
+        .collect();
     let period_type = ValueType {
-        r#type: b.strings.get("space"),
-        unit: b.strings.get("bytes"),
+        r#type: string(&mut t, "space"),
+        unit: string(&mut t, "bytes"),
     };
-    let default_sample_type = b.strings.get("inuse_space");
-    let mapping = b.finish_mappings();
+    let default_sample_type = string(&mut t, "inuse_space");
+    let (mapping, location, function) = pprof_tables(&mut t);
     proto::Profile {
         sample_type,
         sample: samples,
         mapping,
-        location: b.locations,
-        function: b.functions,
-        string_table: b.strings.table,
+        location,
+        function,
+        string_table: t.strings,
         time_nanos,
         duration_nanos: i64::try_from(profile.elapsed.as_nanos()).unwrap_or(i64::MAX),
         period_type: Some(period_type),
@@ -107,6 +106,80 @@ pub(crate) fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
         default_sample_type,
         ..Default::default()
     }
+}
+
+/// A string's index in pprof's table.
+fn string(t: &mut Tables, s: &str) -> i64 {
+    t.string(s) as i64
+}
+
+/// A table entry's pprof id: its position + 1 (0 is none).
+fn id(index: usize) -> u64 {
+    index as u64 + 1
+}
+
+/// The tables as pprof's messages (locations at address 0: every one
+/// carries its lines).
+fn pprof_tables(t: &mut Tables) -> (Vec<Mapping>, Vec<Location>, Vec<Function>) {
+    // Build ids join the string table first (none: "").
+    let build_ids: Vec<i64> = (0..t.mappings.len())
+        .map(|i| {
+            let build_id = t.mappings[i].build_id.clone().unwrap_or_default();
+            string(t, &build_id)
+        })
+        .collect();
+    let mapping = t
+        .mappings
+        .iter()
+        .zip(build_ids)
+        .enumerate()
+        .map(|(i, (m, build_id))| Mapping {
+            id: id(i),
+            filename: m.path as i64,
+            build_id,
+            // Every location carries its function name (unknown code is
+            // named `file+offset`): nothing is left for pprof to
+            // symbolize, so it never goes looking for binaries.
+            has_functions: true,
+            has_filenames: m.has_filenames,
+            has_line_numbers: m.has_line_numbers,
+            has_inline_frames: m.has_inline_frames,
+            ..Default::default()
+        })
+        .collect();
+    let location = t
+        .locations
+        .iter()
+        .enumerate()
+        .map(|(i, l)| Location {
+            id: id(i),
+            mapping_id: l.mapping.map_or(0, id),
+            address: 0,
+            line: l
+                .lines
+                .iter()
+                .map(|line| Line {
+                    function_id: id(line.function),
+                    line: line.line,
+                    column: 0,
+                })
+                .collect(),
+            is_folded: false,
+        })
+        .collect();
+    let function = t
+        .functions
+        .iter()
+        .enumerate()
+        .map(|(i, f)| Function {
+            id: id(i),
+            name: f.name as i64,
+            system_name: f.name as i64,
+            filename: f.file as i64,
+            start_line: 0,
+        })
+        .collect();
+    (mapping, location, function)
 }
 
 /// The executable a stack runs in: the module of its outermost frame that
@@ -190,187 +263,5 @@ impl Rounding {
                 v
             })
             .collect()
-    }
-}
-
-#[derive(Default)]
-struct Strings {
-    index: HashMap<String, i64>,
-    table: Vec<String>,
-}
-
-impl Strings {
-    fn get(&mut self, s: &str) -> i64 {
-        if let Some(&i) = self.index.get(s) {
-            return i;
-        }
-        let i = self.table.len() as i64;
-        self.table.push(s.to_owned());
-        self.index.insert(s.to_owned(), i);
-        i
-    }
-}
-
-#[derive(Default)]
-struct ModuleInfo {
-    id: u64,
-    /// Its GNU build id (hex), if it has one.
-    build_id: Option<String>,
-    has_filenames: bool,
-    has_line_numbers: bool,
-    has_inline_frames: bool,
-}
-
-#[derive(Default)]
-struct Builder {
-    strings: Strings,
-    /// By file path, in first-seen order (ids are 1-based positions).
-    modules: Vec<(String, ModuleInfo)>,
-    /// By path and build id: one path may name different files in
-    /// different processes (containers, a library upgraded in place).
-    module_ids: HashMap<(String, Option<String>), usize>,
-    functions: Vec<Function>,
-    function_ids: HashMap<(String, String), u64>,
-    locations: Vec<Location>,
-    location_ids: HashMap<(Vec<Frame>, u64), u64>,
-}
-
-impl Builder {
-    /// The mapping of file `module`; its build id read from the files the
-    /// process mapped (`ids`), or from the path where those are unknown.
-    fn mapping(&mut self, module: &str, ids: Option<&BuildIds>) -> usize {
-        let build_id = match ids {
-            Some(ids) => ids.get(module).map(|id| id.to_string()),
-            // Python code's mapping is no file.
-            None if module == PYTHON_MODULE => None,
-            None => build_id(Path::new(module)),
-        };
-        let key = (module.to_owned(), build_id);
-        if let Some(&i) = self.module_ids.get(&key) {
-            return i;
-        }
-        let i = self.modules.len();
-        let info = ModuleInfo {
-            id: i as u64 + 1,
-            build_id: key.1.clone(),
-            ..Default::default()
-        };
-        self.modules.push((module.to_owned(), info));
-        self.module_ids.insert(key, i);
-        i
-    }
-
-    fn function(&mut self, name: &str, file: &str) -> u64 {
-        let key = (name.to_owned(), file.to_owned());
-        if let Some(&id) = self.function_ids.get(&key) {
-            return id;
-        }
-        let id = self.functions.len() as u64 + 1;
-        let name = self.strings.get(name);
-        let filename = self.strings.get(file);
-        self.functions.push(Function {
-            id,
-            name,
-            system_name: name,
-            filename,
-            start_line: 0,
-        });
-        self.function_ids.insert(key, id);
-        id
-    }
-
-    /// Location ids of a stack, innermost first: each machine frame with the
-    /// frames inlined into it (which precede it in `frames`).
-    fn locations(&mut self, frames: &[Frame], ids: Option<&BuildIds>) -> Vec<u64> {
-        let mut out = Vec::new();
-        let mut start = 0;
-        for (i, f) in frames.iter().enumerate() {
-            if f.inlined && i + 1 < frames.len() {
-                continue;
-            }
-            out.push(self.location(&frames[start..=i], ids));
-            start = i + 1;
-        }
-        out
-    }
-
-    fn location(&mut self, chain: &[Frame], ids: Option<&BuildIds>) -> u64 {
-        let outer = chain.last().expect("a location has a frame");
-        let mapping = outer.module.as_deref().map(|m| self.mapping(m, ids));
-        let known = mapping.map_or(0, |i| self.modules[i].1.id);
-        if let Some(&id) = self.location_ids.get(&(chain.to_vec(), known)) {
-            return id;
-        }
-        let mapping_id = match mapping {
-            Some(i) => {
-                let info = &mut self.modules[i].1;
-                info.has_inline_frames |= chain.len() > 1;
-                for f in chain {
-                    let (file, line) = split_location(f.location.as_deref());
-                    info.has_filenames |= !file.is_empty();
-                    info.has_line_numbers |= line != 0;
-                }
-                info.id
-            }
-            None => 0,
-        };
-        let line = chain
-            .iter()
-            .map(|f| {
-                let (file, line) = split_location(f.location.as_deref());
-                Line {
-                    function_id: self.function(&f.function, file),
-                    line,
-                    column: 0,
-                }
-            })
-            .collect();
-        let id = self.locations.len() as u64 + 1;
-        self.locations.push(Location {
-            id,
-            mapping_id,
-            address: 0,
-            line,
-            is_folded: false,
-        });
-        self.location_ids.insert((chain.to_vec(), mapping_id), id);
-        id
-    }
-
-    fn finish_mappings(&mut self) -> Vec<Mapping> {
-        let modules = std::mem::take(&mut self.modules);
-        modules
-            .into_iter()
-            .map(|(path, info)| {
-                let id = info.build_id.unwrap_or_default();
-                Mapping {
-                    id: info.id,
-                    filename: self.strings.get(&path),
-                    build_id: self.strings.get(&id),
-                    // Every location carries its function name (unknown code
-                    // is named `file+offset`): nothing is left for pprof to
-                    // symbolize, so it never goes looking for binaries.
-                    has_functions: true,
-                    has_filenames: info.has_filenames,
-                    has_line_numbers: info.has_line_numbers,
-                    has_inline_frames: info.has_inline_frames,
-                    ..Default::default()
-                }
-            })
-            .collect()
-    }
-}
-
-/// `file:line` → (file, line); a location without a line number → (it, 0).
-pub(super) fn split_location(location: Option<&str>) -> (&str, i64) {
-    let Some(loc) = location else {
-        return ("", 0);
-    };
-    match loc.rsplit_once(':') {
-        Some((file, line)) => match line.parse::<i64>() {
-            Ok(n) if n > 0 => (file, n),
-            _ => (loc, 0),
-        },
-        None => (loc, 0),
     }
 }

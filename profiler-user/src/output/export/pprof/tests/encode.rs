@@ -1,9 +1,6 @@
 use std::path::Path;
 
-use super::super::{
-    SAMPLE_TYPES,
-    encode::{split_location, to_proto},
-};
+use super::super::{SAMPLE_TYPES, encode::to_proto};
 use crate::output::export::{
     build_id::build_id,
     tests::{frame, hand_made},
@@ -68,12 +65,4 @@ fn mappings_carry_build_ids() {
         build_id(Path::new(exe)).unwrap()
     );
     assert!(m.has_filenames && m.has_line_numbers);
-}
-
-#[test]
-fn locations_split_file_and_line() {
-    assert_eq!(split_location(Some("/src/a.c:12")), ("/src/a.c", 12));
-    assert_eq!(split_location(Some("/src/a.c")), ("/src/a.c", 0));
-    assert_eq!(split_location(Some("C:x")), ("C:x", 0));
-    assert_eq!(split_location(None), ("", 0));
 }
