@@ -13,7 +13,7 @@ mod common;
 
 use std::{
     collections::HashMap,
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
@@ -23,29 +23,11 @@ use allocprof::{
     kernel::Limits,
     session::{Session, Target},
 };
-use common::Proc;
+use common::{DEBIAN_PYTHON, Proc, path_python};
 use profiler_common::{
     NO_STACK, OVERFLOW_STACK,
     python::{PY_STACK_BEGIN, PY_TRUNCATED_FRAME, PyFrame, decode_python_frame, split_python},
 };
-
-const DEBIAN_PYTHON: &str = "/usr/bin/python3";
-
-/// The `python3` on PATH, resolved to its executable (pyenv's shim execs it).
-fn path_python() -> PathBuf {
-    let out = Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("python3 on PATH");
-    let exe = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-    let debian = std::fs::canonicalize(DEBIAN_PYTHON).unwrap();
-    assert_ne!(
-        std::fs::canonicalize(&exe).unwrap(),
-        debian,
-        "the python3 on PATH should be the machine's other CPython (pyenv's), not Debian's"
-    );
-    exe
-}
 
 /// The running script: its functions' code objects and the instruction
 /// indexes of their allocating or calling lines.

@@ -558,3 +558,22 @@ pub fn write_words(pid: u32, address: u64, words: &[u64]) {
     let put = unsafe { libc::process_vm_writev(pid as i32, &local, 1, &remote, 1, 0) };
     assert_eq!(put, (words.len() * 8) as isize);
 }
+
+/// Debian's CPython (3.11.2; its interpreter is in the executable).
+pub const DEBIAN_PYTHON: &str = "/usr/bin/python3";
+
+/// The `python3` on PATH, resolved to its executable (pyenv's shim execs it).
+pub fn path_python() -> PathBuf {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 on PATH");
+    let exe = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    let debian = std::fs::canonicalize(DEBIAN_PYTHON).unwrap();
+    assert_ne!(
+        std::fs::canonicalize(&exe).unwrap(),
+        debian,
+        "the python3 on PATH should be the machine's other CPython (pyenv's), not Debian's"
+    );
+    exe
+}

@@ -6,7 +6,8 @@ this file, so nothing here is repeated there. Run with PYTHONMALLOC=malloc
 under liballocprof.so: every block is a malloc the sampler sees.
 
 Waits for a line on stdin (the profiler attaches meanwhile), prints `ready`
-when every site holds its blocks, then waits for stdin to close.
+when every site holds its blocks; then each line `more` makes the `late`
+site allocate again (and prints `ready`), until stdin closes.
 """
 
 import asyncio
@@ -101,6 +102,11 @@ def thread_b(barrier):
         held.append(bytearray(SIZE))  # site: thread_b
 
 
+def late():
+    for _ in range(COUNT):
+        held.append(bytearray(SIZE))  # site: late
+
+
 def main():
     sys.stdin.readline()
     outer()
@@ -120,7 +126,10 @@ def main():
     for t in threads:
         t.join()
     print("ready", flush=True)
-    sys.stdin.read()
+    for line in sys.stdin:
+        if line.strip() == "more":
+            late()
+            print("ready", flush=True)
     return pointers
 
 
