@@ -58,7 +58,17 @@ pub(crate) struct Process {
     pub(crate) resident: Option<Resident>,
     pub(crate) allocator: Option<Allocator>,
     pub(crate) ledger: Option<Ledger>,
+    /// A CPython process's version and object allocator.
+    pub(crate) python: Option<Python>,
     pub(crate) stacks: Vec<Stack>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Python {
+    pub(crate) version: String,
+    /// `"pymalloc"`, `"malloc"` or null.
+    pub(crate) objects: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
