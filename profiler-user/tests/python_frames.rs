@@ -18,6 +18,11 @@ use allocprof::{
     ids::Pid,
     kernel::Limits,
     model::profile::{ProcessProfile, Profile},
+    output::{
+        export::json,
+        report::{self, ReportOptions},
+    },
+    python::runtime::ObjectAllocator,
     session::{Session, Target},
     symbolize::{Frame, FrameKind},
 };
@@ -141,6 +146,9 @@ fn known_sites(python: &Path) {
     let functions: Vec<&str> = SITES.iter().map(|(_, f)| *f).collect();
     let profile = profile_with(&mut session, pid, &functions);
     let p = common::process(&profile, pid);
+    let python = p.python.expect("recognised as CPython");
+    assert_eq!((python.version.major, python.version.minor), (3, 11));
+    assert_eq!(python.objects, Some(ObjectAllocator::Malloc));
     let seen = by_python_site(p);
     let lines = site_lines();
     let (truth, sigma) = truth_and_sigma(COUNT, SIZE, RATE);
@@ -250,4 +258,42 @@ fn attached_late_new_samples_have_python_frames_and_the_ledger_s_do_not() {
         before > 5.0 * truth,
         "the ten sites from before attach are there, native-only: {before} bytes"
     );
+}
+
+/// Under pymalloc (the default), the profile says what it cannot see: the
+/// report, the JSON, as the interpreter itself says it (read from its
+/// `_PyRuntime`, not guessed from the environment).
+#[test]
+fn a_process_under_pymalloc_is_said_to_hide_its_small_objects() {
+    common::require_bpf();
+    for python in [Path::new(DEBIAN_PYTHON).to_path_buf(), path_python()] {
+        let mut cmd = Command::new(&python);
+        cmd.args(["-c", "import sys; x = [bytearray(100000) for _ in range(50)]; print('ready', flush=True); sys.stdin.read()"])
+            .env_remove("PYTHONMALLOC")
+            .env("LD_PRELOAD", common::preload_library())
+            .env("ALLOCPROF_RATE", RATE.to_string());
+        let mut proc = Proc::spawn(cmd);
+        proc.expect("ready");
+        let pid = proc.pid();
+        let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
+        let profile = session.complete_profile().unwrap();
+        let p = common::process(&profile, pid);
+        let runtime = p.python.expect("recognised as CPython");
+        assert_eq!(
+            runtime.objects,
+            Some(ObjectAllocator::Pymalloc),
+            "{}",
+            python.display()
+        );
+        let text = report::render(&profile, ReportOptions::default());
+        assert!(
+            text.contains("objects through pymalloc") && text.contains("PYTHONMALLOC=malloc"),
+            "{text}"
+        );
+        let report = json::report(&profile);
+        let process = report.processes.iter().find(|j| j.pid == pid).unwrap();
+        let py = process.python.as_ref().expect("the JSON's python");
+        assert_eq!(py.objects, Some(ObjectAllocator::Pymalloc));
+        assert_eq!(py.version, runtime.version.to_string());
+    }
 }

@@ -164,17 +164,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
 
     // The table: a row per setup, a column per workload; each cell is the
     // median ratio to the baseline and its min–max over the rounds.
-    print!("| setup |");
-    for w in &chosen {
-        print!(" {} |", w.name);
-    }
-    println!();
-    println!("|---|{}", "---|".repeat(chosen.len()));
-    print!("| baseline: wall time, median |");
-    for (w, (fast, _)) in chosen.iter().zip(&columns) {
-        print!(" {} {:.2} s |", w.baseline, median(&fast.wall[0]));
-    }
-    println!();
+    let baselines: Vec<f64> = columns.iter().map(|(f, _)| median(&f.wall[0])).collect();
+    table_head(&chosen, &baselines);
     for (i, s) in setups.iter().enumerate().skip(1) {
         print!("| {} |", s.name);
         for (fast, _) in &columns {
@@ -481,6 +472,22 @@ pub(crate) fn rounds_of(
         }
     }
     Ok(times)
+}
+
+/// The table's head: a column per workload, and the baselines' median wall
+/// times.
+pub(crate) fn table_head(workloads: &[&Workload], baselines: &[f64]) {
+    print!("| setup |");
+    for w in workloads {
+        print!(" {} |", w.name);
+    }
+    println!();
+    println!("|---|{}", "---|".repeat(workloads.len()));
+    print!("| baseline: wall time, median |");
+    for (w, secs) in workloads.iter().zip(baselines) {
+        print!(" {} {secs:.2} s |", w.baseline);
+    }
+    println!();
 }
 
 /// A setup's time over the baseline's, round by round.

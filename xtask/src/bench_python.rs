@@ -27,6 +27,7 @@ use crate::bench_alloc::median;
 use crate::bench_peers::{
     cell, load, machine, ratios, rounds_of,
     runner::{Runner, Setup, Tool},
+    table_head,
     targets::ratio_verdict,
     workloads::{self, Invocation, Workload},
 };
@@ -122,17 +123,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     }
     println!("load average at the end: {}", load());
     println!();
-    print!("| setup |");
-    for w in &chosen {
-        print!(" {} |", w.name);
-    }
-    println!();
-    println!("|---|{}", "---|".repeat(chosen.len()));
-    print!("| baseline: wall time, median |");
-    for (w, times) in chosen.iter().zip(&columns) {
-        print!(" {} {:.2} s |", w.baseline, median(&times.wall[0]));
-    }
-    println!();
+    let baselines: Vec<f64> = columns.iter().map(|t| median(&t.wall[0])).collect();
+    table_head(&chosen.iter().collect::<Vec<_>>(), &baselines);
     for (i, s) in setups.iter().enumerate().skip(1) {
         print!("| {} |", s.name);
         for times in &columns {

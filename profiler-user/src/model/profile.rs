@@ -136,6 +136,9 @@ pub struct ProcessProfile {
     /// Its parent process, where known (`--pid`'s trees: every process of
     /// a tree but its root has its parent in the profile too).
     pub parent: Option<Pid>,
+    /// Its CPython, if it runs one: the version, and whether pymalloc
+    /// serves its small objects (which samples then do not see).
+    pub python: Option<crate::python::runtime::PythonRuntime>,
     /// Sorted by live bytes, largest first.
     pub stacks: Vec<StackProfile>,
 }
@@ -174,6 +177,7 @@ impl ProcessProfile {
             resource: None,
             build_ids: None,
             parent: None,
+            python: None,
             stacks,
         }
     }

@@ -177,6 +177,7 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
         );
     }
     resident(&mut out, profile);
+    python(&mut out, profile);
     for p in profile.processes.iter().filter(|p| p.mmap_events > 0) {
         let _ = writeln!(
             out,
@@ -282,6 +283,23 @@ fn resident(out: &mut String, profile: &Profile) {
         if let Some(b) = &p.backend_heap {
             let _ = writeln!(out, "    allocator {}", b.describe());
         }
+    }
+}
+
+/// The CPython processes: their version, and whether pymalloc keeps their
+/// small objects out of sight.
+fn python(out: &mut String, profile: &Profile) {
+    let mut with = profile
+        .processes
+        .iter()
+        .filter_map(|p| Some((p, p.python?)))
+        .peekable();
+    if with.peek().is_none() {
+        return;
+    }
+    out.push_str("\nPYTHON\n");
+    for (p, python) in with {
+        let _ = writeln!(out, "  {}: {}", inert(&p.label()), python.describe());
     }
 }
 

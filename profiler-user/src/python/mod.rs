@@ -28,5 +28,6 @@ pub mod cache;
 pub mod code;
 pub mod linetable;
 pub mod merge;
+pub mod runtime;
 #[cfg(test)]
 mod tests;

@@ -40,6 +40,8 @@ pub(super) struct Frozen {
     pub resource: Option<Arc<crate::process::resource::ProcessResource>>,
     /// Its files' build ids (shared with the live image's record).
     pub build_ids: Option<Arc<crate::model::profile::BuildIds>>,
+    /// Its CPython, if it ran one.
+    pub python: Option<crate::python::runtime::PythonRuntime>,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
     /// Its stacks' names, and those still at the symbolizer.
@@ -319,6 +321,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 key,
                 resource,
                 build_ids,
+                python: tracked.image.python_runtime,
                 parent: tracked.parent,
                 since_attach,
                 ledger,

@@ -36,6 +36,7 @@ struct Image {
     build_ids: Option<Arc<BuildIds>>,
     /// Its parent (`--pid`'s trees).
     parent: Option<Pid>,
+    python: Option<crate::python::runtime::PythonRuntime>,
 }
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -215,7 +216,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let block = &mut tracked.image.backend_block;
             let backend_heap = self.processes.backend_heap(key.pid, block);
             let build_ids = tracked.image.build_ids.clone();
+            let python = tracked.image.python_runtime;
             let image = Image {
+                python,
                 backend_heap,
                 resource,
                 build_ids,
@@ -254,6 +257,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// A gone image as the profile shows it.
     pub(super) fn frozen_profile(&self, f: &Frozen) -> ProcessProfile {
         let image = Image {
+            python: f.python,
             parent: f.parent,
             name: f.name.clone(),
             rate: f.rate,
@@ -315,6 +319,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             resource: image.resource,
             build_ids: image.build_ids,
             parent: image.parent,
+            python: image.python,
             ..ProcessProfile::from_stacks(key, image.name, image.state, image.rate, stacks)
         }
     }

@@ -10,7 +10,10 @@ use std::collections::HashSet;
 use super::{KernelPort, ProcessPort, Session};
 use crate::{
     ids::{FileId, Pid},
-    python::discover::{self, Inspection},
+    python::{
+        discover::{self, Inspection},
+        runtime::{self, PythonRuntime},
+    },
 };
 
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
@@ -81,8 +84,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.warnings.push(format!("process {pid}: {e}"));
             return;
         }
+        let objects = self
+            .processes
+            .python_memory(pid)
+            .and_then(|memory| runtime::read_object_allocator(&*memory, runtime, interp.version));
         if let Some(tracked) = self.tracked.get_mut(&pid) {
             tracked.python = Some(interp.version);
+            tracked.image.python_runtime = Some(PythonRuntime {
+                version: interp.version,
+                objects,
+            });
         }
     }
 

@@ -89,6 +89,8 @@ pub(super) struct ImageState {
     pub backend_block: BackendBlock,
     /// The Python code objects its stacks name (a CPython process).
     pub python_code: crate::python::cache::CodeCache,
+    /// Its CPython and what serves its objects, once recognised.
+    pub python_runtime: Option<crate::python::runtime::PythonRuntime>,
 }
 
 /// The names of a live incarnation's stacks, by stack id.

@@ -58,7 +58,20 @@ pub(crate) struct Process {
     pub(crate) resident: Option<Resident>,
     pub(crate) allocator: Option<Allocator>,
     pub(crate) ledger: Option<Ledger>,
+    /// A CPython process's version and object allocator.
+    pub(crate) python: Option<Python>,
     pub(crate) stacks: Vec<Stack>,
+}
+
+/// Its fields are the schema's: checked by deserializing (the workloads
+/// here are C programs, with none).
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub(crate) struct Python {
+    pub(crate) version: String,
+    /// `"pymalloc"`, `"malloc"` or null.
+    pub(crate) objects: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -182,6 +195,8 @@ fn json_follows_the_documented_schema() {
     assert_eq!(r.processes.len(), 1);
     let p = &r.processes[0];
     assert_eq!((p.pid.to_string(), p.generation), (pid, 0));
+    // A C program: no CPython in it.
+    assert!(p.python.is_none(), "{:?}", p.python);
     // `--pid` profiles its tree: the root's parent is this test.
     assert_eq!(p.parent_pid, Some(std::process::id()));
     assert_eq!((p.name.as_str(), p.state.as_str()), ("alloc_sites", "live"));

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     model::profile::{ProcessState, Profile},
     model::stats::Totals,
+    python::runtime::ObjectAllocator,
     symbolize::{Frame, FrameKind},
 };
 
@@ -130,8 +131,21 @@ pub struct Process {
     /// profiles read back (added within version 2).
     #[serde(default)]
     pub ledger: Option<Ledger>,
+    /// Its CPython, if it runs one; null otherwise (added within version 3).
+    #[serde(default)]
+    pub python: Option<Python>,
     /// Largest live bytes first.
     pub stacks: Vec<Stack>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Python {
+    /// `"3.11.2"`.
+    pub version: String,
+    /// What serves its objects: `"pymalloc"` (those of 512 bytes and less
+    /// come from its arenas, which no sample sees), `"malloc"`
+    /// (`PYTHONMALLOC=malloc`: all are sampled), or null (unreadable).
+    pub objects: Option<ObjectAllocator>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -367,6 +381,10 @@ pub fn report(profile: &Profile) -> Report {
                 torn_records: l.torn,
                 garbage_records: l.garbage,
                 unread_records: l.unread,
+            }),
+            python: p.python.map(|py| Python {
+                version: py.version.to_string(),
+                objects: py.objects,
             }),
             stacks: p
                 .stacks

@@ -247,6 +247,7 @@ pub(crate) mod tests {
             resource: None,
             build_ids: None,
             parent: None,
+            python: None,
             stacks,
         };
         let other_stacks = vec![

@@ -18,6 +18,7 @@ use allocprof::{
     model::profile::ProcessProfile,
     model::stats::{Totals, human_bytes, human_count},
     output::inert::inert,
+    python::runtime::ObjectAllocator,
     symbolize::{Frame as StackFrame, is_allocator_frame, is_library_frame, most_informative},
 };
 
@@ -270,6 +271,14 @@ fn process_detail(p: &ProcessProfile, attached: Option<&str>) -> Vec<Line<'stati
     }
     if let Some(b) = &p.backend_heap {
         lines.push(Line::from(format!("allocator {}", b.describe())));
+    }
+    if let Some(python) = &p.python {
+        let style = match python.objects {
+            // Part of the heap is out of sight: said as loudly as a drop.
+            Some(ObjectAllocator::Pymalloc) => Style::new().fg(GROWING),
+            _ => Style::new(),
+        };
+        lines.push(Line::styled(python.describe(), style));
     }
     if p.mmap_events > 0 {
         lines.push(Line::from(format!(

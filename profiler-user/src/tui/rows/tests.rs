@@ -71,6 +71,7 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         resource: None,
         build_ids: None,
         parent: None,
+        python: None,
         stacks,
     }
 }

@@ -99,6 +99,31 @@ fn the_process_detail_names_its_contract_and_unavailable_intervals() {
     assert!(text.contains("± ?"), "{text}");
 }
 
+#[test]
+fn the_process_detail_says_what_pymalloc_hides() {
+    use allocprof::python::{
+        PyVersion,
+        runtime::{ObjectAllocator, PythonRuntime},
+    };
+    let mut app = App::new(options());
+    let mut profile = sample(0);
+    profile.processes[0].python = Some(PythonRuntime {
+        version: PyVersion {
+            major: 3,
+            minor: 11,
+            micro: 2,
+        },
+        objects: Some(ObjectAllocator::Pymalloc),
+    });
+    app.update(AppEvent::Profile(profile));
+    press(&mut app, KeyCode::Tab);
+    let (text, _) = screen(&mut app, 200, 30);
+    assert!(
+        text.contains("CPython 3.11.2, objects through pymalloc: those of 512 bytes"),
+        "{text}"
+    );
+}
+
 /// A profile whose heaviest stack is `depth` frames deep: `f00` innermost.
 fn deep(depth: usize) -> App {
     let mut app = App::new(options());
