@@ -130,6 +130,13 @@ pub struct PyProcConfig {
     /// [`PY_ENTRY_BY_OWNER`], [`PY_CODE_TAGGED`].
     pub flags: u32,
     pub _pad: u32,
+    /// The process's pid namespace (`stat /proc/PID/ns/pid`: the kernel's
+    /// `dev_t` of nsfs, and the inode), when it is not the initial one: its
+    /// thread states hold thread ids of that namespace, which the kernel
+    /// gets with `bpf_get_ns_current_pid_tgid`. Both 0 in the initial
+    /// namespace (host thread ids).
+    pub pidns_dev: u64,
+    pub pidns_ino: u64,
 }
 
 /// A field a version does not have.

@@ -1,11 +1,13 @@
 //! The allocating thread's Python frames, filed after its native ones
 //! (`profiler_common::python`): for a process user space recognised as
 //! CPython (`PY_PROCS`), find the thread's own thread state by its native
-//! thread id (never the GIL holder's), then walk its interpreter frames
+//! thread id (never the GIL holder's; in the process's own pid namespace,
+//! a container's included), then walk its interpreter frames
 //! innermost first, one user read per frame, bounded in depth. What the
 //! frames mean is decided by `profiler_common::py_frame_step`, host-tested.
 
 use aya_ebpf::{
+    bindings::bpf_pidns_info,
     cty::c_void,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated},
 };
@@ -226,7 +228,7 @@ fn current_frame(cfg: &PyProcConfig, scratch: *mut PyScratch) -> Option<u64> {
 #[inline(always)]
 fn thread_state(cfg: &PyProcConfig, scratch: *mut PyScratch) -> Option<u64> {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = u64::from(pid_tgid as u32);
+    let tid = thread_id(cfg, pid_tgid)?;
     // SAFETY: copied out at once.
     let hint = unsafe { PY_THREADS.get(pid_tgid) }.copied();
     // SAFETY: a helper without arguments.
@@ -277,6 +279,29 @@ fn thread_state(cfg: &PyProcConfig, scratch: *mut PyScratch) -> Option<u64> {
         0,
     );
     (found != 0).then_some(found)
+}
+
+/// The current thread's id as its process's thread states hold it
+/// (`native_thread_id`): in the process's own pid namespace. None if the
+/// kernel cannot tell it (the namespace is not the thread's): then the
+/// sample keeps its native frames, never another thread's.
+#[inline(always)]
+fn thread_id(cfg: &PyProcConfig, pid_tgid: u64) -> Option<u64> {
+    if cfg.pidns_ino == 0 {
+        return Some(u64::from(pid_tgid as u32));
+    }
+    let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
+    // SAFETY: the helper writes at most `size` bytes into `ns`, a local of
+    // that size, and checks the namespace itself.
+    let err = unsafe {
+        generated::bpf_get_ns_current_pid_tgid(
+            cfg.pidns_dev,
+            cfg.pidns_ino,
+            &mut ns,
+            size_of::<bpf_pidns_info>() as u32,
+        )
+    };
+    (err == 0).then_some(u64::from(ns.pid))
 }
 
 #[repr(C)]

@@ -130,9 +130,9 @@ pub struct TargetArgs {
           value_parser = clap::value_parser!(u32).range(0..=1 << 24))]
     pub max_unwind_rows: u32,
 
-    /// Python frames in the stacks of CPython processes (3.11; 3.12 and
-    /// 3.13+ untested): each allocating thread's own interpreter frames,
-    /// walked by the kernel. Off: native frames only.
+    /// Python frames in the stacks of CPython processes (3.11, 3.12, 3.13;
+    /// later ones untested): each allocating thread's own interpreter
+    /// frames, walked by the kernel. Off: native frames only.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub python: Switch,
 

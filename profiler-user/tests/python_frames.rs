@@ -1,5 +1,6 @@
 //! Python frames on heap samples, end to end (issue 30): real CPython
-//! (Debian's `/usr/bin/python3` and pyenv's `python3` on PATH) running
+//! (Debian's `/usr/bin/python3`, pyenv's `python3` on PATH, pyenv's 3.12
+//! and 3.13; Debian's in a pid namespace of its own too) running
 //! tests/workloads/python_sites.py under liballocprof.so with
 //! `PYTHONMALLOC=malloc`, the kernel walking each sampled thread's frames,
 //! user space resolving and merging them. Each site's live bytes are within
@@ -12,7 +13,12 @@
 
 mod common;
 
-use std::{collections::HashMap, path::Path, process::Command, time::Duration};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 use allocprof::{
     ids::Pid,
@@ -49,7 +55,21 @@ const SITES: [(&str, &str); 11] = [
     ("late", "late"),
 ];
 
-fn script() -> std::path::PathBuf {
+/// The machine's pyenv builds of the newer minor versions.
+const PYENV_312: &str = "/root/.pyenv/versions/3.12.1/bin/python3.12";
+const PYENV_313: &str = "/root/.pyenv/versions/3.13.0/bin/python3.13";
+
+fn pyenv(exe: &str) -> PathBuf {
+    let exe = PathBuf::from(exe);
+    assert!(
+        exe.exists(),
+        "{} is missing: this test needs pyenv's CPython of that version",
+        exe.display()
+    );
+    exe
+}
+
+fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(SCRIPT)
 }
 
@@ -72,6 +92,57 @@ fn start(python: &Path) -> Proc {
     let proc = Proc::spawn(cmd);
     common::wait_for_mapping(proc.pid(), "liballocprof.so");
     proc
+}
+
+/// The script in a new pid namespace (a container's, as far as its thread
+/// ids go: each thread state holds its namespace's id, not the host's),
+/// its namespace's init; with its pid (the host's).
+fn start_in_pid_namespace(python: &Path) -> (Proc, u32) {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child", "env"])
+        .arg(format!(
+            "LD_PRELOAD={}",
+            common::preload_library().display()
+        ))
+        .arg("PYTHONMALLOC=malloc")
+        .arg(format!("ALLOCPROF_RATE={RATE}"))
+        .arg(python)
+        .arg(script())
+        // unshare itself runs without the sampler.
+        .env("LD_PRELOAD", "");
+    let proc = Proc::spawn(cmd);
+    let pid = first_child(proc.pid());
+    common::wait_for_mapping(pid, "liballocprof.so");
+    assert_eq!(ns_pids(pid), [pid, 1], "the script is its namespace's init");
+    (proc, pid)
+}
+
+/// A process's pid in each pid namespace it is in, outermost first.
+fn ns_pids(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .expect("NSpid in status")
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+fn first_child(pid: u32) -> u32 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            return child.parse().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never forked"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The innermost Python frame of a stack, if it has one.
@@ -133,10 +204,25 @@ fn profile_with(session: &mut Session, pid: u32, sites: &[&str]) -> Profile {
     panic!("sites {sites:?} never all seen with Python frames: {last:#?}");
 }
 
-fn known_sites(python: &Path) {
+/// Where the script runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Namespace {
+    /// allocprof's (the initial) pid namespace.
+    Host,
+    /// A new one.
+    Own,
+}
+
+fn known_sites(python: &Path, version: (u8, u8), namespace: Namespace) {
     common::require_bpf();
-    let mut proc = start(python);
-    let pid = proc.pid();
+    let (mut proc, pid) = match namespace {
+        Namespace::Host => {
+            let proc = start(python);
+            let pid = proc.pid();
+            (proc, pid)
+        }
+        Namespace::Own => start_in_pid_namespace(python),
+    };
     let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
     session.complete_profile().unwrap();
     proc.send("go");
@@ -147,7 +233,7 @@ fn known_sites(python: &Path) {
     let profile = profile_with(&mut session, pid, &functions);
     let p = common::process(&profile, pid);
     let python = p.python.expect("recognised as CPython");
-    assert_eq!((python.version.major, python.version.minor), (3, 11));
+    assert_eq!((python.version.major, python.version.minor), version);
     assert_eq!(python.objects, Some(ObjectAllocator::Malloc));
     let seen = by_python_site(p);
     let lines = site_lines();
@@ -212,12 +298,35 @@ fn known_sites(python: &Path) {
 
 #[test]
 fn debian_python_sites_are_named_by_their_python_function_and_line() {
-    known_sites(Path::new(DEBIAN_PYTHON));
+    known_sites(Path::new(DEBIAN_PYTHON), (3, 11), Namespace::Host);
 }
 
 #[test]
 fn pyenv_python_sites_are_named_by_their_python_function_and_line() {
-    known_sites(&path_python());
+    known_sites(&path_python(), (3, 11), Namespace::Host);
+}
+
+/// pyenv's 3.12 (`libpython3.12.so`): the frame starts with `f_code`, has
+/// an `owner`, and each eval call pushes a shim frame (skipped, its
+/// successor marked an entry frame).
+#[test]
+fn python_3_12_sites_are_named_by_their_python_function_and_line() {
+    known_sites(&pyenv(PYENV_312), (3, 12), Namespace::Host);
+}
+
+/// pyenv's 3.13: offsets from its `_Py_DebugOffsets`, the current frame in
+/// the thread state itself, `f_executable` and `instr_ptr`.
+#[test]
+fn python_3_13_sites_are_named_by_their_python_function_and_line() {
+    known_sites(&pyenv(PYENV_313), (3, 13), Namespace::Host);
+}
+
+/// In its own pid namespace (a container), the interpreter's thread states
+/// hold that namespace's thread ids: the kernel asks for the allocating
+/// thread's there.
+#[test]
+fn python_in_another_pid_namespace_has_its_python_frames() {
+    known_sites(Path::new(DEBIAN_PYTHON), (3, 11), Namespace::Own);
 }
 
 /// Attached to a running interpreter: the heap from before attach is there,

@@ -5,9 +5,12 @@
 //! a ~20-frame stack walked with unwind tables (built without frame
 //! pointers) against the same stack walked by frame pointers, and
 //! (`churn.rs`) the attached cost per sample on the peers bench's 2-thread
-//! churn, in parts. `--quick`: shorter runs; `--churn`: that section alone.
+//! churn, in parts, and (`python.rs`) what walking a CPython thread's
+//! frames adds to a sampled allocation. `--quick`: shorter runs; `--churn`,
+//! `--python`: that section alone.
 
 mod churn;
+mod python;
 
 use std::{
     fs,
@@ -40,6 +43,9 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let bench = Bench::new(root)?;
     if args.iter().any(|a| a == "--churn") {
         return churn::run(root, &bench.preload, &bench.allocprof, quick);
+    }
+    if args.iter().any(|a| a == "--python") {
+        return python::run(root, &bench);
     }
 
     for (threads, mode) in COST_LOOPS {
@@ -97,6 +103,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
             t / f
         );
     }
+
+    python::run(root, &bench)?;
 
     let secs = if quick { "3" } else { "10" };
     println!(
@@ -339,38 +347,62 @@ impl BpfStats {
     /// of the programs `holder` (a process id) holds open, if given: other
     /// allocprof instances on the machine are not counted.
     fn per_run_of(&self, holder: Option<u32>) -> Option<AllocFree> {
-        let held = holder.map(prog_ids);
-        let out = Command::new("bpftool")
-            .args(["prog", "show"])
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        // Lines like `12: kprobe  name otel_memory_all  tag … run_time_ns 123 run_cnt 4`.
-        let per_run = |name: &str| {
-            text.lines()
-                .filter(|l| l.contains(name))
-                .filter(|l| {
-                    held.as_ref().is_none_or(|ids| {
-                        l.split(':')
-                            .next()
-                            .and_then(|id| id.trim().parse::<u64>().ok())
-                            .is_some_and(|id| ids.contains(&id))
-                    })
-                })
-                .find_map(|l| {
-                    let field = |key: &str| {
-                        l.split_whitespace()
-                            .skip_while(|w| *w != key)
-                            .nth(1)
-                            .and_then(|v| v.parse::<f64>().ok())
-                    };
-                    Some(field("run_time_ns")? / field("run_cnt")?)
-                })
-        };
+        let programs = Programs::of(holder)?;
+        let per_run = |name| programs.stats(name).map(|(ns, runs)| ns / runs);
         Some((
             per_run("name otel_memory_all")?,
             per_run("name otel_memory_fre")?,
         ))
+    }
+
+    /// The alloc program `holder` holds: (ns per run, runs).
+    fn alloc_program_of(&self, holder: u32) -> Option<(f64, f64)> {
+        let (ns, runs) = Programs::of(Some(holder))?.stats("name otel_memory_all")?;
+        Some((ns / runs, runs))
+    }
+}
+
+/// `bpftool prog show`, of the programs one process holds if given.
+struct Programs {
+    text: String,
+    held: Option<Vec<u64>>,
+}
+
+impl Programs {
+    fn of(holder: Option<u32>) -> Option<Programs> {
+        let out = Command::new("bpftool")
+            .args(["prog", "show"])
+            .output()
+            .ok()?;
+        Some(Programs {
+            text: String::from_utf8_lossy(&out.stdout).into_owned(),
+            held: holder.map(prog_ids),
+        })
+    }
+
+    /// (run_time_ns, run_cnt) of the program named `name`.
+    fn stats(&self, name: &str) -> Option<(f64, f64)> {
+        // Lines like `12: kprobe  name otel_memory_all  tag … run_time_ns 123 run_cnt 4`.
+        self.text
+            .lines()
+            .filter(|l| l.contains(name))
+            .filter(|l| {
+                self.held.as_ref().is_none_or(|ids| {
+                    l.split(':')
+                        .next()
+                        .and_then(|id| id.trim().parse::<u64>().ok())
+                        .is_some_and(|id| ids.contains(&id))
+                })
+            })
+            .find_map(|l| {
+                let field = |key: &str| {
+                    l.split_whitespace()
+                        .skip_while(|w| *w != key)
+                        .nth(1)
+                        .and_then(|v| v.parse::<f64>().ok())
+                };
+                Some((field("run_time_ns")?, field("run_cnt")?))
+            })
     }
 }
 

@@ -102,6 +102,22 @@ pub(crate) fn in_initial_pid_namespace() -> bool {
     }
 }
 
+/// The pid namespace of process `pid` (ours) when it is not the initial one:
+/// (the kernel's `dev_t` of its nsfs file, its inode), as
+/// `bpf_get_ns_current_pid_tgid` takes them. None in the initial namespace,
+/// or when it cannot be read (a `stat` of a `/proc` link: never blocks).
+pub(crate) fn process_namespace(pid: Pid) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata(format!("/proc/{}/ns/pid", pid.0)).ok()?;
+    if ns.ino() == INIT_PID_NS_INO {
+        return None;
+    }
+    // stat's encoding of the device to the kernel's (MAJOR << 20 | MINOR).
+    let dev = ns.dev();
+    let (major, minor) = (u64::from(libc::major(dev)), u64::from(libc::minor(dev)));
+    Some((major << 20 | minor, ns.ino()))
+}
+
 /// The outcome of [`correlate`].
 #[derive(Debug, PartialEq, Eq)]
 pub enum Correlation {

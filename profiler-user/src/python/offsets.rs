@@ -1,9 +1,8 @@
 //! The offsets of the fields the kernel reads, per CPython minor version
 //! (`profiler_common::python::PyProcConfig`, without the runtime's
 //! address): written down for 3.11 (checked against the headers of 3.11.2
-//! and 3.11.7) and 3.12 (from its headers, untested: no 3.12 here); 3.13
-//! and later publish theirs in `_PyRuntime`'s `_Py_DebugOffsets`, read by
-//! [`from_debug_offsets`].
+//! and 3.11.7) and 3.12 (against 3.12.1's); 3.13 and later publish theirs
+//! in `_PyRuntime`'s `_Py_DebugOffsets`, read by [`from_debug_offsets`].
 
 use profiler_common::python::{
     PY_CODE_TAGGED, PY_ENTRY_BY_OWNER, PY_FRAME_WORDS, PY_NO_FIELD, PyProcConfig,
@@ -34,13 +33,18 @@ pub fn for_version(version: PyVersion) -> Option<PyProcConfig> {
             code_adaptive: 184,
             flags: 0,
             _pad: 0,
+            pidns_dev: 0,
+            pidns_ino: 0,
         }),
-        // Untested: _PyRuntimeState gained `_finalizing_id`, the
-        // interpreter its monitoring versions, _PyCFrame lost `use_tracing`,
-        // the frame starts with f_code and has `owner` (shims: CSTACK).
+        // Checked against 3.12.1's headers (offsetof, Py_BUILD_CORE): the
+        // interpreter gained its monitoring versions, _PyCFrame lost
+        // `use_tracing`, the frame starts with f_code and has `owner`
+        // (shims: CSTACK). 3.12's `_finalizing_id` is at the runtime's end:
+        // `interpreters.head` stays where 3.11 has it (48 is `.main`, the
+        // same interpreter while there is only one).
         (3, 12) => Some(PyProcConfig {
             runtime: 0,
-            runtime_interpreters_head: 48,
+            runtime_interpreters_head: 40,
             interp_threads_head: 72,
             tstate_next: 8,
             tstate_native_thread_id: 144,
@@ -54,6 +58,8 @@ pub fn for_version(version: PyVersion) -> Option<PyProcConfig> {
             code_adaptive: 192,
             flags: PY_ENTRY_BY_OWNER,
             _pad: 0,
+            pidns_dev: 0,
+            pidns_ino: 0,
         }),
         _ => None,
     }
@@ -80,7 +86,8 @@ pub enum DebugOffsetsError {
 /// the structure is initialized data). Hostile input: every offset is
 /// checked against its structure's size and the frame read's bound.
 /// Layout of 3.13/3.14's `Include/internal/pycore_debug_offsets.h`
-/// (untested: no 3.13 here).
+/// (3.13.0's checked against its headers, and its frame walk tested;
+/// 3.14 untested).
 pub fn from_debug_offsets(
     bytes: &[u8],
     version: PyVersion,
@@ -154,6 +161,8 @@ pub fn from_debug_offsets(
         code_adaptive: field(CODE, 9, "co_code_adaptive")?,
         flags: PY_ENTRY_BY_OWNER | if tagged { PY_CODE_TAGGED } else { 0 },
         _pad: 0,
+        pidns_dev: 0,
+        pidns_ino: 0,
     })
 }
 

@@ -184,6 +184,12 @@ pub trait ProcessPort {
     fn python_memory(&self, _pid: Pid) -> Option<Box<dyn crate::python::code::Memory + '_>> {
         None
     }
+    /// Its pid namespace when it is not the initial one (see
+    /// [`crate::process::pidns::process_namespace`]): its interpreter's
+    /// thread ids are that namespace's. None where unknown.
+    fn pid_namespace(&self, _pid: Pid) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 impl KernelPort for Kernel {
@@ -459,6 +465,10 @@ impl ProcessPort for Procfs {
 
     fn take_warnings(&mut self) -> Vec<String> {
         self.memory.take_warnings()
+    }
+
+    fn pid_namespace(&self, pid: Pid) -> Option<(u64, u64)> {
+        crate::process::pidns::process_namespace(pid)
     }
 
     fn python_memory(&self, pid: Pid) -> Option<Box<dyn crate::python::code::Memory + '_>> {

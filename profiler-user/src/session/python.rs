@@ -80,6 +80,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         };
         let mut config = interp.config;
         config.runtime = runtime;
+        // In a container, its thread states hold the container's thread ids.
+        if let Some((dev, ino)) = self.processes.pid_namespace(pid) {
+            config.pidns_dev = dev;
+            config.pidns_ino = ino;
+        }
         if let Err(e) = self.kernel.set_process_python(host, &config) {
             self.warnings.push(format!("process {pid}: {e}"));
             return;
