@@ -196,8 +196,9 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
             return STOP;
         }
     };
-    // A frame returning to itself is a scribbled chain: cut, not looped.
-    if previous == at {
+    // A frame returning to itself, or to no pointer, is a scribbled chain:
+    // cut after the frame filed, not looped or followed.
+    if previous == at || (previous != 0 && !py_plausible(previous)) {
         w.cut = 1;
         return STOP;
     }

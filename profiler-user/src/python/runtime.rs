@@ -7,7 +7,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{PyVersion, code::Memory};
+use profiler_common::python::{PyProcConfig, py_plausible};
+
+use super::{
+    PyVersion,
+    code::{CodeError, Memory},
+};
 
 /// What serves a CPython process's objects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +91,72 @@ pub fn read_object_allocator(
     object_allocator(i32::from_ne_bytes(bytes.try_into().ok()?))
 }
 
+/// Offset, in `PyInterpreterState`, of its `runtime`: the pointer back to
+/// the `_PyRuntime` it belongs to, just after its `threads` (3.11, 3.12:
+/// `next_unique_id`, `head`, `count`, `stacksize`; 3.13 added `main`).
+/// Checked against running interpreters (`python/runtime.rs`' tests).
+pub fn interp_runtime_offset(version: PyVersion, config: &PyProcConfig) -> Option<u64> {
+    let after_head = match (version.major, version.minor) {
+        (3, 11) | (3, 12) => 24,
+        (3, 13) => 32,
+        _ => return None,
+    };
+    Some(u64::from(config.interp_threads_head) + after_head)
+}
+
+/// Why a runtime is no CPython runtime.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotARuntime {
+    #[error("its _PyRuntime's interpreter list ({0:#x}) is no pointer")]
+    Head(u64),
+    #[error("its _PyRuntime's interpreter ({0:#x}) cannot be read")]
+    Unreadable(u64),
+    #[error("its _PyRuntime's interpreter ({0:#x}) does not point back at it")]
+    NoBackPointer(u64),
+}
+
+/// Whether the `_PyRuntime` at `runtime` of a file that claims to be
+/// CPython `version` reads as one (two bounded reads of the target): its
+/// `interpreters.head` is null (not initialised yet: the kernel finds no
+/// thread state there, and a CPython caught before `Py_Initialize` must
+/// not be refused) or a readable interpreter whose `runtime` points back
+/// at `runtime`. `Ok` too when the target's memory is not read (the kernel
+/// stays bounded whatever it reads: this is only to say it once).
+pub fn check_runtime(
+    memory: &dyn Memory,
+    runtime: u64,
+    version: PyVersion,
+    config: &PyProcConfig,
+) -> Result<(), NotARuntime> {
+    let word = |at: u64| -> Result<u64, CodeError> {
+        let bytes = memory.read(at, 8)?;
+        let bytes = bytes.try_into().map_err(|_| CodeError::Unreadable(at))?;
+        Ok(u64::from_ne_bytes(bytes))
+    };
+    let head = match word(runtime.wrapping_add(u64::from(config.runtime_interpreters_head))) {
+        Ok(head) => head,
+        // Not read now (blocked, gone): not judged.
+        Err(CodeError::Blocked(_)) => return Ok(()),
+        // `runtime` is where the file maps it: unreadable there is no runtime.
+        Err(_) => return Err(NotARuntime::Unreadable(runtime)),
+    };
+    if head == 0 {
+        return Ok(());
+    }
+    if !py_plausible(head) {
+        return Err(NotARuntime::Head(head));
+    }
+    let Some(offset) = interp_runtime_offset(version, config) else {
+        return Ok(());
+    };
+    match word(head.wrapping_add(offset)) {
+        Ok(back) if back == runtime => Ok(()),
+        Ok(_) => Err(NotARuntime::NoBackPointer(head)),
+        Err(CodeError::Blocked(_)) => Ok(()),
+        Err(_) => Err(NotARuntime::Unreadable(head)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +224,174 @@ mod tests {
                     .unwrap();
                 assert_eq!(read, want, "{python} with PYTHONMALLOC={env}");
             }
+        }
+    }
+
+    /// A target's memory: regions by address.
+    struct Regions(Vec<(u64, Vec<u8>)>);
+
+    impl Memory for Regions {
+        fn read(&self, address: u64, len: usize) -> Result<Vec<u8>, CodeError> {
+            self.0
+                .iter()
+                .find_map(|(start, bytes)| {
+                    let from = usize::try_from(address.checked_sub(*start)?).ok()?;
+                    bytes.get(from..from.checked_add(len)?).map(<[u8]>::to_vec)
+                })
+                .ok_or(CodeError::Unreadable(address))
+        }
+    }
+
+    fn words(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn a_runtime_is_checked_through_its_interpreter() {
+        let version = PyVersion {
+            major: 3,
+            minor: 11,
+            micro: 4,
+        };
+        let config = crate::python::offsets::for_version(version).unwrap();
+        let (runtime, interp) = (0x10_0000u64, 0x20_0000u64);
+        let with_head = |head: u64| {
+            let mut r = vec![0u64; 64];
+            r[config.runtime_interpreters_head as usize / 8] = head;
+            words(&r)
+        };
+        let mut interp_words = vec![0u64; 64];
+        interp_words[interp_runtime_offset(version, &config).unwrap() as usize / 8] = runtime;
+        let check = |regions: Vec<(u64, Vec<u8>)>| {
+            check_runtime(&Regions(regions), runtime, version, &config)
+        };
+        // A real one, and one not initialised yet.
+        assert_eq!(
+            check(vec![
+                (runtime, with_head(interp)),
+                (interp, words(&interp_words))
+            ]),
+            Ok(())
+        );
+        assert_eq!(check(vec![(runtime, with_head(0))]), Ok(()));
+        // Garbage, an unmapped interpreter, one of another runtime, no runtime.
+        assert_eq!(
+            check(vec![(runtime, with_head(0x4141_4141_4141_4141))]),
+            Err(NotARuntime::Head(0x4141_4141_4141_4141))
+        );
+        assert_eq!(
+            check(vec![(runtime, with_head(interp))]),
+            Err(NotARuntime::Unreadable(interp))
+        );
+        assert_eq!(
+            check(vec![
+                (runtime, with_head(interp)),
+                (interp, words(&[0; 64]))
+            ]),
+            Err(NotARuntime::NoBackPointer(interp))
+        );
+        assert_eq!(check(vec![]), Err(NotARuntime::Unreadable(runtime)));
+        // Memory not read: not judged.
+        assert_eq!(
+            check_runtime(&crate::python::code::NoMemory, runtime, version, &config),
+            Ok(())
+        );
+    }
+
+    /// A target's memory through /proc/PID/mem.
+    struct ProcMem(std::fs::File);
+
+    impl Memory for ProcMem {
+        fn read(&self, address: u64, len: usize) -> Result<Vec<u8>, CodeError> {
+            use std::os::unix::fs::FileExt;
+            let mut bytes = vec![0u8; len];
+            self.0
+                .read_exact_at(&mut bytes, address)
+                .map_err(|_| CodeError::Unreadable(address))?;
+            Ok(bytes)
+        }
+    }
+
+    /// Every CPython on this machine passes the check once initialised:
+    /// the back pointer's offset is right for each version (the runtime
+    /// found as a session finds it: the mapped file that exports it).
+    #[test]
+    fn running_interpreters_pass_the_runtime_check() {
+        use std::io::{BufRead, BufReader};
+        let mut pythons = vec!["/usr/bin/python3".to_string()];
+        pythons.extend(
+            ["3.11.7", "3.12.1", "3.13.0"]
+                .iter()
+                .map(|v| format!("/root/.pyenv/versions/{v}/bin/python3"))
+                .filter(|p| std::path::Path::new(p).exists()),
+        );
+        assert!(pythons.len() >= 2, "pyenv's interpreters are missing");
+        for python in pythons {
+            let mut child = std::process::Command::new(&python)
+                .args([
+                    "-c",
+                    "import sys; print('ready', flush=True); sys.stdin.read()",
+                ])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            BufReader::new(child.stdout.as_mut().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line.trim(), "ready");
+            let pid = child.id();
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+            let mut found = None;
+            for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+                let Ok(file) = std::fs::File::open(path) else {
+                    continue;
+                };
+                if let crate::python::discover::Inspection::Python(i) =
+                    crate::python::discover::inspect(&file)
+                {
+                    found = Some((path.to_string(), i));
+                    break;
+                }
+            }
+            let (path, interp) = found.unwrap_or_else(|| panic!("{python}: no CPython mapped"));
+            // The mapping of the file that holds the runtime's file offset.
+            let runtime = maps
+                .lines()
+                .filter(|l| l.ends_with(&path))
+                .find_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    let (start, end) = f[0].split_once('-')?;
+                    let start = u64::from_str_radix(start, 16).ok()?;
+                    let end = u64::from_str_radix(end, 16).ok()?;
+                    let offset = u64::from_str_radix(f[2], 16).ok()?;
+                    (interp.runtime_offset >= offset
+                        && interp.runtime_offset - offset < end - start)
+                        .then(|| start + interp.runtime_offset - offset)
+                })
+                .unwrap_or_else(|| panic!("{python}: its runtime is not mapped"));
+            let memory = ProcMem(std::fs::File::open(format!("/proc/{pid}/mem")).unwrap());
+            let head = memory
+                .read(
+                    runtime + u64::from(interp.config.runtime_interpreters_head),
+                    8,
+                )
+                .unwrap();
+            assert_ne!(head, [0; 8], "{python}: initialised, its list is not empty");
+            assert_eq!(
+                check_runtime(&memory, runtime, interp.version, &interp.config),
+                Ok(()),
+                "{python} ({})",
+                interp.version
+            );
+            // Another address is not its runtime.
+            assert!(
+                check_runtime(&memory, runtime + 8, interp.version, &interp.config).is_err(),
+                "{python}"
+            );
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

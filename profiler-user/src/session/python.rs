@@ -1,9 +1,10 @@
 //! Which processes the kernel walks Python frames of: a process that maps
 //! CPython (its executable or a `libpython`, `python::discover`) gets a
 //! kernel entry with its `_PyRuntime`'s address and its version's offsets
-//! when it is scanned; the entry goes with its image (exec, exit). A file
-//! exporting `_PyRuntime` that is no CPython allocprof can walk is said
-//! once, and its processes keep native frames only.
+//! when it is scanned, once its runtime reads as one; the entry goes with
+//! its image (exec, exit). A file exporting `_PyRuntime` that is no CPython
+//! allocprof can walk (by its version, or by what its runtime holds) is
+//! said once, and its processes keep native frames only.
 
 use std::collections::HashSet;
 
@@ -49,7 +50,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             match inspection {
                 Inspection::NotPython => {}
                 Inspection::Python(interp) => {
-                    found = Some((file.id, interp));
+                    found = Some((file.id, m.file.path.clone(), interp));
                     break;
                 }
                 Inspection::Unsupported(why) => {
@@ -62,13 +63,23 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 }
             }
         }
-        let Some((file, interp)) = found else {
+        let Some((file, path, interp)) = found else {
             return;
         };
-        self.give_python(pid, file, interp);
+        self.give_python(pid, file, &path, interp);
     }
 
-    fn give_python(&mut self, pid: Pid, file: FileId, interp: discover::Interpreter) {
+    /// Gives the kernel `pid`'s entry, once its runtime reads as a CPython
+    /// runtime (`runtime::check_runtime`): a file that exports the symbols
+    /// over something else is said once, and its processes keep native
+    /// frames only (looked at again at their next scan, said no more).
+    fn give_python(
+        &mut self,
+        pid: Pid,
+        file: FileId,
+        path: &std::path::Path,
+        interp: discover::Interpreter,
+    ) {
         let (Some(tracked), Some(host)) = (self.tracked.get(&pid), self.pids.host(pid)) else {
             return;
         };
@@ -80,6 +91,20 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         };
         let mut config = interp.config;
         config.runtime = runtime;
+        let checked = match self.processes.python_memory(pid) {
+            Some(memory) => runtime::check_runtime(&*memory, runtime, interp.version, &config),
+            None => Ok(()),
+        };
+        if let Err(why) = checked {
+            if self.python_warned.insert(file) {
+                self.warnings.push(format!(
+                    "{}: claims CPython {} but {why}: its processes have native frames only",
+                    path.display(),
+                    interp.version
+                ));
+            }
+            return;
+        }
         // In a container, its thread states hold the container's thread ids.
         if let Some((dev, ino)) = self.processes.pid_namespace(pid) {
             config.pidns_dev = dev;
