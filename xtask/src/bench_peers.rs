@@ -435,6 +435,8 @@ fn slow_setups() -> Vec<Setup> {
 /// `--pid` saw in each (none for a setup not run on the workload).
 pub(crate) struct Times {
     pub(crate) wall: Vec<Vec<f64>>,
+    /// The workload's own CPU seconds, where measured.
+    pub(crate) workload_cpu: Vec<Vec<f64>>,
     allocprof_cpu: Vec<Vec<f64>>,
     events: Vec<Vec<f64>>,
 }
@@ -449,6 +451,7 @@ pub(crate) fn rounds_of(
     let name = w.name;
     let mut times = Times {
         wall: vec![Vec::new(); setups.len()],
+        workload_cpu: vec![Vec::new(); setups.len()],
         allocprof_cpu: vec![Vec::new(); setups.len()],
         events: vec![Vec::new(); setups.len()],
     };
@@ -460,13 +463,18 @@ pub(crate) fn rounds_of(
             let run = runner
                 .once(inv, s)
                 .with_context(|| format!("{name} under {}", s.name))?;
+            let own = run
+                .workload_cpu
+                .map(|c| format!(" (its CPU {c:.3} s)"))
+                .unwrap_or_default();
             eprintln!(
-                "peers: {name}, round {}, {}: {:.3} s",
+                "peers: {name}, round {}, {}: {:.3} s{own}",
                 round + 1,
                 s.name,
                 run.secs
             );
             times.wall[i].push(run.secs);
+            times.workload_cpu[i].extend(run.workload_cpu);
             times.allocprof_cpu[i].extend(run.cpu);
             times.events[i].extend(run.events.map(|e| e as f64));
         }

@@ -14,8 +14,11 @@
 //!   default) and with `--python off` (native frames only).
 //!
 //! Setups are interleaved within each round; each figure is the median of
-//! the per-round ratios with their min–max. The targets: attached with
-//! Python frames ≤ 1.03 against the same process unattached.
+//! the per-round ratios with their min–max, of wall times and of the
+//! workload's own CPU time (user and system: the uprobe handlers run on its
+//! threads; less swayed by the machine's other load). The target: attached
+//! with Python frames ≤ 1.03 against the same process unattached, printed
+//! as a verdict per workload and measure beside the native-only row.
 //!
 //! Arguments: `--quick` (smaller runs, 2 rounds), `--rounds N`.
 
@@ -150,15 +153,67 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         println!("- {over} / {under}: {}", cells.join("; "));
     }
     println!();
+    // The workloads' own CPU time (user and system, uprobe handlers
+    // included), the same ratios: on a loaded machine, wall time measures
+    // the neighbours as much as the setup.
+    println!("The workload's own CPU time (user + system), median (min–max) over the rounds:");
+    println!();
+    let cpu_baselines: Vec<f64> = columns.iter().map(|t| median(&t.workload_cpu[0])).collect();
+    print!("| setup |");
+    for w in &chosen {
+        print!(" {} |", w.name);
+    }
+    println!();
+    println!("|---|{}", "---|".repeat(chosen.len()));
+    print!("| baseline: CPU time, median |");
+    for (w, secs) in chosen.iter().zip(&cpu_baselines) {
+        print!(" {} {secs:.2} s |", w.baseline);
+    }
+    println!();
+    for (i, s) in setups.iter().enumerate().skip(1) {
+        print!("| {} |", s.name);
+        for times in &columns {
+            print!(
+                " {} |",
+                cell(&ratios(&times.workload_cpu[i], &times.workload_cpu[0]))
+            );
+        }
+        println!();
+    }
+    println!();
+    // The issue's target, per workload and measure: the median of the
+    // per-round ratios with their min–max, and the native-only attached row
+    // beside it (what the Python walk adds is the difference).
     for (w, t) in chosen.iter().zip(&columns) {
-        let m = median(&ratios(&t.wall[index(PY_FRAMES)], &t.wall[index(MALLOC)]));
-        println!(
-            "- {}: attached with Python frames / unattached {m:.3}: target ≤ {TARGET} {}",
-            w.name,
-            ratio_verdict(m, TARGET)
-        );
+        for (measure, times) in [("wall time", &t.wall), ("CPU time", &t.workload_cpu)] {
+            let unattached = &times[index(MALLOC)];
+            let python = ratios(&times[index(PY_FRAMES)], unattached);
+            let native = ratios(&times[index(NATIVE_ONLY)], unattached);
+            let m = median(&python);
+            println!(
+                "- {}, {measure}: attached with Python frames / unattached {}: target ≤ {TARGET} {}{}; \
+                 attached with native frames only / unattached {}",
+                w.name,
+                cell(&python),
+                ratio_verdict(m, TARGET),
+                spread_note(&python, TARGET),
+                cell(&native),
+            );
+        }
     }
     Ok(())
+}
+
+/// When the rounds fall on both sides of `target`, the median's verdict is
+/// the noise's as much as the tool's: say so.
+fn spread_note(r: &[f64], target: f64) -> &'static str {
+    let below = r.iter().any(|&x| x <= target);
+    let above = r.iter().any(|&x| x > target);
+    if below && above {
+        " (the rounds fall on both sides of the target)"
+    } else {
+        ""
+    }
 }
 
 fn setups(lib: &Path) -> Vec<Setup> {

@@ -41,8 +41,12 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_args: Vec<String>,
     },
-    /// Build everything, start the demo workload and profile it.
-    Demo,
+    /// Build everything, start the demo workload and profile it; `python`:
+    /// the tests' Python web service under a steady load instead.
+    Demo {
+        #[arg(value_parser = ["python"])]
+        which: Option<String>,
+    },
     /// Benchmarks: `alloc` (allocator overhead), `pipeline` (profiler costs)
     /// `tui` (the live view's key-to-screen latency and CPU), `peers` (wall
     /// time against other allocators and heap profilers), `otlp` (`allocprof
@@ -100,7 +104,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Setup => Ok(()),
         Command::Build => shell::cargo(&root, &["build", "--release"]),
         Command::Test { cargo_args } => test(&root, &cargo_args),
-        Command::Demo => demo::run(&root),
+        Command::Demo { which: None } => demo::run(&root),
+        Command::Demo { which: Some(_) } => demo::python(&root),
         // Synthetic profiles through the view's own code: no packages, no
         // kernel (`profiler-user/src/tui/bench.rs`).
         Command::Bench { which, .. } if which == "tui" => shell::cargo(

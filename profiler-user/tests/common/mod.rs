@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod otelcol;
+pub mod tmux;
 
 use std::{
     ffi::OsStr,

@@ -83,6 +83,11 @@ pub struct Run {
     /// Sampled events (allocations and frees) allocprof `--pid` saw, from
     /// its JSON report.
     pub events: Option<u64>,
+    /// The workload's own CPU seconds (user and system) over the same span,
+    /// when the workload is the child itself: what attaching costs it,
+    /// uprobe handlers included (they run on its threads), less swayed by
+    /// the machine's other load than its wall time.
+    pub workload_cpu: Option<f64>,
 }
 
 impl Runner {
@@ -141,12 +146,22 @@ impl Runner {
             _ => system_wide.as_ref(),
         };
         let cpu0 = profiler.and_then(|p| cpu_secs(p.id()).ok());
+        let own = (pid == child.id()).then(|| cpu_secs(pid).ok()).flatten();
         let t0 = Instant::now();
         let mut stdin = child.stdin.take().expect("piped");
         stdin
             .write_all(&inv.input)
             .context("feeding the workload")?;
         drop(stdin);
+        // Its CPU is read from its /proc entry once it exited and before
+        // it is reaped.
+        let workload_cpu = match own {
+            Some(c0) => exited(pid)
+                .ok()
+                .and_then(|()| cpu_secs(pid).ok())
+                .map(|c1| c1 - c0),
+            None => None,
+        };
         let status = child.wait()?;
         let secs = t0.elapsed().as_secs_f64();
         // allocprof's CPU while the workload ran (its start-up excluded).
@@ -182,7 +197,12 @@ impl Runner {
                 }
             }
         }
-        Ok(Run { secs, cpu, events })
+        Ok(Run {
+            secs,
+            cpu,
+            events,
+            workload_cpu,
+        })
     }
 
     /// allocprof, headless, once it says it attached.
@@ -300,6 +320,25 @@ fn sampled_events(report: &Path) -> Result<u64> {
 }
 
 /// CPU seconds (user + system) process `pid` has used so far.
+/// Waits for child `pid` to exit, leaving it unreaped (a zombie whose
+/// /proc entry still holds its CPU times).
+fn exited(pid: u32) -> Result<()> {
+    loop {
+        // SAFETY: an all-zero siginfo_t is a valid value for waitid to fill.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a valid, writable siginfo_t; WNOWAIT leaves the
+        // child for `Child::wait` to reap.
+        let r = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).context("waiting for the workload");
+        }
+    }
+}
+
 fn cpu_secs(pid: u32) -> Result<f64> {
     let ticks = crate::bench_pipeline::cpu_ticks(pid)?;
     // SAFETY: sysconf has no preconditions.
