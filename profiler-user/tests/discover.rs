@@ -169,26 +169,6 @@ fn a_process_in_its_own_mount_namespace_is_symbolized_from_its_own_file() {
 }
 
 /// Waits for the first child of `pid` and returns its pid.
-fn first_child(pid: u32) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        if let Some(child) = children.split_whitespace().next() {
-            return child.parse().unwrap();
-        }
-        assert!(Instant::now() < deadline, "process {pid} never forked");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// A process's pid in its innermost pid namespace (the last NSpid entry).
-fn innermost_pid(pid: u32) -> u32 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
-    line.split_whitespace().last().unwrap().parse().unwrap()
-}
-
 /// Kills a process on drop.
 struct KillOnDrop(Child);
 
@@ -214,7 +194,7 @@ impl PidNamespace {
                 .spawn()
                 .expect("unshare comes from util-linux"),
         );
-        let init = first_child(unshare.0.id());
+        let init = common::first_child(unshare.0.id());
         // It mounts the namespace's /proc, then execs sleep: wait for that.
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::fs::read_to_string(format!("/proc/{init}/comm")).unwrap_or_default() != "sleep\n"
@@ -257,8 +237,8 @@ fn profile_in_a_pid_namespace(exit: bool) -> (String, u32, u32) {
     // The target, inside it.
     let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
     let mut w = Proc::spawn(nsenter(&exe));
-    let host_pid = first_child(w.pid());
-    let ns_pid = innermost_pid(host_pid);
+    let host_pid = common::first_child(w.pid());
+    let ns_pid = *common::ns_pids(host_pid).last().unwrap();
     assert_ne!(ns_pid, host_pid, "the target is not in the namespace");
     common::wait_for_mapping(host_pid, "liballocprof.so");
     // allocprof, inside it too, told the namespace's pid.
@@ -268,7 +248,7 @@ fn profile_in_a_pid_namespace(exit: bool) -> (String, u32, u32) {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut allocprof = KillOnDrop(allocprof.spawn().unwrap());
-    let allocprof_pid = first_child(allocprof.0.id());
+    let allocprof_pid = common::first_child(allocprof.0.id());
     let mut stderr = BufReader::new(allocprof.0.stderr.take().unwrap()).lines();
     // Its warnings first (--pid follows no children from a pid namespace).
     loop {
@@ -396,8 +376,8 @@ fn an_idle_process_in_a_pid_namespace_shows_its_heap_from_before_attach() {
     let ns = PidNamespace::new();
     let exe = common::compile_c("alloc_sites.c", &["-ldl"]);
     let mut w = Proc::spawn(ns.command(&exe));
-    let host_pid = first_child(w.pid());
-    let ns_pid = innermost_pid(host_pid);
+    let host_pid = common::first_child(w.pid());
+    let ns_pid = *common::ns_pids(host_pid).last().unwrap();
     assert_ne!(ns_pid, host_pid, "the target is not in the namespace");
     common::wait_for_mapping(host_pid, "liballocprof.so");
     // Its heap is allocated before allocprof attaches; then it idles, so

@@ -500,34 +500,6 @@ impl Drop for TestCgroup {
     }
 }
 
-/// The pid namespaces a process is in, innermost last (`NSpid:`).
-fn ns_pids(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .expect("NSpid in status")
-        .split_whitespace()
-        .map(|p| p.parse().unwrap())
-        .collect()
-}
-
-fn first_child(pid: u32) -> u32 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        if let Some(child) = children.split_whitespace().next() {
-            return child.parse().unwrap();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "process {pid} never forked"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// `allocprof agent` on a workload in a docker-style cgroup and another in
 /// a Kubernetes-style cgroup and its own pid namespace: each export carries
 /// its container id (and pod uid), and the pid the host sees; the first to
@@ -561,12 +533,16 @@ fn containers_carry_their_ids_and_host_pids() {
         .arg(&exe);
     let mut b = Proc::spawn(cmd);
     let a_pid = a.pid();
-    let b_pid = first_child(b.pid());
+    let b_pid = common::first_child(b.pid());
     for pid in [a_pid, b_pid] {
         common::wait_for_mapping(pid, "alloc_sites");
         common::wait_for_mapping(pid, "liballocprof.so");
     }
-    assert_eq!(ns_pids(b_pid), [b_pid, 1], "b is its namespace's init");
+    assert_eq!(
+        common::ns_pids(b_pid),
+        [b_pid, 1],
+        "b is its namespace's init"
+    );
 
     let mut agent = Command::new(env!("CARGO_BIN_EXE_allocprof"))
         // With their trees (the default): each is its tree's root.

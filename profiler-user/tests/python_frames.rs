@@ -111,38 +111,14 @@ fn start_in_pid_namespace(python: &Path) -> (Proc, u32) {
         // unshare itself runs without the sampler.
         .env("LD_PRELOAD", "");
     let proc = Proc::spawn(cmd);
-    let pid = first_child(proc.pid());
+    let pid = common::first_child(proc.pid());
     common::wait_for_mapping(pid, "liballocprof.so");
-    assert_eq!(ns_pids(pid), [pid, 1], "the script is its namespace's init");
+    assert_eq!(
+        common::ns_pids(pid),
+        [pid, 1],
+        "the script is its namespace's init"
+    );
     (proc, pid)
-}
-
-/// A process's pid in each pid namespace it is in, outermost first.
-fn ns_pids(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .expect("NSpid in status")
-        .split_whitespace()
-        .map(|p| p.parse().unwrap())
-        .collect()
-}
-
-fn first_child(pid: u32) -> u32 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        if let Some(child) = children.split_whitespace().next() {
-            return child.parse().unwrap();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "process {pid} never forked"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// The innermost Python frame of a stack, if it has one.

@@ -250,7 +250,7 @@ impl Bench {
     ) -> Result<(String, String, Option<AllocFree>)> {
         let stats = if stats { BpfStats::enable() } else { None };
         let mut w = self.spawn_workload(args)?;
-        let mut profiler = attached(
+        let profiler = attached(
             Command::new(&self.allocprof)
                 .args(["--pid", &w.id().to_string(), "--duration", "600s"])
                 .stdout(Stdio::piped()),
@@ -275,16 +275,7 @@ impl Bench {
             );
         }
         // allocprof stops once its target has exited.
-        let mut report = String::new();
-        profiler
-            .stdout
-            .take()
-            .expect("piped")
-            .read_to_string(&mut report)?;
-        let status = profiler.wait()?;
-        if !status.success() {
-            bail!("allocprof failed: {status}");
-        }
+        let report = report_of(profiler)?;
         Ok((out, report, kernel))
     }
 }
@@ -558,4 +549,20 @@ fn medians(runs: &[(f64, f64)]) -> (f64, f64) {
         median(runs.iter().map(|r| r.0).collect()),
         median(runs.iter().map(|r| r.1).collect()),
     )
+}
+
+/// What an `allocprof` run with piped stdout printed (its report), once it
+/// has exited successfully.
+fn report_of(mut profiler: Child) -> Result<String> {
+    let mut report = String::new();
+    profiler
+        .stdout
+        .take()
+        .expect("piped")
+        .read_to_string(&mut report)?;
+    let status = profiler.wait()?;
+    if !status.success() {
+        bail!("allocprof failed: {status}");
+    }
+    Ok(report)
 }

@@ -578,3 +578,34 @@ pub fn path_python() -> PathBuf {
     );
     exe
 }
+
+/// The first child of `pid` (a process that forks or `unshare --fork`s),
+/// waiting up to a minute for it.
+pub fn first_child(pid: u32) -> u32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            return child.parse().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never forked"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// A process's pid in each pid namespace it is in, outermost first
+/// (`NSpid:`).
+pub fn ns_pids(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .expect("NSpid in status")
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
+}

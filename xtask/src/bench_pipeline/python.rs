@@ -11,7 +11,6 @@
 //! difference is the Python walk's, against the target of ≤ +1.5 µs.
 
 use std::{
-    io::Read,
     path::Path,
     process::{Command, Stdio},
     thread,
@@ -126,7 +125,7 @@ fn deep(root: &Path, bench: &Bench, python: bool) -> Result<PyRun> {
         .stdout(Stdio::piped())
         .spawn()
         .context("starting python3")?;
-    let mut profiler = attached(
+    let profiler = attached(
         Command::new(&bench.allocprof)
             .args(["--pid", &w.id().to_string(), "--duration", "600s"])
             .args(["--python", if python { "on" } else { "off" }])
@@ -140,16 +139,7 @@ fn deep(root: &Path, bench: &Bench, python: bool) -> Result<PyRun> {
         .as_ref()
         .and_then(|s| s.alloc_program_of(profiler.id()));
     stop(&mut w)?;
-    let mut report = String::new();
-    profiler
-        .stdout
-        .take()
-        .expect("piped")
-        .read_to_string(&mut report)?;
-    let status = profiler.wait()?;
-    if !status.success() {
-        bail!("allocprof failed: {status}");
-    }
+    let report = super::report_of(profiler)?;
     // The run measured what it says: Python frames in the stacks with the
     // walk on, none with it off. (The script has exited when the report is
     // written: its code objects are named, or, gone before they were read,
