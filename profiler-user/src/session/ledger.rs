@@ -29,6 +29,7 @@
 //! time, each record seeded or counted as it comes: never held whole.
 
 use std::{
+    cell::OnceCell,
     collections::{HashMap, hash_map::Entry},
     sync::Arc,
 };
@@ -98,6 +99,10 @@ pub(super) struct LedgerImage {
     stacks: HashMap<u64, Arc<[u64]>>,
     /// What its seeds add to its process's counters.
     counters: SeedCounters,
+    /// Its seeds summed per stack, as every snapshot gets them: made
+    /// again only after a seed went or came (a settled process's seeds
+    /// do not change, and 500 processes' were a tenth of the agent's CPU).
+    aggregates: OnceCell<Vec<(u64, StackAgg)>>,
 }
 
 impl LedgerImage {
@@ -108,7 +113,34 @@ impl LedgerImage {
             seeds: HashMap::new(),
             stacks: HashMap::new(),
             counters: SeedCounters::default(),
+            aggregates: OnceCell::new(),
         }
+    }
+
+    /// Removes the seed at `ptr`; whether there was one.
+    fn remove(&mut self, ptr: u64) -> bool {
+        let gone = self.seeds.remove(&ptr).is_some();
+        if gone {
+            self.aggregates.take();
+        }
+        gone
+    }
+
+    /// Its seeds per stack (see `aggregates`).
+    fn aggregates(&self) -> &[(u64, StackAgg)] {
+        self.aggregates.get_or_init(|| {
+            let mut aggs: HashMap<u64, StackAgg> = HashMap::new();
+            for seed in self.seeds.values() {
+                let s = &seed.sample;
+                let d = s.delta();
+                let agg = aggs.entry(s.stack_id).or_default();
+                agg.live_bytes += d.bytes;
+                agg.live_objects += d.objects;
+                agg.live_var += d.var;
+                agg.live_samples += 1;
+            }
+            aggs.into_iter().collect()
+        })
     }
 }
 
@@ -254,6 +286,7 @@ impl Seeding<'_> {
         };
         if let Entry::Vacant(v) = self.image.seeds.entry(r.ptr) {
             v.insert(seed);
+            self.image.aggregates.take();
             status.seeded += 1;
             self.total += 1;
         }
@@ -303,7 +336,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     fn retire_seed(&mut self, pid: Pid, ptr: u64) {
         if let Some(image) = self.ledger_mut(pid)
-            && image.seeds.remove(&ptr).is_some()
+            && image.remove(ptr)
         {
             image.status.retired += 1;
         }
@@ -460,7 +493,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         let image = self.ledger_mut(pid).expect("checked above");
         for ptr in held {
-            image.seeds.remove(&ptr);
+            image.remove(ptr);
             image.status.seen += 1;
         }
     }
@@ -490,7 +523,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         for (ptr, seq) in ptrs.into_iter().zip(seqs) {
             // Unreadable (the process is going): its exit retires all.
             if seq.is_some_and(|s| image.seeds.get(&ptr).is_some_and(|seed| seed.seq != s)) {
-                image.seeds.remove(&ptr);
+                image.remove(ptr);
                 image.status.retired += 1;
             }
         }
@@ -513,7 +546,12 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// with the live samples, the seeds as live samples (for their ages).
     /// Their drops, lost bytes and weights join their process's counters.
     pub(super) fn add_seeds(&self, snapshot: &mut KernelSnapshot) {
-        for (pid, image) in self.ledgers() {
+        self.add_seeds_of(snapshot, |_| true);
+    }
+
+    /// [`Session::add_seeds`] of the processes `wanted` selects.
+    pub(super) fn add_seeds_of(&self, snapshot: &mut KernelSnapshot, wanted: impl Fn(Pid) -> bool) {
+        for (pid, image) in self.ledgers().filter(|&(pid, _)| wanted(pid)) {
             if image.counters != SeedCounters::default() {
                 let counters = snapshot.processes.entry(pid.0).or_default();
                 image.counters.add_to(counters);
@@ -521,29 +559,19 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     *d += s;
                 }
             }
-            let mut aggs: HashMap<u64, StackAgg> = HashMap::new();
-            for (&ptr, seed) in &image.seeds {
-                let s = &seed.sample;
-                let d = s.delta();
-                let agg = aggs.entry(s.stack_id).or_default();
-                agg.live_bytes += d.bytes;
-                agg.live_objects += d.objects;
-                agg.live_var += d.var;
-                agg.live_samples += 1;
-                if snapshot.live_read {
-                    snapshot.live.push((
-                        LiveKey {
-                            pid: pid.0,
-                            _pad: 0,
-                            ptr,
-                        },
-                        *s,
-                    ));
-                }
+            if snapshot.live_read {
+                snapshot.live.extend(image.seeds.iter().map(|(&ptr, seed)| {
+                    let key = LiveKey {
+                        pid: pid.0,
+                        _pad: 0,
+                        ptr,
+                    };
+                    (key, seed.sample)
+                }));
             }
             snapshot
                 .aggregates
-                .extend(aggs.into_iter().map(|(stack_id, agg)| {
+                .extend(image.aggregates().iter().map(|&(stack_id, agg)| {
                     let key = AggKey {
                         pid: pid.0,
                         generation: image.generation,

@@ -242,7 +242,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         });
         // Frozen images keep no ages: their live samples are not read.
         if tracked && let Ok(mut snapshot) = self.snapshot(false) {
-            self.add_seeds(&mut snapshot);
+            // Only the gone images are frozen: the others' seeds are not
+            // wanted here.
+            self.add_seeds_of(&mut snapshot, |pid| gone.contains_key(&pid));
             self.freeze(&snapshot, &gone);
         }
         for (pid, below) in gone {

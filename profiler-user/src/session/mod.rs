@@ -209,6 +209,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     /// (see `python.rs`), and the files whose refusal was said.
     python_files: HashMap<FileId, crate::python::discover::Inspection>,
     python_warned: HashSet<FileId>,
+    /// Symbolized stacks and build-id sets, each held once (see
+    /// [`symbols::Shared`]).
+    stacks: symbols::Shared<[crate::symbolize::Frame]>,
+    build_ids: symbols::Shared<crate::model::profile::BuildIds>,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
     pub warnings: Vec<String>,
 }
@@ -302,6 +306,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             seed_limits: ledger::SeedLimits::default(),
             python_files: HashMap::new(),
             python_warned: HashSet::new(),
+            stacks: symbols::Shared::default(),
+            build_ids: symbols::Shared::default(),
             warnings: Vec::new(),
         };
         match target {
@@ -351,7 +357,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// profile is built to be thrown away (with 500 processes, that was
     /// most of the agent's CPU between exports).
     pub fn tick(&mut self) -> Result<(), KernelError> {
-        self.read(false)?;
+        self.read(false, false)?;
         if self.oom_victim_due() {
             // The recorder writes the whole profile beside the victim.
             let profile = self.build_now(false)?;
@@ -372,22 +378,26 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     fn build_now(&mut self, complete: bool) -> Result<Profile, KernelError> {
-        let snapshot = self.read(complete)?;
+        let snapshot = self.read(complete, true)?;
         Ok(self.build(&snapshot))
     }
 
     /// One reading of the kernel's maps: events, new processes, ledgers,
-    /// seeds and symbol requests.
-    fn read(&mut self, complete: bool) -> Result<KernelSnapshot, KernelError> {
+    /// seeds and symbol requests; `for_profile` when a profile is built
+    /// from it.
+    fn read(&mut self, complete: bool, for_profile: bool) -> Result<KernelSnapshot, KernelError> {
         self.poll_events();
         // The live samples (the largest map) only feed the ages, which move
         // slowly: read every LIVE_READ_INTERVAL, or every time a minimum age
-        // makes them the live figures.
-        let with_live = complete
-            || !self.min_age.is_zero()
-            || self
-                .live_read_at
-                .is_none_or(|at| at.elapsed() >= LIVE_READ_INTERVAL);
+        // makes them the live figures; never for a tick, which shows no
+        // ages (the seeds' check against their ledgers comes with them: a
+        // seed freed meanwhile is retired before any profile shows it).
+        let with_live = for_profile
+            && (complete
+                || !self.min_age.is_zero()
+                || self
+                    .live_read_at
+                    .is_none_or(|at| at.elapsed() >= LIVE_READ_INTERVAL));
         if with_live {
             self.live_read_at = Some(Instant::now());
         }

@@ -83,9 +83,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 ids.insert(path, id.into());
             }
         }
+        // 500 copies of a program map the same files: one set for all.
+        let ids = self.build_ids.share(ids);
         let image = &mut self.track_pid(pid).image;
         image.space = Some(space);
-        image.build_ids = Some(Arc::new(ids));
+        image.build_ids = Some(ids);
     }
 
     /// Who a process is (OTLP resource attributes), read once while it is

@@ -19,13 +19,18 @@
 //!   offset, its mapping the file as if mapped at 0 (`memory_limit` just
 //!   past the highest address).
 
-use std::{collections::HashMap, path::Path};
+use std::{collections::HashMap, path::Path, sync::Arc};
+
+use foldhash::fast::RandomState;
 
 use super::build_id::build_id;
 use crate::{
     model::profile::BuildIds,
     symbolize::{Frame, FrameKind, PYTHON_MODULE},
 };
+
+/// A stack and the build ids it was interned with.
+type SharedStack = (Arc<[Frame]>, Option<Arc<BuildIds>>);
 
 /// The tables under construction (see the module doc).
 pub struct Tables {
@@ -35,11 +40,17 @@ pub struct Tables {
     pub locations: Vec<LocationEntry>,
     /// Each stack's locations, innermost first.
     pub stacks: Vec<Vec<usize>>,
-    string_ids: HashMap<String, usize>,
-    function_ids: HashMap<(usize, usize), usize>,
-    mapping_ids: HashMap<(String, Option<String>), usize>,
-    location_ids: HashMap<(Vec<Frame>, Option<usize>), usize>,
-    stack_ids: HashMap<Vec<usize>, usize>,
+    // foldhash: the keys hash target-controlled names, as the profile's
+    // merge does (SipHash over them was most of an export's time).
+    string_ids: HashMap<String, usize, RandomState>,
+    function_ids: HashMap<(usize, usize), usize, RandomState>,
+    mapping_ids: HashMap<(String, Option<String>), usize, RandomState>,
+    location_ids: HashMap<(Vec<Frame>, Option<usize>), usize, RandomState>,
+    stack_ids: HashMap<Vec<usize>, usize, RandomState>,
+    /// [`Tables::shared_stack`]'s: a stack by the addresses of its frames
+    /// and its build ids, which `held` keeps from being reused.
+    shared_ids: HashMap<(usize, usize), usize, RandomState>,
+    held: Vec<SharedStack>,
     addresses_only: bool,
 }
 
@@ -95,11 +106,13 @@ impl Tables {
             mappings: Vec::new(),
             locations: Vec::new(),
             stacks: Vec::new(),
-            string_ids: HashMap::new(),
-            function_ids: HashMap::new(),
-            mapping_ids: HashMap::new(),
-            location_ids: HashMap::new(),
-            stack_ids: HashMap::new(),
+            string_ids: HashMap::default(),
+            function_ids: HashMap::default(),
+            mapping_ids: HashMap::default(),
+            location_ids: HashMap::default(),
+            stack_ids: HashMap::default(),
+            shared_ids: HashMap::default(),
+            held: Vec::new(),
             addresses_only,
         };
         t.string("");
@@ -173,6 +186,24 @@ impl Tables {
         let i = self.stacks.len();
         self.stack_ids.insert(locations.clone(), i);
         self.stacks.push(locations);
+        i
+    }
+
+    /// [`Tables::stack`] of a profile's stack, found again by address: a
+    /// session holds each distinct stack and set of build ids once (500
+    /// processes of one program share theirs), so a stack's second and
+    /// later samples, in any process, cost one lookup.
+    pub fn shared_stack(&mut self, frames: &Arc<[Frame]>, ids: Option<&Arc<BuildIds>>) -> usize {
+        let key = (
+            Arc::as_ptr(frames).cast::<Frame>() as usize,
+            ids.map_or(0, |ids| Arc::as_ptr(ids) as usize),
+        );
+        if let Some(&i) = self.shared_ids.get(&key) {
+            return i;
+        }
+        let i = self.stack(frames, ids.map(|ids| &**ids));
+        self.shared_ids.insert(key, i);
+        self.held.push((frames.clone(), ids.cloned()));
         i
     }
 

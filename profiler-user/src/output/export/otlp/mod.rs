@@ -61,6 +61,7 @@ use crate::{
     model::stats::Totals,
     symbolize::{Frame, FrameKind},
 };
+use foldhash::fast::RandomState;
 
 /// The sample types, in the order of each process's profiles.
 pub const SAMPLE_TYPES: [(&str, &str); 4] = [
@@ -89,7 +90,9 @@ pub const ATTR_STATE: &str = "allocprof.process.state";
 /// last profile: what is no longer in it is forgotten.
 pub struct Encoder {
     host: HostResource,
-    allocated: HashMap<(ProcessKey, Arc<[Frame]>), [f64; 2]>,
+    /// foldhash: keys hash every frame's names (SipHash was a tenth of
+    /// an export).
+    allocated: HashMap<(ProcessKey, Arc<[Frame]>), [f64; 2], RandomState>,
     gone_exported: HashSet<ProcessKey>,
     last_end: Option<SystemTime>,
     addresses_only: bool,
@@ -113,7 +116,7 @@ impl Encoder {
     pub fn with_host(host: HostResource) -> Encoder {
         Encoder {
             host,
-            allocated: HashMap::new(),
+            allocated: HashMap::default(),
             gone_exported: HashSet::new(),
             last_end: None,
             addresses_only: false,
@@ -142,7 +145,7 @@ impl Encoder {
         };
         let mut b = Builder::new(self.addresses_only);
         let mut resource_profiles = Vec::new();
-        let mut allocated = HashMap::new();
+        let mut allocated = HashMap::default();
         let mut gone_exported = HashSet::new();
         for p in &profile.processes {
             if p.state != ProcessState::Live && self.gone_exported.contains(&p.key) {
@@ -152,17 +155,14 @@ impl Encoder {
             if p.state != ProcessState::Live {
                 gone_exported.insert(p.key);
             }
-            let values: Vec<(&[Frame], [f64; 4])> = p
+            let values: Vec<(&Arc<[Frame]>, [f64; 4])> = p
                 .stacks
                 .iter()
                 .map(|s| {
                     let now = [s.totals.alloc_bytes, s.totals.alloc_objects];
-                    let before = self
-                        .allocated
-                        .get(&(p.key, s.frames.clone()))
-                        .copied()
-                        .unwrap_or_default();
-                    allocated.insert((p.key, s.frames.clone()), now);
+                    let key = (p.key, s.frames.clone());
+                    let before = self.allocated.get(&key).copied().unwrap_or_default();
+                    allocated.insert(key, now);
                     let delta = |i: usize| {
                         // A baseline above the figure is a stack restarted
                         // from zero: all of it is new.
@@ -172,7 +172,7 @@ impl Encoder {
                             now[i]
                         }
                     };
-                    (&s.frames[..], live_and(&s.totals, [delta(0), delta(1)]))
+                    (&s.frames, live_and(&s.totals, [delta(0), delta(1)]))
                 })
                 .collect();
             let attributes = self.host.attributes_of(p);
@@ -362,15 +362,15 @@ impl Builder {
     }
 
     /// The stack of `frames` (innermost first).
-    fn stack(&mut self, frames: &[Frame], ids: Option<&BuildIds>) -> i32 {
-        entry(self.tables.stack(frames, ids))
+    fn stack(&mut self, frames: &Arc<[Frame]>, ids: Option<&Arc<BuildIds>>) -> i32 {
+        entry(self.tables.shared_stack(frames, ids))
     }
 
     fn resource_profiles(
         &mut self,
         p: &ProcessProfile,
         attributes: Vec<(String, AttrValue)>,
-        values: &[(&[Frame], [f64; 4])],
+        values: &[(&Arc<[Frame]>, [f64; 4])],
         window: Window,
     ) -> ResourceProfiles {
         let mut attributes: Vec<KeyValue> = attributes
@@ -409,7 +409,7 @@ impl Builder {
                 // is left unreferenced.
                 if value != 0 {
                     samples.push(Sample {
-                        stack_index: self.stack(frames, p.build_ids.as_deref()),
+                        stack_index: self.stack(frames, p.build_ids.as_ref()),
                         values: vec![value],
                         ..Default::default()
                     });

@@ -71,7 +71,7 @@ pub(crate) fn to_proto(profile: &Profile, time_nanos: i64) -> proto::Profile {
             if value.iter().all(|&v| v == 0) {
                 continue;
             }
-            let stack = t.stack(&s.frames, p.build_ids.as_deref());
+            let stack = t.shared_stack(&s.frames, p.build_ids.as_ref());
             samples.push(Sample {
                 location_id: t.stacks[stack].iter().map(|&l| id(l)).collect(),
                 value,
