@@ -157,6 +157,8 @@ fn short_lived_children_are_all_accounted_for() {
     let mut allocated = 0.0;
     for c in &children {
         assert_eq!(c.state, ProcessState::Exited, "{} exited", c.key.pid);
+        // Its parent's rate (the same environment), even gone before read.
+        assert_eq!(c.rate, RATE, "child {}'s rate", c.key.pid);
         let t = site(c, "short_site");
         assert!(
             t.alloc_samples > 0,

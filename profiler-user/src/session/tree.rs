@@ -127,13 +127,27 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Gives a fork child gone before its scan its parent's address space
     /// (what it mapped, unless it mapped more before it exited), so its
-    /// stacks are named, and its parent's resource (the same executable,
-    /// cgroup and environment) with its own host pid.
+    /// stacks are named, its parent's resource (the same executable,
+    /// cgroup and environment) with its own host pid, and its parent's
+    /// sampling rate (the same environment: read after it is gone, its own
+    /// would be the default) with the name the kernel saw.
     pub(super) fn inherit_from_parent(&mut self, pid: Pid) {
         let Some(parent) = self.parent_of(pid) else {
             return;
         };
         let space = self.space(parent).cloned();
+        let identity = self
+            .tracked
+            .get(&parent)
+            .and_then(|t| t.image.identity.clone())
+            .map(|(parent_name, rate)| {
+                let own = self
+                    .pids
+                    .host(pid)
+                    .and_then(|host| self.kernel.process(host))
+                    .and_then(|c| Some(String::from_utf8_lossy(c.comm_bytes()?).into_owned()));
+                (own.unwrap_or(parent_name), rate)
+            });
         let resource = self
             .tracked
             .get(&parent)
@@ -148,6 +162,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         if image.resource.is_none() {
             image.resource = resource.map(Arc::new);
+        }
+        if image.identity.is_none() {
+            image.identity = identity;
         }
     }
 
