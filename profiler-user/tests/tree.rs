@@ -1,7 +1,7 @@
 //! `--pid`'s trees with real processes and real eBPF (issue 29): a
 //! prefork parent's workers from before and after attach, short-lived
 //! children, grandchildren, an exec'ed child; `--no-children`; a fork bomb
-//! past the process cap.
+//! past the process cap; an exec'ed child's own sampling rate.
 
 mod common;
 
@@ -157,6 +157,8 @@ fn short_lived_children_are_all_accounted_for() {
     let mut allocated = 0.0;
     for c in &children {
         assert_eq!(c.state, ProcessState::Exited, "{} exited", c.key.pid);
+        // Its parent's rate (the same environment), even gone before read.
+        assert_eq!(c.rate, RATE, "child {}'s rate", c.key.pid);
         let t = site(c, "short_site");
         assert!(
             t.alloc_samples > 0,
@@ -272,4 +274,95 @@ fn a_fork_bomb_past_the_process_cap_is_counted_and_the_tree_still_followed() {
         profile.processes.len()
     );
     parent.send("exit");
+}
+
+/// A child's rate is its own image's: a preloaded shell whose environment
+/// has no `ALLOCPROF_RATE` (its rate is the default) forks, after attach, a
+/// child that execs `env ALLOCPROF_RATE=4096 leader_exits`. Its main thread
+/// leaves with pthread_exit (an exit event while the process lives on: the
+/// rescans that follow), then the process exits before the next rescan: a
+/// rate read again then would be the default (its environ gone). Its image,
+/// live and exited, shows R = 4096 and a site within 4σ with the interval R
+/// gives.
+#[test]
+fn an_exec_ed_child_s_rate_is_its_own() {
+    common::require_bpf();
+    const CHILD_RATE: u64 = 4096;
+    // leader_exits.c's main_site: blocks and size.
+    const N: u64 = 20000;
+    const SIZE: u64 = 1024;
+    let prog = compile_c("leader_exits.c", &["-pthread"]);
+    let lib = common::preload_library();
+    let mut shell = Command::new("sh");
+    shell
+        .arg("-c")
+        .arg(
+            r#"read go; echo started
+env ALLOCPROF_RATE=4096 "$PROG"; echo "exited $?"; read done"#,
+        )
+        .env_remove("ALLOCPROF_RATE")
+        .env("PROG", &prog)
+        // Preloaded itself (its rate the default), so that it carries probes.
+        .env("LD_PRELOAD", &lib);
+    let mut parent = Proc::spawn(shell);
+    let root = parent.pid();
+    wait_for_mapping(root, "liballocprof.so");
+    let environ = std::fs::read(format!("/proc/{root}/environ")).unwrap();
+    assert!(
+        !environ
+            .split(|&b| b == 0)
+            .any(|v| v.starts_with(b"ALLOCPROF_RATE=")),
+        "the parent's environment has ALLOCPROF_RATE"
+    );
+    let mut session = Session::start(Target::Trees(vec![Pid(root)]), Limits::default()).unwrap();
+    parent.send("go");
+    parent.expect("started");
+    // The child is leader_exits once it mapped the library (the same pid
+    // through both execs).
+    let child = common::first_child(root);
+    wait_for_mapping(child, "liballocprof.so");
+    parent.send("main");
+    parent.expect("leader-gone");
+    // Its leader's exit event, while it lives on: its rescans start.
+    session.poll_events();
+    parent.send("worker");
+    parent.expect("ready");
+    let check = |p: &ProcessProfile, when: &str| {
+        assert_eq!(p.rate, CHILD_RATE, "the child's rate ({when}): {p:#?}");
+        assert_eq!(p.parent, Some(Pid(root)), "the child's parent ({when})");
+        let (truth, sigma) = truth_and_sigma(N, SIZE, CHILD_RATE);
+        let totals = site(p, "main_site");
+        let live = totals.live_bytes;
+        assert!(
+            (live - truth).abs() <= 4.0 * sigma,
+            "{when}: main_site live {live} vs truth {truth} (sigma {sigma})"
+        );
+        // The interval R = 4096 gives (the sampling variance and the
+        // unseen mass's), not the default R's (some MiB).
+        let r = CHILD_RATE as f64;
+        let expected =
+            1.96 * (sigma * sigma + allocprof::model::stats::UNSEEN_SAMPLES * r * r).sqrt();
+        let ci = totals.live_ci95();
+        assert!(
+            ci > expected / 2.0 && ci < expected * 2.0,
+            "{when}: main_site's interval ±{ci} vs ±{expected} at R = {CHILD_RATE}"
+        );
+    };
+    let live = final_profile(&mut session);
+    check(process(&live, child), "live");
+    parent.send("exit");
+    // Reaped by the shell: gone from /proc.
+    parent.expect("exited 0");
+    // Past the next rescan's time (not an assertion on time: the rescan of a
+    // process gone must not lose what was read of it while it lived).
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    session.poll_events();
+    let gone = final_profile(&mut session);
+    let e = gone
+        .processes
+        .iter()
+        .find(|p| p.key.pid.0 == child && p.state == ProcessState::Exited)
+        .unwrap_or_else(|| panic!("the child's exited image: {gone:#?}"));
+    check(e, "exited");
+    parent.send("done");
 }

@@ -196,12 +196,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             if passed > 0 {
                 due.push(*pid);
                 *next += passed;
-                // Its name is read again; its resource is not: an exec
-                // reset the image (the first rescan reads the new one), and
-                // an exit event of a process still in /proc (exiting, or its
-                // main thread gone) must not lose what was read while it
-                // lived (the exe link and maps go at exit).
-                tracked.image.identity = None;
+                // Its identity (name and rate) and resource are kept: an
+                // exec reset the image already (`Tracked::exec`; the scan
+                // reads the new image's when it carries probes), and an exit
+                // event of a process still in /proc (exiting, its memory
+                // gone, or its main thread gone) must not lose what was read
+                // while it lived: read again after exit, its environ is gone
+                // and its rate would be the default.
             }
             if *next >= RESCAN_AFTER_EXEC.len() {
                 tracked.rescan = None;

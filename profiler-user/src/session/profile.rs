@@ -59,11 +59,14 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let counters = self.kernel.process(host)?;
             Some(String::from_utf8_lossy(counters.comm_bytes()?).into_owned())
         });
+        // A fork child's is its parent's until it execs; read otherwise.
+        let forked_rate = self.tracked.get(&pid).and_then(|t| t.image.forked_rate);
+        let rate = forked_rate.unwrap_or_else(|| self.processes.sampling_rate(pid));
         let Some(name) = name else {
             // Not cached: it may be named yet.
-            return ("?".into(), self.processes.sampling_rate(pid));
+            return ("?".into(), rate);
         };
-        let known = (name, self.processes.sampling_rate(pid));
+        let known = (name, rate);
         self.track_pid(pid).image.identity = Some(known.clone());
         known
     }

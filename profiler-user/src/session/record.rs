@@ -76,6 +76,9 @@ pub(super) struct ImageState {
     pub scanned: Option<(Option<u64>, Instant)>,
     /// Its name and sampling rate, read once.
     pub identity: Option<(String, u64)>,
+    /// A fork child's rate, its parent's (the same image until it execs):
+    /// taken instead of reading its environ.
+    pub forked_rate: Option<u64>,
     /// Who it is (OTLP resource attributes), read once.
     pub resource: Option<Arc<ProcessResource>>,
     /// The GNU build ids of the files it maps, by the path it names them
@@ -138,6 +141,7 @@ impl Tracked {
         1 + usize::from(i.space.is_some())
             + usize::from(i.scanned.is_some())
             + usize::from(i.identity.is_some())
+            + usize::from(i.forked_rate.is_some())
             + usize::from(i.unwound.is_some())
             + usize::from(i.ledger.is_some())
             + usize::from(self.python.is_some())

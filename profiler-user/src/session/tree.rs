@@ -121,14 +121,26 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     pub(super) fn forked(&mut self, child: HostPid, parent: HostPid) -> Option<Pid> {
         let child = self.pids.local(child)?;
         let parent = self.pids.local(parent);
-        self.track_pid(child).parent = parent;
+        // Its image is a copy of its parent's until it execs (an exec
+        // resets the image): so is its rate, even when its environ is read
+        // only after an exec this poll has not seen yet, or after it is gone.
+        let rate = parent
+            .and_then(|p| self.tracked.get(&p))
+            .and_then(|t| t.image.identity.as_ref())
+            .map(|(_, rate)| *rate);
+        let tracked = self.track_pid(child);
+        tracked.parent = parent;
+        if tracked.image.forked_rate.is_none() {
+            tracked.image.forked_rate = rate;
+        }
         Some(child)
     }
 
     /// Gives a fork child gone before its scan its parent's address space
     /// (what it mapped, unless it mapped more before it exited), so its
     /// stacks are named, and its parent's resource (the same executable,
-    /// cgroup and environment) with its own host pid.
+    /// cgroup and environment) with its own host pid (its rate is its
+    /// parent's already: [`Session::forked`]).
     pub(super) fn inherit_from_parent(&mut self, pid: Pid) {
         let Some(parent) = self.parent_of(pid) else {
             return;

@@ -357,3 +357,56 @@ fn a_tree_s_fork_children_are_followed_with_their_parent_even_gone_before_a_scan
     assert!(has_function(live, "beta_site"), "{:?}", functions(live));
     assert!(world.scans_of(102) > 0, "scanned at its fork");
 }
+
+/// The kernel reports a process's exit while it is still in /proc, its
+/// environ gone: the rescans that follow keep the rate read while it lived
+/// (read again, it would be the default, and its intervals wrong).
+#[test]
+fn an_exit_seen_while_exiting_keeps_the_rate() {
+    let world = World::default();
+    world.spawn(100, "worker");
+    world.process(100).rate = 4096;
+    let mut s = session(&world, Target::Trees(vec![Pid(100)]));
+    world.sample(100, 7, &[address_in(alpha_site)], 4 << 20);
+    let live = s.complete_profile().unwrap();
+    assert_eq!(only_image(&live, 100, ProcessState::Live).rate, 4096);
+    world.process(100).exiting = true;
+    world.0.borrow_mut().kernel.events.push(ProcEvent {
+        pid: 100,
+        kind: PROC_EVENT_EXIT,
+        ..ProcEvent::default()
+    });
+    s.complete_profile().unwrap();
+    world.0.borrow_mut().processes.remove(&100);
+    let p = s.complete_profile().unwrap();
+    assert_eq!(only_image(&p, 100, ProcessState::Exited).rate, 4096);
+}
+
+/// A fork child read only after it exec'ed, its exec event not polled yet:
+/// its replaced image (a copy of its parent's) has its parent's rate, its
+/// new image its own.
+#[test]
+fn a_fork_child_s_image_before_its_exec_has_its_parent_s_rate() {
+    let world = World::default();
+    world.spawn(100, "server");
+    world.process(100).rate = 4096;
+    let mut s = session(&world, Target::Trees(vec![Pid(100)]));
+    s.complete_profile().unwrap();
+    // Forked, sampled as the parent's copy, then exec'ed (rate 1 MiB)
+    // before the session scanned it; the exec event comes a poll later.
+    world.spawn(101, "tool");
+    world.process(101).rate = 1 << 20;
+    world.0.borrow_mut().kernel.events.push(ProcEvent {
+        pid: 101,
+        kind: profiler_common::PROC_EVENT_FORK,
+        parent: 100,
+        _pad: 0,
+    });
+    world.sample(101, 9, &[address_in(alpha_site)], 1 << 20);
+    s.complete_profile().unwrap();
+    world.exec(101, "tool");
+    world.sample(101, 10, &[address_in(beta_site)], 1 << 20);
+    let p = s.complete_profile().unwrap();
+    assert_eq!(only_image(&p, 101, ProcessState::Replaced).rate, 4096);
+    assert_eq!(only_image(&p, 101, ProcessState::Live).rate, 1 << 20);
+}

@@ -85,6 +85,8 @@ struct FakeProcess {
     ledger: Option<FakeLedger>,
     /// In its exit: still in /proc, but its maps and executable are gone.
     exiting: bool,
+    /// Its `ALLOCPROF_RATE` (its environ: unreadable once exiting or gone).
+    rate: u64,
 }
 
 /// A ledger's live records and each record's sequence now.
@@ -146,6 +148,7 @@ impl World {
                 probe_files: vec![probe_file_id(1)],
                 ledger: None,
                 exiting: false,
+                rate: RATE,
             },
         );
     }
@@ -482,8 +485,12 @@ impl ProcessPort for FakeProcesses {
         })
     }
 
-    fn sampling_rate(&self, _pid: Pid) -> u64 {
-        RATE
+    fn sampling_rate(&self, Pid(pid): Pid) -> u64 {
+        let w = self.world.0.borrow();
+        w.processes
+            .get(&pid)
+            .filter(|p| !p.exiting)
+            .map_or(profiler_common::rate::DEFAULT_RATE, |p| p.rate)
     }
 
     fn monotonic_ns(&self) -> u64 {
