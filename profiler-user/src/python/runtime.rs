@@ -161,6 +161,21 @@ pub fn check_runtime(
 mod tests {
     use super::*;
 
+    /// Debian's python3 and pyenv's 3.11, 3.12 and 3.13: every CPython of
+    /// this machine kind (a missing one fails the test, never skips it).
+    fn machine_pythons() -> Vec<String> {
+        let mut pythons = vec!["/usr/bin/python3".to_string()];
+        for v in ["3.11.7", "3.12.1", "3.13.0"] {
+            let python = format!("/root/.pyenv/versions/{v}/bin/python3");
+            assert!(
+                std::path::Path::new(&python).exists(),
+                "{python} is missing: this machine kind has pyenv's CPython {v}"
+            );
+            pythons.push(python);
+        }
+        pythons
+    }
+
     #[test]
     fn allocator_names_map_to_what_serves_objects() {
         assert_eq!(object_allocator(0), Some(ObjectAllocator::Pymalloc));
@@ -175,13 +190,7 @@ mod tests {
     /// with (through its own memory: ctypes reads `_PyRuntime`).
     #[test]
     fn the_offsets_read_the_running_interpreters_allocator() {
-        let mut pythons = vec!["/usr/bin/python3".to_string()];
-        pythons.extend(
-            ["3.11.7", "3.12.1", "3.13.0"]
-                .iter()
-                .map(|v| format!("/root/.pyenv/versions/{v}/bin/python3"))
-                .filter(|p| std::path::Path::new(p).exists()),
-        );
+        let pythons = machine_pythons();
         for python in pythons {
             for (env, want) in [("malloc", 3), ("pymalloc", 5), ("debug", 2)] {
                 let out = std::process::Command::new(&python)
@@ -318,14 +327,7 @@ mod tests {
     #[test]
     fn running_interpreters_pass_the_runtime_check() {
         use std::io::{BufRead, BufReader};
-        let mut pythons = vec!["/usr/bin/python3".to_string()];
-        pythons.extend(
-            ["3.11.7", "3.12.1", "3.13.0"]
-                .iter()
-                .map(|v| format!("/root/.pyenv/versions/{v}/bin/python3"))
-                .filter(|p| std::path::Path::new(p).exists()),
-        );
-        assert!(pythons.len() >= 2, "pyenv's interpreters are missing");
+        let pythons = machine_pythons();
         for python in pythons {
             let mut child = std::process::Command::new(&python)
                 .args([

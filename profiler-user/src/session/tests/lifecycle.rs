@@ -293,16 +293,7 @@ fn an_exit_seen_while_exiting_keeps_the_resource(target: Target) {
         .expect("read while it lived");
     assert_eq!(read.executable_path.as_deref(), Some("/fake/worker"));
 
-    world.process(100).exiting = true;
-    world.0.borrow_mut().kernel.events.push(ProcEvent {
-        pid: 100,
-        kind: PROC_EVENT_EXIT,
-        ..ProcEvent::default()
-    });
-    s.complete_profile().unwrap();
-    // Then it is gone (no second event: the kernel sent its one).
-    world.0.borrow_mut().processes.remove(&100);
-    let p = s.complete_profile().unwrap();
+    let p = exit_seen_while_exiting(&world, &mut s, 100);
     let exited = only_image(&p, 100, ProcessState::Exited);
     assert_eq!(exited.resource.as_deref(), Some(&*read));
 }
@@ -370,15 +361,7 @@ fn an_exit_seen_while_exiting_keeps_the_rate() {
     world.sample(100, 7, &[address_in(alpha_site)], 4 << 20);
     let live = s.complete_profile().unwrap();
     assert_eq!(only_image(&live, 100, ProcessState::Live).rate, 4096);
-    world.process(100).exiting = true;
-    world.0.borrow_mut().kernel.events.push(ProcEvent {
-        pid: 100,
-        kind: PROC_EVENT_EXIT,
-        ..ProcEvent::default()
-    });
-    s.complete_profile().unwrap();
-    world.0.borrow_mut().processes.remove(&100);
-    let p = s.complete_profile().unwrap();
+    let p = exit_seen_while_exiting(&world, &mut s, 100);
     assert_eq!(only_image(&p, 100, ProcessState::Exited).rate, 4096);
 }
 
@@ -409,4 +392,23 @@ fn a_fork_child_s_image_before_its_exec_has_its_parent_s_rate() {
     let p = s.complete_profile().unwrap();
     assert_eq!(only_image(&p, 101, ProcessState::Replaced).rate, 4096);
     assert_eq!(only_image(&p, 101, ProcessState::Live).rate, 1 << 20);
+}
+
+/// The kernel's exit event of `pid` comes while it is still in /proc
+/// (exiting: maps, executable and environ gone), a profile is built, then
+/// it is gone (no second event: the kernel sent its one): the profile then.
+fn exit_seen_while_exiting(
+    world: &World,
+    s: &mut Session<FakeKernel, FakeProcesses>,
+    pid: u32,
+) -> Profile {
+    world.process(pid).exiting = true;
+    world.0.borrow_mut().kernel.events.push(ProcEvent {
+        pid,
+        kind: PROC_EVENT_EXIT,
+        ..ProcEvent::default()
+    });
+    s.complete_profile().unwrap();
+    world.0.borrow_mut().processes.remove(&pid);
+    s.complete_profile().unwrap()
 }
