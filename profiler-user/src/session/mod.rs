@@ -210,9 +210,9 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     python_files: HashMap<FileId, crate::python::discover::Inspection>,
     python_warned: HashSet<FileId>,
     /// Symbolized stacks and build-id sets, each held once (see
-    /// [`symbols::Shared`]).
-    stacks: symbols::Shared<[crate::symbolize::Frame]>,
-    build_ids: symbols::Shared<crate::model::profile::BuildIds>,
+    /// [`crate::symbolize::Shared`]).
+    stacks: crate::symbolize::Shared<[crate::symbolize::Frame]>,
+    build_ids: crate::symbolize::Shared<crate::model::profile::BuildIds>,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
     pub warnings: Vec<String>,
 }
@@ -306,8 +306,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             seed_limits: ledger::SeedLimits::default(),
             python_files: HashMap::new(),
             python_warned: HashSet::new(),
-            stacks: symbols::Shared::default(),
-            build_ids: symbols::Shared::default(),
+            stacks: Default::default(),
+            build_ids: Default::default(),
             warnings: Vec::new(),
         };
         match target {

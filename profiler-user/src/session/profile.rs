@@ -87,6 +87,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
         }
         // 500 copies of a program map the same files: one set for all.
+        self.build_ids.sweep();
         let ids = self.build_ids.share(ids);
         let image = &mut self.track_pid(pid).image;
         image.space = Some(space);

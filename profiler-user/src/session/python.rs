@@ -91,8 +91,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         };
         let mut config = interp.config;
         config.runtime = runtime;
-        let checked = match self.processes.python_memory(pid) {
-            Some(memory) => runtime::check_runtime(&*memory, runtime, interp.version, &config),
+        let memory = self.processes.python_memory(pid);
+        let checked = match &memory {
+            Some(memory) => runtime::check_runtime(&**memory, runtime, interp.version, &config),
             None => Ok(()),
         };
         if let Err(why) = checked {
@@ -114,9 +115,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.warnings.push(format!("process {pid}: {e}"));
             return;
         }
-        let objects = self
-            .processes
-            .python_memory(pid)
+        let objects = memory
             .and_then(|memory| runtime::read_object_allocator(&*memory, runtime, interp.version));
         if let Some(tracked) = self.tracked.get_mut(&pid) {
             tracked.python = Some(interp.version);

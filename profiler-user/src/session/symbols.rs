@@ -5,13 +5,7 @@
 //! with addresses outside every known mapping (a library dlopen'ed after the
 //! last scan) is symbolized again once a scan maps one of them.
 
-use std::{
-    collections::{HashMap, HashSet},
-    hash::Hash,
-    sync::Arc,
-};
-
-use foldhash::fast::RandomState;
+use std::{collections::HashMap, sync::Arc};
 
 use super::{Incarnation, KernelPort, ProcessPort, Session, SymbolKey, record::Symbols};
 use profiler_common::python::split_python;
@@ -170,6 +164,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 f.names.insert(key.stack, self.stacks.share(frames));
             }
         }
+        self.stacks.sweep();
         self.reclaim_stacks();
         self.drop_oldest_frozen();
     }
@@ -253,47 +248,4 @@ fn mappable(addr: u64) -> bool {
 
 fn placeholder(text: &str) -> Arc<[Frame]> {
     Arc::from(vec![Frame::named(text)])
-}
-
-/// Equal values held once, by every holder: one copy of a symbolized stack
-/// for every process running the same program (500 copies of a program
-/// were 500 copies of each of its stacks), one of a set of build ids. An
-/// entry lives as long as some holder does (swept once the set doubled).
-/// Sharing also lets the exports tell equal stacks by their address.
-pub(crate) struct Shared<T: ?Sized> {
-    values: HashSet<Arc<T>, RandomState>,
-    /// How many were left by the last sweep (the next is due at twice that).
-    swept: usize,
-}
-
-impl<T: ?Sized> Default for Shared<T> {
-    fn default() -> Self {
-        Shared {
-            values: HashSet::default(),
-            swept: 0,
-        }
-    }
-}
-
-impl<T: ?Sized + Hash + Eq> Shared<T> {
-    /// The one copy of `value`.
-    pub(crate) fn share<V: Into<Arc<T>> + std::borrow::Borrow<T>>(&mut self, value: V) -> Arc<T> {
-        if let Some(shared) = self.values.get(value.borrow()) {
-            return shared.clone();
-        }
-        self.sweep();
-        let shared: Arc<T> = value.into();
-        self.values.insert(shared.clone());
-        shared
-    }
-
-    /// Forgets the values nobody else holds, once enough have come since
-    /// the last sweep (a sweep costs one pass over the set).
-    fn sweep(&mut self) {
-        if self.values.len() < 2 * self.swept.max(1024) {
-            return;
-        }
-        self.values.retain(|v| Arc::strong_count(v) > 1);
-        self.swept = self.values.len();
-    }
 }

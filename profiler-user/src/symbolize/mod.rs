@@ -296,33 +296,56 @@ impl Drop for QuietContainedPanics {
     }
 }
 
-/// Shares equal names across frames: each distinct name is held once, for
-/// as long as some frame holds it.
-#[derive(Default)]
-pub(crate) struct Interner {
-    names: HashSet<Name>,
-    /// How many were left by the last sweep (the next is due at twice that).
+/// Equal values held once, by every holder, for as long as some holder
+/// does: names across frames ([`Interner`]), and in the session one copy of
+/// a symbolized stack for every process running the same program (500
+/// copies of a program were 500 copies of each of its stacks) and one of a
+/// set of build ids; sharing also lets the exports tell equal stacks by
+/// their address. Unheld values are swept once the set has doubled since
+/// the last sweep (and reached `2 * MIN`): a sweep is one pass over it.
+pub(crate) struct Shared<T: ?Sized, const MIN: usize = 1024> {
+    values: HashSet<Arc<T>, foldhash::fast::RandomState>,
+    /// How many were left by the last sweep.
     swept: usize,
+}
+
+/// Shares equal names across frames.
+pub(crate) type Interner = Shared<str, 4096>;
+
+impl<T: ?Sized, const MIN: usize> Default for Shared<T, MIN> {
+    fn default() -> Self {
+        Shared {
+            values: HashSet::default(),
+            swept: 0,
+        }
+    }
+}
+
+impl<T: ?Sized + std::hash::Hash + Eq, const MIN: usize> Shared<T, MIN> {
+    /// The one copy of `value`.
+    pub(crate) fn share<V: Into<Arc<T>> + std::borrow::Borrow<T>>(&mut self, value: V) -> Arc<T> {
+        if let Some(shared) = self.values.get(value.borrow()) {
+            return shared.clone();
+        }
+        let shared: Arc<T> = value.into();
+        self.values.insert(shared.clone());
+        shared
+    }
+
+    /// Forgets the values nobody else holds, once enough have come since
+    /// the last sweep (its holders call it after a batch of `share`s).
+    pub(crate) fn sweep(&mut self) {
+        if self.values.len() < 2 * self.swept.max(MIN) {
+            return;
+        }
+        self.values.retain(|v| Arc::strong_count(v) > 1);
+        self.swept = self.values.len();
+    }
 }
 
 impl Interner {
     pub(crate) fn name(&mut self, name: &str) -> Name {
-        if let Some(shared) = self.names.get(name) {
-            return shared.clone();
-        }
-        let shared: Name = name.into();
-        self.names.insert(shared.clone());
-        shared
-    }
-
-    /// Forgets the names no frame holds any more, once enough have come
-    /// since the last sweep (a sweep costs one pass over the set).
-    fn sweep(&mut self) {
-        if self.names.len() < 2 * self.swept.max(4096) {
-            return;
-        }
-        self.names.retain(|n| Arc::strong_count(n) > 1);
-        self.swept = self.names.len();
+        self.share(name)
     }
 }
 

@@ -20,7 +20,7 @@ fn equal_names_are_shared_and_forgotten_once_unused() {
         names.name(&format!("f{i}"));
     }
     names.sweep();
-    assert_eq!(names.names.len(), 1, "only the name a frame holds stays");
+    assert_eq!(names.values.len(), 1, "only the name a frame holds stays");
     assert!(Arc::ptr_eq(&held, &names.name("main")));
 }
 
