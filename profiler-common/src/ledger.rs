@@ -179,7 +179,10 @@ pub enum HeaderError {
 }
 
 /// Checks a header from two copies taken one after the other (the writer
-/// changes it while the region is set up and as ranges grow).
+/// changes it while the region is set up and as ranges grow). The `USED`
+/// high-water marks move with every new record of a process allocating
+/// hard, so copies that differ only by marks that grew are consistent: the
+/// second copy's marks are taken.
 pub fn decode_header(
     first: &[u64; HEADER_WORDS],
     second: &[u64; HEADER_WORDS],
@@ -194,7 +197,12 @@ pub fn decode_header(
     if h[header::RECORD_BYTES] != RECORD_BYTES as u64 || h[header::FRAMES] != FRAMES as u64 {
         return Err(HeaderError::Version(h[header::VERSION]));
     }
-    if first != second {
+    let settled = first[..header::USED] == second[..header::USED]
+        && first[header::USED..]
+            .iter()
+            .zip(&second[header::USED..])
+            .all(|(a, b)| a <= b);
+    if !settled {
         return Err(HeaderError::Torn);
     }
     let table = h[header::TABLE];
@@ -227,7 +235,7 @@ pub fn decode_header(
         used: [0; MAX_RANGES],
     };
     for k in 0..ranges {
-        let (f, u) = (h[header::FIRST + k], h[header::USED + k]);
+        let (f, u) = (h[header::FIRST + k], second[header::USED + k]);
         if f > capacity || u > capacity - f {
             return Err(HeaderError::Implausible);
         }
@@ -376,6 +384,21 @@ mod tests {
     }
 
     #[test]
+    fn a_high_water_mark_grown_between_the_copies_is_taken_from_the_second() {
+        let h = header_words();
+        let mut grown = h;
+        grown[header::USED] = 7;
+        let d = decode_header(&h, &grown).unwrap();
+        assert_eq!(d.used_ranges().next(), Some((0, 7)));
+        grown[header::USED + 1] = 501;
+        assert_eq!(
+            decode_header(&h, &grown),
+            Err(HeaderError::Implausible),
+            "the second copy's marks are checked too"
+        );
+    }
+
+    #[test]
     fn foreign_torn_and_out_of_bounds_headers_are_refused() {
         let h = header_words();
         let with = |i: usize, v: u64| {
@@ -393,7 +416,12 @@ mod tests {
             Err(HeaderError::Version(_))
         ));
         assert_eq!(
-            decode_header(&h, &with(header::USED, 4)),
+            decode_header(&with(header::USED, 4), &h),
+            Err(HeaderError::Torn),
+            "a high-water mark never shrinks"
+        );
+        assert_eq!(
+            decode_header(&h, &with(header::RANGES, 1)),
             Err(HeaderError::Torn)
         );
         let none = with(header::REGION_LEN, 0);
