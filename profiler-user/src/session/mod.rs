@@ -77,7 +77,9 @@ const MAX_FROZEN_IMAGES: usize = 10_000;
 /// With `--pid`, how long the start waits for the targets' unwind tables
 /// before it attaches, so that their samples are walked whole from the
 /// first (until its tables are in, a process is walked by frame pointers
-/// and its stacks cut where they cannot be vouched for).
+/// and its stacks cut where they cannot be vouched for). A complete
+/// profile waits as long for tables still loading, since the stacks walked
+/// meanwhile are named only once they are in.
 const TABLES_AT_START: Duration = Duration::from_secs(5);
 /// What gone images (with their symbolized stacks) may hold by default:
 /// a process with deep stacks takes megabytes of names.
@@ -408,6 +410,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.check_all_seeds();
         }
         self.add_seeds(&mut snapshot);
+        if complete {
+            // A stack walked while its files' tables were compiling waits
+            // for them (`vouch_for`): a complete profile names it.
+            self.settle_tables(TABLES_AT_START);
+        }
         self.request_symbols(&snapshot);
         if complete {
             // Stacks new since the last refresh too (a churn keeps making
