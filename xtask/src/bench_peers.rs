@@ -2,7 +2,7 @@
 //! people preload instead (mimalloc, jemalloc, jemalloc and tcmalloc with
 //! heap-profile sampling), the heap profilers that intercept every malloc and
 //! free (heaptrack, memleak-style bpftrace uprobes), and allocprof: its
-//! `liballocprof.so` at the default rate alone, with `allocprof --pid`
+//! `liballocprof.so` at the default settings alone, with `allocprof --pid`
 //! attached, and with a system-wide `allocprof` attached; next to them
 //! liballocprof's own backends (the vendored mimalloc built as a plain
 //! override library, as `bench alloc` builds it, and `liballocprof_glibc.so`

@@ -64,7 +64,17 @@ pub(crate) fn ratio_verdict(m: f64, target: f64) -> String {
     if m <= target {
         "met".to_string()
     } else {
-        format!("missed by {:.1}%", (m - target) * 100.0)
+        format!("missed by {}%", percent((m - target) * 100.0))
+    }
+}
+
+/// A positive percentage, with the digits a small miss needs to read as
+/// one (not "0.0").
+fn percent(p: f64) -> String {
+    if p < 0.1 {
+        format!("{p:.2}")
+    } else {
+        format!("{p:.1}")
     }
 }
 
@@ -135,6 +145,10 @@ fn fast_path(m: &Measured) {
                     r.max,
                     ratio_verdict(r.ratio, FAST_PATH_TARGET)
                 ),
+                // Both left out for the same reason: say it once.
+                Err(why) if m.instructions.as_ref().err() == Some(&why) => {
+                    not_run(&target, &what, &why)
+                }
                 Err(why) => not_run(&target, &what, &format!("{why}; {instructions}")),
             }
         }
@@ -269,7 +283,7 @@ fn samplers(m: &Measured) {
             let verdict = if ours < theirs {
                 "met".to_string()
             } else {
-                format!("missed by {:.1}%", (ours / theirs - 1.0) * 100.0)
+                format!("missed by {}%", percent((ours / theirs - 1.0) * 100.0))
             };
             println!(
                 "| {target} | {what} | ours {}, theirs {} | {verdict} |",
@@ -288,6 +302,7 @@ mod tests {
     fn a_ratio_above_its_target_is_missed_by_the_difference() {
         assert_eq!(ratio_verdict(1.02, 1.02), "met");
         assert_eq!(ratio_verdict(1.031, 1.02), "missed by 1.1%");
+        assert_eq!(ratio_verdict(1.0204, 1.02), "missed by 0.04%");
         assert_eq!(us_verdict(0.25, 0.3), "met");
         assert_eq!(us_verdict(1.5, 1.0), "missed by 0.50 µs");
     }
