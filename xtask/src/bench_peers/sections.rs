@@ -116,3 +116,22 @@ pub(super) fn sampled_costs(root: &Path) -> Result<Vec<(&'static str, SampledCos
     println!();
     Ok(costs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_section_left_out_or_failed_says_why_and_one_chosen_runs() {
+        let mut ran = false;
+        let left_out = section(BIG_BLOCKS, Some("sqlite"), || {
+            ran = true;
+            Ok(())
+        });
+        assert!(!ran, "--only sqlite ran the big blocks");
+        assert_eq!(left_out, Err("`--only sqlite` left it out".to_string()));
+        let failed: Section<()> = section(COSTS, Some("cost"), || anyhow::bail!("no bpftool"));
+        assert_eq!(failed, Err("failed: no bpftool".to_string()));
+        assert_eq!(section(FAST_PATH, None, || Ok(7)), Ok(7));
+    }
+}
