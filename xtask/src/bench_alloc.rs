@@ -21,8 +21,9 @@
 //! (4) memory cost of sampled blocks (a page per live sample) and what
 //! stays resident after everything is freed;
 //! (5) big-block churn (malloc, memset, free of 1-64 MiB blocks, nearly all
-//! sampled at the default rate) against the same library with
-//! `ALLOCPROF_RATE=0`, for issue 26's target (within 5%).
+//! sampled at the default rate) against the plain backend, for issues 26
+//! and 31's target (within 5%), with the same library at
+//! `ALLOCPROF_RATE=0` beside it.
 //! Right after (1) and its verdict: (6) instructions per malloc/free pair of
 //! each workload and backend under callgrind, plain and with the layer at
 //! the default rate ([`instructions`]: the stable figure behind (1)'s
@@ -31,8 +32,10 @@
 //! section (5) alone, `--instructions` for (6) alone, `--fast-path` for
 //! (1) at the default rate alone.
 //!
-//! `bench peers` builds the same [`Programs`] and runs (1) at the default
-//! rate alone ([`per_operation`]) for issue 12's fast-path target.
+//! The default rate's rows leave `ALLOCPROF_RATE` unset (the default
+//! settings). `bench peers` builds the same [`Programs`] and runs (1) at the
+//! default rate alone ([`per_operation`]), (5) and (6) for issue 31's
+//! targets.
 
 mod programs;
 
@@ -171,12 +174,26 @@ fn interleaved(
 }
 
 /// The workloads of the per-operation section.
-const MODES: [&str; 5] = ["small", "mixed", "threads2", "churn-1t", "churn-2t"];
-/// The default rate, as (label, `ALLOCPROF_RATE`): the fast-path target's.
-pub(crate) const DEFAULT_RATE: (&str, &str) = ("512k (default)", "524288");
-/// The fast-path target: at the default rate, at most this times the
-/// plain backend's time.
+pub(crate) const MODES: [&str; 5] = ["small", "mixed", "threads2", "churn-1t", "churn-2t"];
+/// A rate of the per-operation section: (label, `ALLOCPROF_RATE`, or
+/// `None` for the variable unset: the default settings).
+pub(crate) type Rate = (&'static str, Option<&'static str>);
+/// The default settings, the fast-path target's: `ALLOCPROF_RATE` unset,
+/// so whatever the library does by default (its rate, and any default
+/// sample budget that applies only when the variable is unset) is measured.
+pub(crate) const DEFAULT_RATE: Rate = ("512k (default: ALLOCPROF_RATE unset)", None);
+/// The library's default rate in bytes (`DEFAULT_RATE`'s).
+pub(crate) const DEFAULT_RATE_BYTES: f64 = 524288.0;
+/// The fast-path target (issue 31): at the default rate, at most this
+/// times the plain backend's time.
 pub(crate) const FAST_PATH_TARGET: f64 = 1.02;
+/// The per-operation section's backends: (the sampling layer, its plain
+/// backend), as the rows name them.
+pub(crate) const BACKENDS: [(&str, &str); 3] = [
+    ("allocprof/glibc", "glibc (plain)"),
+    ("allocprof/mimalloc", "mimalloc (plain, vendored)"),
+    ("SamplingAllocator<System>", "System (plain)"),
+];
 
 /// The per-operation section's table head.
 pub(crate) const PER_OPERATION_HEAD: &str = "| workload | setup | R | ns/pair | vs plain backend | samples per 1M pairs |\n|---|---|---|---|---|---|";
@@ -197,7 +214,7 @@ pub(crate) struct Group {
 impl Group {
     /// Its rows of the per-operation table; `rates` as measured, `pairs`
     /// per run.
-    pub(crate) fn print(&self, rates: &[(&str, &str)], pairs: f64) {
+    pub(crate) fn print(&self, rates: &[Rate], pairs: f64) {
         let mode = self.mode;
         println!(
             "| {mode} | {} | - | {:.2} | 1 | |",
@@ -233,43 +250,43 @@ impl Group {
 /// measured.
 pub(crate) fn per_operation(
     p: &Programs,
-    rates: &[(&'static str, &'static str)],
+    rates: &[Rate],
     iters: &str,
     rounds: usize,
     mut each: impl FnMut(&Group),
 ) -> Result<Vec<Group>> {
     let mut groups = Vec::new();
     for mode in MODES {
+        let [gl, mi, sys] = BACKENDS;
         let backends = [
             (
-                setup("glibc (plain)", &p.exe, None, &[]),
+                setup(gl.1, &p.exe, None, &[]),
                 &p.exe,
                 Some(&p.lib_gl),
-                "allocprof/glibc",
+                gl.0,
             ),
             (
-                setup("mimalloc (plain, vendored)", &p.exe, Some(&p.plain_mi), &[]),
+                setup(mi.1, &p.exe, Some(&p.plain_mi), &[]),
                 &p.exe,
                 Some(&p.lib_mi),
-                "allocprof/mimalloc",
+                mi.0,
             ),
             (
-                setup("System (plain)", &p.rust_system, None, &[]),
+                setup(sys.1, &p.rust_system, None, &[]),
                 &p.rust_sampling,
                 None,
-                "SamplingAllocator<System>",
+                sys.0,
             ),
         ];
         for (reference, sampled_exe, lib, setup_name) in backends {
             let setups: Vec<Setup> = rates
                 .iter()
                 .map(|&(_, rate)| {
-                    setup(
-                        "allocprof",
-                        sampled_exe,
-                        lib.map(PathBuf::as_path),
-                        &[("ALLOCPROF_RATE", rate)],
-                    )
+                    let env: &[_] = match rate {
+                        Some(rate) => &[("ALLOCPROF_RATE", rate)],
+                        None => &[],
+                    };
+                    setup("allocprof", sampled_exe, lib.map(PathBuf::as_path), env)
                 })
                 .collect();
             let (base_ns, rows) = interleaved(&reference, &setups, mode, iters, rounds)?;
@@ -323,10 +340,10 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     println!("{PER_OPERATION_HEAD}");
     // `--fast-path`: the default rate alone, then the verdict and the end.
     let fast_path_only = args.iter().any(|a| a == "--fast-path");
-    let rates: &[(&'static str, &'static str)] = if fast_path_only {
+    let rates: &[Rate] = if fast_path_only {
         &[DEFAULT_RATE]
     } else {
-        &[("off", "0"), DEFAULT_RATE, ("64k", "65536")]
+        &[("off", Some("0")), DEFAULT_RATE, ("64k", Some("65536"))]
     };
     let pairs: f64 = iters.parse()?;
     let groups = per_operation(&programs, rates, iters, rounds, |g| g.print(rates, pairs))?;
@@ -523,25 +540,23 @@ fn instructions_per_pair(s: &Setup, mode: &str, quick: bool) -> Result<f64> {
 /// their contention).
 pub(crate) fn instructions(p: &Programs, quick: bool) -> Result<Vec<Instructions>> {
     let mut rows = Vec::new();
+    let [gl, mi, sys] = BACKENDS;
     for mode in MODES {
-        for (reference, plain, layer, setup_name) in [
+        for ((setup_name, reference), plain, layer) in [
             (
-                "glibc (plain)",
+                gl,
                 setup("glibc", &p.exe, None, &[]),
                 setup("allocprof", &p.exe, Some(&p.lib_gl), &[]),
-                "allocprof/glibc",
             ),
             (
-                "mimalloc (plain, vendored)",
+                mi,
                 setup("mimalloc", &p.exe, Some(&p.plain_mi), &[]),
                 setup("allocprof", &p.exe, Some(&p.lib_mi), &[]),
-                "allocprof/mimalloc",
             ),
             (
-                "System (plain)",
+                sys,
                 setup("System", &p.rust_system, None, &[]),
                 setup("allocprof", &p.rust_sampling, None, &[]),
-                "SamplingAllocator<System>",
             ),
         ] {
             rows.push(Instructions {
@@ -579,57 +594,95 @@ pub(crate) fn print_instructions(rows: &[Instructions]) {
 
 /// Block sizes of the big-block section, MiB.
 const BIG_MIB: [u64; 6] = [1, 2, 4, 8, 16, 64];
-/// The big-block target: at the default rate, at most this times the same
-/// library with sampling off.
-const BIG_TARGET: f64 = 1.05;
+/// The big-block target (issues 26 and 31): at the default settings, at
+/// most this times the plain backend.
+pub(crate) const BIG_TARGET: f64 = 1.05;
+
+/// One block size on one library in the big-block section.
+pub(crate) struct BigBlocks {
+    pub(crate) mib: u64,
+    /// The library, e.g. `allocprof/mimalloc`.
+    pub(crate) setup: &'static str,
+    /// Its plain backend, e.g. `mimalloc (plain, vendored)`.
+    pub(crate) reference: &'static str,
+    /// The plain backend's CPU ns per iteration (median).
+    pub(crate) plain_ns: f64,
+    /// The library with `ALLOCPROF_RATE=0`, against the plain backend.
+    pub(crate) off: Row,
+    /// The library at the default settings (`ALLOCPROF_RATE` unset),
+    /// against the plain backend.
+    pub(crate) on: Row,
+}
 
 /// Section (5): malloc + memset + free of big blocks, each library at the
-/// default rate against itself with `ALLOCPROF_RATE=0`, in interleaved
-/// rounds; about 2 GiB written per run (a quarter with `--quick`). CPU time
-/// (user + system, so page faults count) rather than wall time, which on a
-/// shared machine mostly measures the neighbours.
-fn big_blocks(p: &Programs, quick: bool) -> Result<()> {
+/// default settings and with `ALLOCPROF_RATE=0` against its plain backend
+/// (glibc; the vendored mimalloc built plain), in interleaved rounds;
+/// about 2 GiB written per run (a quarter with `--quick`). CPU time (user +
+/// system, so page faults count) rather than wall time, which on a shared
+/// machine mostly measures the neighbours.
+pub(crate) fn big_blocks(p: &Programs, quick: bool) -> Result<Vec<BigBlocks>> {
     let rounds = if quick { 5 } else { 11 };
     let bytes: u64 = if quick { 512 << 20 } else { 2 << 30 };
     println!(
-        "\n## Big blocks: malloc + memset + free, default rate vs ALLOCPROF_RATE=0 of the same library (median of {rounds} interleaved rounds, min-max of the per-round ratios)\n"
+        "\n## Big blocks: malloc + memset + free, each library at the default settings and with ALLOCPROF_RATE=0 against its plain backend (median of {rounds} interleaved rounds, min-max of the per-round ratios)\n"
     );
     println!(
-        "| block | setup | CPU ns/iteration off | CPU ns/iteration default R | ratio | samples per run |"
+        "| block | setup vs plain backend | CPU ns/iteration plain | ALLOCPROF_RATE=0 | default | RATE=0 vs plain | default vs plain | default vs RATE=0 (medians) | samples per run |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let [gl, mi, _] = BACKENDS;
+    let mut figures = Vec::new();
     let mut missed = Vec::new();
     for mib in BIG_MIB {
         let mode = format!("big-{mib}");
         let iters = (bytes / (mib << 20)).to_string();
-        for (name, lib) in [
-            ("allocprof/glibc", &p.lib_gl),
-            ("allocprof/mimalloc", &p.lib_mi),
-        ] {
+        for ((name, reference), plain_lib, lib) in
+            [(gl, None, &p.lib_gl), (mi, Some(&p.plain_mi), &p.lib_mi)]
+        {
+            let plain = setup(reference, &p.exe, plain_lib.map(PathBuf::as_path), &[]);
             let off = setup(name, &p.exe, Some(lib), &[("ALLOCPROF_RATE", "0")]);
             let on = setup(name, &p.exe, Some(lib), &[]);
-            let (base, rows) = interleaved(&off, &[on], &mode, &iters, rounds)?;
-            let r = &rows[0];
+            let (plain_ns, rows) = interleaved(&plain, &[off, on], &mode, &iters, rounds)?;
+            let [off, on] = <[Row; 2]>::try_from(rows)
+                .ok()
+                .expect("two setups, two rows");
             println!(
-                "| {mib} MiB | {name} | {base:.0} | {:.0} | {:.3} ({:.3}-{:.3}) | {} |",
-                r.ns, r.ratio, r.min, r.max, r.samples
+                "| {mib} MiB | {name} vs {reference} | {plain_ns:.0} | {:.0} | {:.0} | {:.3} ({:.3}-{:.3}) | {:.3} ({:.3}-{:.3}) | {:.3} | {} |",
+                off.ns,
+                on.ns,
+                off.ratio,
+                off.min,
+                off.max,
+                on.ratio,
+                on.min,
+                on.max,
+                on.ns / off.ns,
+                on.samples
             );
-            if r.ratio > BIG_TARGET {
-                missed.push(format!("{mib} MiB {name} {:.3}", r.ratio));
+            if on.ratio > BIG_TARGET {
+                missed.push(format!("{mib} MiB {name} {:.3}", on.ratio));
             }
+            figures.push(BigBlocks {
+                mib,
+                setup: name,
+                reference,
+                plain_ns,
+                off,
+                on,
+            });
         }
     }
     if missed.is_empty() {
         println!(
-            "\nTarget (big blocks <= 1.05x the same library with sampling off): met in every row."
+            "\nTarget (big blocks at the default settings <= {BIG_TARGET}x the plain backend): met in every row."
         );
     } else {
         println!(
-            "\nTarget (big blocks <= 1.05x the same library with sampling off) missed: {}",
+            "\nTarget (big blocks at the default settings <= {BIG_TARGET}x the plain backend) missed: {}",
             missed.join(", ")
         );
     }
-    Ok(())
+    Ok(figures)
 }
 
 /// `/proc/loadavg`'s 1, 5 and 15 minute figures: how busy the machine was.

@@ -52,7 +52,7 @@ pub struct Runner {
 }
 
 /// Variables of ours or of the peers that must not leak into a run.
-const CLEARED: &[&str] = &[
+pub(super) const CLEARED: &[&str] = &[
     "LD_PRELOAD",
     "ALLOCPROF_RATE",
     "MALLOC_CONF",
