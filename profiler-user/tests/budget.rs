@@ -188,9 +188,12 @@ fn huge_samples_under_a_huge_thin_factor_are_counted_in_full() {
 #[test]
 fn the_allocators_default_budget_keeps_a_busy_process_near_it_unbiased() {
     const DEFAULT_BUDGET: f64 = allocator::budget::DEFAULT_MAX_EVENT_RATE as f64;
-    // At the default rate (512 KiB), 39% of the 256 KiB blocks and 12% of
-    // the 64 KiB ones are sampled: hundreds of thousands a second.
-    const CHURN: u64 = 256 << 10;
+    // At the default rate (512 KiB), 12% of the 64 KiB blocks are sampled:
+    // hundreds of thousands a second. One size at both sites: every kept
+    // weight is then k·w of one w, which must not be read as `nsamples × R`
+    // (whose variance, R·bytes with R the smallest k·w, would understate
+    // the samples of a larger k).
+    const CHURN: u64 = 64 << 10;
     const KEEP: u64 = 64 << 10;
     common::require_bpf();
     let exe = common::compile_c("budget_sites.c", &[]);
@@ -224,6 +227,7 @@ fn the_allocators_default_budget_keeps_a_busy_process_near_it_unbiased() {
     eprintln!("{what}");
     assert_eq!(t.max_event_rate, Some(DEFAULT_BUDGET as u64), "{what}");
     assert_eq!(p.thinned_events, 0, "{what}");
+    assert_eq!(p.weight_form, WeightForm::InverseProbability, "{what}");
     // Far above the budget: most samples dropped before the probe.
     assert!(t.factor >= 4, "{what}");
     assert!(t.thinned as f64 > 10.0 * DEFAULT_BUDGET * seconds, "{what}");

@@ -7,7 +7,7 @@ use std::{
 };
 
 use foldhash::fast::RandomState;
-use profiler_common::{DROP_REASONS, DropReason, ProcCounters};
+use profiler_common::{DROP_REASONS, DropReason, ProcCounters, WeightForm};
 
 use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen};
 use crate::ids::Pid;
@@ -294,7 +294,19 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         names: &HashMap<u64, Arc<[Frame]>>,
     ) -> ProcessProfile {
         // The variance model is the process's: decided from all its weights.
-        let weight_form = proc.weight_form();
+        let weight_form = match proc.weight_form() {
+            // The allocator's budget counts a kept sample k·w (k a power of
+            // two): a process of one block size then has every weight a
+            // multiple of the smallest, which reads as `nsamples × R` with
+            // R the smallest k·w, and R·bytes would understate the samples
+            // of a larger k. Its library writes `size / p` weights only.
+            WeightForm::PointsTimesInterval { .. }
+                if image.alloc_thinning.is_some_and(|t| t.thinned > 0) =>
+            {
+                WeightForm::InverseProbability
+            }
+            form => form,
+        };
         // A kept sample stands for allocator factor × kernel factor.
         let thin_factor =
             proc.thin_factor.max(1) * image.alloc_thinning.map_or(1, |t| t.factor.max(1));
