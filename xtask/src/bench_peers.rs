@@ -292,6 +292,15 @@ fn calibrate(
         "peers: calibrating the rate for ≈ {:.0}k events/s",
         LOW_AIM / 1e3
     );
+    // The default rate's events/s without the allocator's default budget
+    // (which an explicit ALLOCPROF_RATE turns off, as in the setups this
+    // calibrates): what scales with the rate.
+    let unbudgeted = |s: &Setup| {
+        let mut s = s.clone();
+        s.env.push(("ALLOCPROF_MAX_EVENT_RATE", "0".into()));
+        s
+    };
+    let (unattached, attached) = (&unbudgeted(unattached), &unbudgeted(attached));
     let walls = (0..3)
         .map(|_| Ok(runner.once(churn, unattached)?.secs))
         .collect::<Result<Vec<f64>>>()?;

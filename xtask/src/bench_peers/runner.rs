@@ -29,6 +29,7 @@ pub enum Tool {
     Bpftrace,
 }
 
+#[derive(Clone)]
 pub struct Setup {
     pub name: &'static str,
     pub preload: Option<PathBuf>,
