@@ -623,6 +623,41 @@ mod tests {
     }
 
     #[test]
+    fn a_thinned_process_s_intervals_are_marked_and_the_thinning_said() {
+        let plain = render(&hand_made(), ReportOptions::default());
+        assert!(!plain.contains(THIN_MARK), "{plain}");
+        let mut profile = hand_made();
+        let p = &mut profile.processes[0];
+        p.alloc_thinning = Some(profiler_common::backend_stats::AllocatorThinning {
+            thinned: 123_456,
+            factor: 32,
+            max_event_rate: Some(10_000),
+        });
+        let label = inert(&p.label()).into_owned();
+        let text = render(&profile, ReportOptions::default());
+        // The header's total, the process's row and each of its stacks.
+        let marked = text.lines().filter(|l| l.contains(THIN_MARK)).count();
+        assert!(marked >= 3, "{text}");
+        assert!(text.lines().next().unwrap().contains(THIN_MARK), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{THIN_MARK} {label}: the allocator's sample budget (ALLOCPROF_MAX_EVENT_RATE = 10000/s) dropped 123456 sampled allocations since the process started"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("(1 in 32 now)"), "{text}");
+        // A budget that dropped nothing marks nothing.
+        profile.processes[0].alloc_thinning =
+            Some(profiler_common::backend_stats::AllocatorThinning {
+                thinned: 0,
+                factor: 1,
+                max_event_rate: Some(10_000),
+            });
+        let text = render(&profile, ReportOptions::default());
+        assert!(!text.contains(THIN_MARK), "{text}");
+    }
+
+    #[test]
     fn the_heap_from_before_attach_is_named_where_a_ledger_gave_it() {
         let mut profile = hand_made();
         profile.attached_at = Some(std::time::SystemTime::now());
