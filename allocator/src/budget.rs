@@ -26,13 +26,14 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use profiler_common::{MAX_WEIGHT, thin_factor_for, thin_step};
 
-/// Sampled allocations per second and process kept by default. At ≈ 2 µs of
-/// the process's CPU per kept sample attached, 10k/s is at most ≈ 2% of one
-/// core (the factor is a power of two: a steady rate keeps between half
+/// Sampled allocations per second and process kept by default. A kept
+/// sample (its alloc and its free) cost a 2-thread churn ≈ 5 µs of its CPU
+/// attached on the project's shared 2-core machine, so 5k/s is ≈ 2.5% of
+/// one core (the factor is a power of two: a steady rate keeps between half
 /// the budget and the budget; a burst's first window keeps a few times
-/// more); docs/benchmarks.md has the measurement (16k left the 2-thread
-/// churn at 1.07 attached).
-pub const DEFAULT_MAX_EVENT_RATE: u64 = 10_000;
+/// more). docs/benchmarks.md has the measurement: attached/unattached CPU
+/// 1.021 at 5k, 1.036 at 8k, 1.05 at 10k, 1.07 at 16k.
+pub const DEFAULT_MAX_EVENT_RATE: u64 = 5_000;
 
 /// A process's thinning window, in relaxed atomics (see the module doc).
 pub struct Window {
