@@ -18,7 +18,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering, fence};
 
-use profiler_common::backend_stats::{MAGIC, VERSION, WORDS, word};
+use profiler_common::backend_stats::{MAGIC, UNKNOWN, VERSION, WORDS, word};
 
 use crate::backend::Backend;
 
@@ -50,6 +50,8 @@ const fn word_init(i: usize) -> AtomicU64 {
     AtomicU64::new(match i {
         word::MAGIC => MAGIC,
         word::VERSION => VERSION,
+        word::ALLOC_THIN_FACTOR => 1,
+        word::ALLOC_MAX_EVENT_RATE => UNKNOWN,
         _ => 0,
     })
 }
@@ -67,7 +69,38 @@ static BLOCK: Block = Block([
     word_init(7),
     word_init(8),
     word_init(9),
+    word_init(10),
+    word_init(11),
+    word_init(12),
 ]);
+
+// The allocator's budget (`crate::budget`) writes its words on its own,
+// outside the sequence lock: a counter and two settings, each read alone.
+
+/// One more sampled allocation dropped by the budget.
+pub(crate) fn count_thinned() {
+    BLOCK.0[word::ALLOC_THINNED].fetch_add(1, Ordering::Relaxed);
+}
+
+/// The thinning factor now in force (written only when it changes, so the
+/// busy process's threads do not all write the line on every sample).
+pub(crate) fn publish_factor(factor: u64) {
+    let w = &BLOCK.0[word::ALLOC_THIN_FACTOR];
+    if w.load(Ordering::Relaxed) != factor {
+        w.store(factor, Ordering::Relaxed);
+    }
+}
+
+/// The budget the process read from its environment.
+pub(crate) fn publish_budget(per_second: u64) {
+    BLOCK.0[word::ALLOC_MAX_EVENT_RATE].store(per_second, Ordering::Relaxed);
+}
+
+/// A fork child's thinning starts afresh (its budget stays).
+pub(crate) fn reset_thinning() {
+    BLOCK.0[word::ALLOC_THINNED].store(0, Ordering::Relaxed);
+    BLOCK.0[word::ALLOC_THIN_FACTOR].store(1, Ordering::Relaxed);
+}
 
 /// After a sampled allocation or free: refresh the block if its wait is
 /// over and the backend has figures. Slow paths only.
@@ -145,7 +178,7 @@ fn snapshot() -> [u64; WORDS] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profiler_common::backend_stats::{self as layout, BACKEND_GLIBC, UNKNOWN};
+    use profiler_common::backend_stats::{self as layout, BACKEND_GLIBC, HEAD_WORDS};
 
     struct Fake;
     // SAFETY: never allocates; only `figures` is called.
@@ -182,7 +215,10 @@ mod tests {
     fn a_refresh_fills_a_block_the_reader_accepts_and_waits_its_interval() {
         refresh::<Fake>();
         let b = snapshot();
-        let f = layout::decode(&b, &b).unwrap();
+        let head: [u64; HEAD_WORDS] = b[..HEAD_WORDS].try_into().unwrap();
+        let f = layout::decode(&head, &head).unwrap();
+        assert_eq!(f.version, VERSION);
+        assert!(layout::decode_thinning(&b).is_some());
         assert_eq!(f.in_use, Some(3 << 18));
         assert_eq!(f.committed, None);
         // Right after, within the minimum interval, nothing is rewritten.

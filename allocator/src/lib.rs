@@ -2,6 +2,7 @@
 //!
 //! * [`sampler`]: pure per-byte Poisson sampling core (host-testable).
 //! * [`rate`]: `ALLOCPROF_RATE` parsing.
+//! * [`budget`]: the per-process sample budget (`ALLOCPROF_MAX_EVENT_RATE`).
 //! * [`thread_state`]: per-thread sampler in initial-exec TLS, slow path.
 //! * [`sample_region`]: reserved address range holding sampled blocks.
 //! * [`sampled`]: sampled-block lifecycle, probes, counters.
@@ -12,7 +13,8 @@
 //! * [`ledger`]: the live-sample ledger (every live sample's stack), read likewise.
 //! * [`errno`]: call-free errno access (free preserves errno).
 //! * `env`: the `ALLOCPROF_*` variables, also before libc set up `environ`.
-//! * `clock`: the monotonic clock of the published figures.
+//! * `clock`: the monotonic clock of the published figures (and the
+//!   budget's coarse one).
 #![cfg_attr(not(test), no_std)]
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
@@ -45,6 +47,7 @@ macro_rules! load_relaxed_direct {
 
 pub mod backend;
 pub mod backend_stats;
+pub mod budget;
 pub mod capi;
 mod clock;
 mod env;

@@ -124,6 +124,12 @@ impl Sampler {
         x as i64
     }
 
+    /// A uniform 64-bit draw of this sampler's generator (the budget's
+    /// keep-or-drop draw).
+    pub fn draw(&mut self) -> u64 {
+        splitmix64(&mut self.rng)
+    }
+
     /// Uniform in (0, 1]: never 0, so ln() stays finite.
     fn next_unit(&mut self) -> f64 {
         let bits = splitmix64(&mut self.rng) >> 11;

@@ -209,6 +209,11 @@ fn resolve_inner(size: usize) -> u64 {
 
         let pid = current_pid();
         let sampled = if (*st).initialised == 0 || (*st).pid != pid {
+            if (*st).initialised != 0 {
+                // A fork child (also one whose fork bypassed the atfork
+                // handlers): its budget's window and count start afresh.
+                crate::budget::forget_in_fork_child();
+            }
             let rate = rate::current();
             (*st).sampler = Sampler::new(seed(st as usize, pid), rate);
             (*st).pid = pid;
@@ -218,7 +223,9 @@ fn resolve_inner(size: usize) -> u64 {
             (*st).sampler.resolve()
         };
         let weight = if sampled {
-            sampler::weight(size as u64, (*st).sampler.rate())
+            let w = sampler::weight(size as u64, (*st).sampler.rate());
+            // The budget may drop it (0) or count it k times.
+            crate::budget::apply(w, (*st).sampler.draw())
         } else {
             0
         };
@@ -242,6 +249,8 @@ unsafe extern "C" fn rearm_in_fork_child() {
     // SAFETY: `st` is this (the only) thread's TLS block; a plain store, as
     // on the fast path.
     unsafe { (*st).sampler.remaining = 0 };
+    // A fresh budget window: relaxed stores, nothing that can block.
+    crate::budget::forget_in_fork_child();
 }
 
 /// Registers [`rearm_in_fork_child`] at load time (registration may take

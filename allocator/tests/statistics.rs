@@ -164,3 +164,71 @@ fn live_mixture_weights_are_unbiased_per_call_site_and_in_total() {
         "mean {mean_total} truth {total_truth}"
     );
 }
+
+/// The allocator's budget (`allocator::budget`): each sampled allocation
+/// kept 1 in the process's factor k (decided from the window before its own
+/// draw) and counted k·w. Over independent runs of a busy process (factor
+/// 8–32, rising and falling with bursts), the sum of kept weights is
+/// unbiased, and the per-sample variance `w'(w' − size)` the kernel sums
+/// (the Horvitz–Thompson term of inclusion probability p/k) matches the
+/// runs' empirical variance.
+#[test]
+fn thinned_weights_stay_unbiased_with_the_variance_the_kernel_sums() {
+    use allocator::budget::{Window, thin};
+    const RATE: u64 = 4096;
+    const BUDGET: u64 = 1000;
+    let sizes = [64u64, 64, 64, 200, 64, 64, 3000, 64];
+    let n = 400_000u64;
+    let truth: f64 = (0..n).map(|i| sizes[i as usize % sizes.len()] as f64).sum();
+    let runs = 200;
+    let (mut sum, mut sum2, mut var_est, mut kept, mut factors) = (0.0, 0.0, 0.0, 0u64, 0u64);
+    for run in 0..runs {
+        let mut s = Sampler::new(0xb0d9e7 + run, RATE);
+        let w = Window::new();
+        let (mut x, mut v) = (0.0, 0.0);
+        let mut now = 1_000u64;
+        for i in 0..n {
+            let size = sizes[i as usize % sizes.len()];
+            // Bursts: a quarter of the time 10× the allocation rate.
+            now += if (i / 50_000) % 4 == 1 { 100 } else { 1_000 };
+            if !s.should_sample(size as usize) {
+                continue;
+            }
+            let weight = weight(size, RATE);
+            let factor = w.step(now, BUDGET);
+            factors = factors.max(factor);
+            if let Some(wt) = thin(factor, weight, s.draw()) {
+                let wt = wt as f64;
+                x += wt;
+                v += wt * (wt - size as f64);
+                kept += 1;
+            }
+        }
+        sum += x;
+        sum2 += x * x;
+        var_est += v;
+    }
+    let runs = runs as f64;
+    let mean = sum / runs;
+    let var = (sum2 - sum * sum / runs) / (runs - 1.0);
+    let var_est = var_est / runs;
+    assert!(
+        factors >= 8,
+        "the budget never thinned much: factor {factors}"
+    );
+    assert!(kept as f64 / runs < 2.0 * BUDGET as f64, "{kept} kept");
+    // Mean within 4σ of the truth (σ of the mean of the runs).
+    let tol = Z * (var / runs).sqrt();
+    assert!(
+        (mean - truth).abs() <= tol,
+        "mean {mean} truth {truth} ± {tol}"
+    );
+    // The empirical variance of `runs` normal-ish sums has a relative
+    // standard error of √(2/(runs−1)) = 10%: 4 of them either side.
+    let rel = Z * (2.0 / (runs - 1.0)).sqrt();
+    assert!(
+        (var_est / var - 1.0).abs() <= rel,
+        "estimated variance {var_est}, empirical {var} (±{:.0}%)",
+        rel * 100.0
+    );
+}

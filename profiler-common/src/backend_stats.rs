@@ -24,8 +24,9 @@ pub const NOTE_TYPE: u32 = 1;
 
 /// First word of a block: `b"APBSTAT1"` read as a little-endian `u64`.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"APBSTAT1");
-/// Layout version this crate reads and writes.
-pub const VERSION: u64 = 1;
+/// Layout version this crate writes. Version 1 (no thinning words, the
+/// [`HEAD_WORDS`] only) is still read.
+pub const VERSION: u64 = 2;
 
 /// Word indices of the block.
 pub mod word {
@@ -47,11 +48,26 @@ pub mod word {
     pub const FREE: usize = 8;
     /// In blocks mapped on their own (huge allocations).
     pub const MMAPPED: usize = 9;
+    /// Version 2 on. Not under the sequence lock: each word is written on
+    /// its own (a counter and two settings), read as it is.
+    ///
+    /// Sampled allocations the allocator's budget dropped
+    /// (`ALLOCPROF_MAX_EVENT_RATE`), since the process started or forked.
+    pub const ALLOC_THINNED: usize = 10;
+    /// The allocator's thinning factor last in force (1 kept in it; 1: all).
+    pub const ALLOC_THIN_FACTOR: usize = 11;
+    /// The allocator's budget, sampled allocations per second (0: none;
+    /// [`super::UNKNOWN`] until the first sampled allocation read it).
+    pub const ALLOC_MAX_EVENT_RATE: usize = 12;
 }
-/// Words in a block.
-pub const WORDS: usize = 10;
-/// Bytes in a block.
+/// Words under the sequence lock, the whole of a version-1 block.
+pub const HEAD_WORDS: usize = 10;
+/// Words in a (version 2) block.
+pub const WORDS: usize = 13;
+/// Bytes in a (version 2) block.
 pub const BYTES: usize = WORDS * 8;
+/// Bytes in a version-1 block (libraries built before the budget).
+pub const HEAD_BYTES: usize = HEAD_WORDS * 8;
 
 /// A figure the backend does not keep (mimalloc's release build does not
 /// count bytes in use; glibc keeps none it gives cheaply).
@@ -70,6 +86,8 @@ pub const MAX_FIGURE: u64 = 1 << 47;
 /// The figures of a consistent block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BackendFigures {
+    /// The block's layout version (1 or 2).
+    pub version: u64,
     pub backend: u64,
     pub refreshed_ns: u64,
     pub reserved: Option<u64>,
@@ -97,15 +115,21 @@ pub enum BlockError {
     Implausible,
 }
 
-/// Decodes a block from two copies taken one after the other: they must
-/// agree on an even sequence number (else [`BlockError::Torn`]).
-pub fn decode(first: &[u64; WORDS], second: &[u64; WORDS]) -> Result<BackendFigures, BlockError> {
+/// Decodes a block's [`HEAD_WORDS`] from two copies taken one after the
+/// other: they must agree on an even sequence number (else
+/// [`BlockError::Torn`]). Versions 1 and 2 (whose further words
+/// [`decode_thinning`] reads).
+pub fn decode(
+    first: &[u64; HEAD_WORDS],
+    second: &[u64; HEAD_WORDS],
+) -> Result<BackendFigures, BlockError> {
     let b = first;
     if b[word::MAGIC] != MAGIC {
         return Err(BlockError::Magic);
     }
-    if b[word::VERSION] != VERSION {
-        return Err(BlockError::Version(b[word::VERSION]));
+    let version = b[word::VERSION];
+    if version != 1 && version != VERSION {
+        return Err(BlockError::Version(version));
     }
     let backend = b[word::BACKEND];
     if backend != BACKEND_MIMALLOC && backend != BACKEND_GLIBC {
@@ -124,6 +148,7 @@ pub fn decode(first: &[u64; WORDS], second: &[u64; WORDS]) -> Result<BackendFigu
         _ => Err(BlockError::Implausible),
     };
     let figures = BackendFigures {
+        version,
         backend,
         refreshed_ns: b[word::REFRESHED_NS],
         reserved: figure(word::RESERVED)?,
@@ -133,6 +158,43 @@ pub fn decode(first: &[u64; WORDS], second: &[u64; WORDS]) -> Result<BackendFigu
         mmapped: figure(word::MMAPPED)?,
     };
     Ok(figures)
+}
+
+/// The allocator's own thinning (its sample budget), from a version-2
+/// block's words past [`HEAD_WORDS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocatorThinning {
+    /// Sampled allocations dropped since the process started (or forked).
+    pub thinned: u64,
+    /// 1 sampled allocation kept in `factor` (a power of two; 1: all).
+    pub factor: u64,
+    /// The budget, sampled allocations per second (0: none); `None` before
+    /// the process's first sampled allocation.
+    pub max_event_rate: Option<u64>,
+}
+
+/// Reads the thinning words of a block of version 2 (`words`: the whole
+/// block). `None` for garbage: a factor that is not a power of two up to
+/// [`MAX_THIN_FACTOR`](crate::MAX_THIN_FACTOR), a count beyond 2^56.
+pub fn decode_thinning(words: &[u64; WORDS]) -> Option<AllocatorThinning> {
+    let factor = words[word::ALLOC_THIN_FACTOR];
+    if !factor.is_power_of_two() || factor > crate::MAX_THIN_FACTOR {
+        return None;
+    }
+    let thinned = words[word::ALLOC_THINNED];
+    if thinned > 1 << 56 {
+        return None;
+    }
+    let max_event_rate = match words[word::ALLOC_MAX_EVENT_RATE] {
+        UNKNOWN => None,
+        v if v <= 1 << 40 => Some(v),
+        _ => return None,
+    };
+    Some(AllocatorThinning {
+        thinned,
+        factor,
+        max_event_rate,
+    })
 }
 
 /// The backend's name, as reports show it.
@@ -148,8 +210,8 @@ pub fn backend_name(backend: u64) -> &'static str {
 mod tests {
     use super::*;
 
-    fn block() -> [u64; WORDS] {
-        let mut b = [0; WORDS];
+    fn block() -> [u64; HEAD_WORDS] {
+        let mut b = [0; HEAD_WORDS];
         b[word::MAGIC] = MAGIC;
         b[word::VERSION] = VERSION;
         b[word::BACKEND] = BACKEND_GLIBC;
@@ -173,6 +235,33 @@ mod tests {
     }
 
     #[test]
+    fn the_thinning_words_decode_and_garbage_is_refused() {
+        let mut w = [0; WORDS];
+        w[..HEAD_WORDS].copy_from_slice(&block());
+        w[word::ALLOC_THINNED] = 1234;
+        w[word::ALLOC_THIN_FACTOR] = 16;
+        w[word::ALLOC_MAX_EVENT_RATE] = 16_000;
+        let t = decode_thinning(&w).unwrap();
+        assert_eq!(
+            (t.thinned, t.factor, t.max_event_rate),
+            (1234, 16, Some(16_000))
+        );
+        w[word::ALLOC_MAX_EVENT_RATE] = UNKNOWN;
+        assert_eq!(decode_thinning(&w).unwrap().max_event_rate, None);
+        for (i, bad) in [
+            (word::ALLOC_THIN_FACTOR, 0),
+            (word::ALLOC_THIN_FACTOR, 12),
+            (word::ALLOC_THIN_FACTOR, crate::MAX_THIN_FACTOR * 2),
+            (word::ALLOC_THINNED, u64::MAX - 1),
+            (word::ALLOC_MAX_EVENT_RATE, u64::MAX - 1),
+        ] {
+            let mut g = w;
+            g[i] = bad;
+            assert_eq!(decode_thinning(&g), None, "word {i} = {bad}");
+        }
+    }
+
+    #[test]
     fn torn_odd_foreign_and_garbage_blocks_are_refused() {
         let b = block();
         let mut odd = b;
@@ -185,8 +274,11 @@ mod tests {
         magic[word::MAGIC] ^= 1;
         assert_eq!(decode(&magic, &magic), Err(BlockError::Magic));
         let mut version = b;
-        version[word::VERSION] = 2;
-        assert_eq!(decode(&version, &version), Err(BlockError::Version(2)));
+        version[word::VERSION] = 3;
+        assert_eq!(decode(&version, &version), Err(BlockError::Version(3)));
+        let mut v1 = b;
+        v1[word::VERSION] = 1;
+        assert_eq!(decode(&v1, &v1).map(|f| f.version), Ok(1));
         let mut backend = b;
         backend[word::BACKEND] = 7;
         assert_eq!(decode(&backend, &backend), Err(BlockError::Backend(7)));

@@ -178,3 +178,107 @@ fn huge_samples_under_a_huge_thin_factor_are_counted_in_full() {
     assert_eq!(p.lost_live_bytes, 0, "{what}");
     w.send("exit");
 }
+
+/// The allocator's own budget (`ALLOCPROF_MAX_EVENT_RATE`), at the default
+/// settings (neither variable set): a process sampling far more than the
+/// default budget keeps about the budget's worth a second, before the
+/// probe; allocprof reports the allocator's thinning next to the figures it
+/// widens; and the kept samples, each counted k times, estimate each site
+/// within 4σ of the truth the program counted.
+#[test]
+fn the_allocators_default_budget_keeps_a_busy_process_near_it_unbiased() {
+    const DEFAULT_BUDGET: f64 = allocator::budget::DEFAULT_MAX_EVENT_RATE as f64;
+    // At the default rate (512 KiB), 12% of the 64 KiB blocks are sampled:
+    // hundreds of thousands a second. One size at both sites: every kept
+    // weight is then k·w of one w, which must not be read as `nsamples × R`
+    // (whose variance, R·bytes with R the smallest k·w, would understate
+    // the samples of a larger k).
+    const CHURN: u64 = 64 << 10;
+    const KEEP: u64 = 64 << 10;
+    common::require_bpf();
+    let exe = common::compile_c("budget_sites.c", &[]);
+    let mut cmd = Command::new(exe);
+    cmd.args(["3", &CHURN.to_string(), &KEEP.to_string()])
+        .env("LD_PRELOAD", common::preload_library())
+        .env_remove("ALLOCPROF_RATE")
+        .env_remove("ALLOCPROF_MAX_EVENT_RATE");
+    let mut w = Proc::spawn(cmd);
+    common::wait_for_mapping(w.pid(), "liballocprof.so");
+    // No kernel back-pressure: all thinning is the allocator's.
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
+    w.send("go");
+    let line = w.line();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"ready"), "{line}");
+    let churned: f64 = fields[1].parse().unwrap();
+    let kept_blocks: f64 = fields[2].parse().unwrap();
+    let seconds: f64 = fields[3].parse().unwrap();
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+    let t = p
+        .alloc_thinning
+        .expect("the library's statistics block has the budget's words");
+    let seen = p.alloc_events as f64;
+    let what = format!(
+        "{churned} churned, {kept_blocks} kept in {seconds:.2} s: {seen} sampled allocations \
+         seen, {} dropped by the allocator (factor {}, budget {:?}), {} by the kernel",
+        t.thinned, t.factor, t.max_event_rate, p.thinned_events
+    );
+    eprintln!("{what}");
+    assert_eq!(t.max_event_rate, Some(DEFAULT_BUDGET as u64), "{what}");
+    assert_eq!(p.thinned_events, 0, "{what}");
+    assert_eq!(p.weight_form, WeightForm::InverseProbability, "{what}");
+    // Far above the budget: most samples dropped before the probe.
+    assert!(t.factor >= 4, "{what}");
+    assert!(t.thinned as f64 > 10.0 * DEFAULT_BUDGET * seconds, "{what}");
+    // What reached the probe: near the budget a second (between half of it
+    // and it in steady state, powers of two; the first windows ramp up).
+    let allowance = DEFAULT_BUDGET / 10.0;
+    assert!(
+        seen <= 1.5 * DEFAULT_BUDGET * seconds + 10.0 * allowance,
+        "{what}"
+    );
+    assert!(seen >= 0.25 * DEFAULT_BUDGET * seconds, "{what}");
+
+    // Each site within 4σ of the program's truth, σ from the interval the
+    // profile reports (which includes the thinning: w' = k·w).
+    let within = |est: f64, ci95: f64, truth: f64, name: &str| {
+        let sigma = ci95 / Z95;
+        assert!(
+            sigma > 0.0 && (est - truth).abs() <= 4.0 * sigma,
+            "{name}: {est} vs {truth} (σ {sigma}); {what}"
+        );
+    };
+    let keep = common::site(p, "keep_site");
+    within(
+        keep.live_bytes,
+        keep.live_ci95(),
+        kept_blocks * KEEP as f64,
+        "keep_site live",
+    );
+    let churn = common::site(p, "churn_site");
+    within(
+        churn.alloc_bytes,
+        churn.alloc_ci95(),
+        churned * CHURN as f64,
+        "churn_site allocated",
+    );
+    within(
+        churn.live_bytes,
+        churn.live_ci95().max(1.0),
+        0.0,
+        "churn_site live",
+    );
+    // A dropped sample fires no free probe either.
+    assert_eq!(
+        p.drops[profiler_common::DropReason::UnmatchedFree as usize],
+        0,
+        "{what}"
+    );
+    // Said next to the figures it widens.
+    let text = report::render(&profile, ReportOptions::default());
+    assert!(text.contains("the allocator's sample budget"), "{text}");
+    assert!(text.contains(report::THIN_MARK), "{text}");
+    assert!(p.thinned(), "{what}");
+    w.send("exit");
+}

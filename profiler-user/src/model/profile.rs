@@ -114,6 +114,12 @@ pub struct ProcessProfile {
     /// force (1 in `thin_factor` kept; 1: all).
     pub thinned_events: u64,
     pub thin_factor: u64,
+    /// The allocator's own sample budget (`ALLOCPROF_MAX_EVENT_RATE`,
+    /// thinned before the probe): what it dropped since the process started
+    /// (or forked), the factor last in force, read from its statistics
+    /// block (`liballocprof*.so` only; none for profiles read back from
+    /// files older than it).
+    pub alloc_thinning: Option<profiler_common::backend_stats::AllocatorThinning>,
     /// It ran before allocprof attached: its live figures are the bytes it
     /// allocated since, still live (what it held before is not seen).
     pub since_attach: bool,
@@ -144,6 +150,23 @@ pub struct ProcessProfile {
 }
 
 impl ProcessProfile {
+    /// Sampled allocations the allocator's budget dropped (0 without one).
+    pub fn alloc_thinned(&self) -> u64 {
+        self.alloc_thinning.map_or(0, |t| t.thinned)
+    }
+
+    /// Whether its samples were thinned, by the kernel's back-pressure or
+    /// the allocator's budget: its intervals are wider for it, and every
+    /// ± figure of it says so.
+    pub fn thinned(&self) -> bool {
+        self.thinned_events > 0 || self.alloc_thinned() > 0
+    }
+
+    /// The combined thinning factor in force (allocator × kernel; 1: none).
+    pub fn combined_thin_factor(&self) -> u64 {
+        self.thin_factor.max(1) * self.alloc_thinning.map_or(1, |t| t.factor.max(1))
+    }
+
     /// A process image from its stacks: sorted, totals summed, no event or
     /// drop counters (the caller sets those where it has them).
     pub fn from_stacks(
@@ -170,6 +193,7 @@ impl ProcessProfile {
             mmap_events: 0,
             thinned_events: 0,
             thin_factor: 1,
+            alloc_thinning: None,
             since_attach: false,
             ledger: None,
             resident: None,
@@ -408,6 +432,14 @@ impl ProcessProfile {
         self.mapped_bytes = self.mapped_bytes.wrapping_add(other.mapped_bytes);
         self.mmap_events += other.mmap_events;
         self.thinned_events += other.thinned_events;
+        self.alloc_thinning = match (self.alloc_thinning, other.alloc_thinning) {
+            (Some(a), Some(b)) => Some(profiler_common::backend_stats::AllocatorThinning {
+                thinned: a.thinned + b.thinned,
+                factor: a.factor.max(b.factor),
+                max_event_rate: a.max_event_rate.or(b.max_event_rate),
+            }),
+            (a, b) => a.or(b),
+        };
         self.since_attach |= other.since_attach;
     }
 }

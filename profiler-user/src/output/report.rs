@@ -6,7 +6,7 @@ use std::{fmt::Write, time::Duration};
 use profiler_common::{DropReason, WeightForm};
 
 use crate::{
-    model::profile::{ProcessState, Profile, StackProfile, is_loss},
+    model::profile::{ProcessProfile, ProcessState, Profile, StackProfile, is_loss},
     model::stats::{Totals, human_bytes, human_ci, human_count},
     output::inert::inert,
     symbolize::{Frame, FrameKind, is_library_frame, most_informative},
@@ -70,9 +70,14 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     } else {
         "estimated live heap".to_string()
     };
+    let mark = if profile.processes.iter().any(|p| p.thinned()) {
+        THIN_MARK
+    } else {
+        ""
+    };
     let _ = writeln!(
         out,
-        "allocprof: {} process{}, {:.1} s, {heap_label} {}{held}, {} sampled allocations{unwind}, {} dropped",
+        "allocprof: {} process{}, {:.1} s, {heap_label} {}{mark}{held}, {} sampled allocations{unwind}, {} dropped",
         profile.processes.len(),
         if profile.processes.len() == 1 {
             ""
@@ -162,7 +167,11 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             "  {:<28}{} {:>24} {:>10} {:>12} {:>9} {:>7} {:>9}  {:<18} {}",
             truncate(&inert(&p.label()), 28),
             parent(p.parent),
-            live_with_ci(p.totals.live_bytes, p.totals.live_ci95(), p.lost_live_bytes),
+            format!(
+                "{}{}",
+                live_with_ci(p.totals.live_bytes, p.totals.live_ci95(), p.lost_live_bytes),
+                thin_mark(p)
+            ),
             human_count(p.totals.live_objects),
             human_bytes(p.totals.alloc_bytes),
             p.totals.alloc_samples,
@@ -186,10 +195,24 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             human_bytes(p.mapped_bytes as f64),
         );
     }
+    for p in profile.processes.iter() {
+        let Some(t) = p.alloc_thinning.filter(|t| t.thinned > 0) else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "  {THIN_MARK} {}: the allocator's sample budget (ALLOCPROF_MAX_EVENT_RATE{}) dropped {} sampled allocations since the process started, the kept ones count for them (1 in {} now); estimates stay unbiased, intervals include it",
+            inert(&p.label()),
+            t.max_event_rate
+                .map_or_else(String::new, |r| format!(" = {r}/s")),
+            t.thinned,
+            t.factor,
+        );
+    }
     for p in profile.processes.iter().filter(|p| p.thinned_events > 0) {
         let _ = writeln!(
             out,
-            "  {}: back-pressure (--max-event-rate): {} of {} sampled allocations not walked, the kept ones count for them (1 in {} now); estimates stay unbiased, intervals include it",
+            "  {THIN_MARK} {}: back-pressure (--max-event-rate): {} of {} sampled allocations not walked, the kept ones count for them (1 in {} now); estimates stay unbiased, intervals include it",
             inert(&p.label()),
             p.thinned_events,
             p.alloc_events,
@@ -229,7 +252,14 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
     if profile.processes.len() > 1 {
         let merged = profile.merged_stacks();
         let _ = writeln!(out, "\nTOP STACKS, ALL PROCESSES MERGED");
-        stacks(&mut out, &merged, total, opts);
+        let any = profile.processes.iter().any(|p| p.thinned());
+        stacks(
+            &mut out,
+            &merged,
+            total,
+            opts,
+            if any { THIN_MARK } else { "" },
+        );
     }
     for p in &profile.processes {
         let _ = writeln!(
@@ -238,7 +268,7 @@ pub fn render(profile: &Profile, opts: ReportOptions) -> String {
             inert(&p.label()),
             p.state.describe()
         );
-        stacks(&mut out, &p.stacks, p.totals, opts);
+        stacks(&mut out, &p.stacks, p.totals, opts, thin_mark(p));
     }
     out
 }
@@ -303,7 +333,14 @@ fn python(out: &mut String, profile: &Profile) {
     }
 }
 
-fn stacks(out: &mut String, stacks: &[StackProfile], total: Totals, opts: ReportOptions) {
+/// `mark`: [`THIN_MARK`] after each interval when the samples were thinned.
+fn stacks(
+    out: &mut String,
+    stacks: &[StackProfile],
+    total: Totals,
+    opts: ReportOptions,
+    mark: &str,
+) {
     let _ = writeln!(
         out,
         "  {:>24} {:>6} {:>10} {:>12} {:>9} {:>6} {:>6}",
@@ -336,7 +373,10 @@ fn stacks(out: &mut String, stacks: &[StackProfile], total: Totals, opts: Report
         let _ = writeln!(
             out,
             "  {:>24} {:>6.1} {:>10} {:>12} {:>9} {:>6} {:>6}{before}",
-            with_ci(s.totals.live_bytes, s.totals.live_ci95()),
+            format!(
+                "{}{mark}",
+                with_ci(s.totals.live_bytes, s.totals.live_ci95())
+            ),
             share,
             human_count(s.totals.live_objects),
             human_bytes(s.totals.alloc_bytes),
@@ -400,6 +440,15 @@ fn frame_line(f: &Frame) -> String {
         Some(loc) => format!("{function}{inlined}  {}", inert(loc)),
         None => format!("{function}{inlined}"),
     }
+}
+
+/// After the ± figures of a process whose samples were thinned (the
+/// allocator's budget or the kernel's back-pressure): a footnote under the
+/// process table says by how much.
+pub const THIN_MARK: &str = "†";
+
+fn thin_mark(p: &ProcessProfile) -> &'static str {
+    if p.thinned() { THIN_MARK } else { "" }
 }
 
 fn with_ci(value: f64, ci: f64) -> String {
@@ -571,6 +620,41 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("live (since attach)"), "{text}");
+    }
+
+    #[test]
+    fn a_thinned_process_s_intervals_are_marked_and_the_thinning_said() {
+        let plain = render(&hand_made(), ReportOptions::default());
+        assert!(!plain.contains(THIN_MARK), "{plain}");
+        let mut profile = hand_made();
+        let p = &mut profile.processes[0];
+        p.alloc_thinning = Some(profiler_common::backend_stats::AllocatorThinning {
+            thinned: 123_456,
+            factor: 32,
+            max_event_rate: Some(10_000),
+        });
+        let label = inert(&p.label()).into_owned();
+        let text = render(&profile, ReportOptions::default());
+        // The header's total, the process's row and each of its stacks.
+        let marked = text.lines().filter(|l| l.contains(THIN_MARK)).count();
+        assert!(marked >= 3, "{text}");
+        assert!(text.lines().next().unwrap().contains(THIN_MARK), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{THIN_MARK} {label}: the allocator's sample budget (ALLOCPROF_MAX_EVENT_RATE = 10000/s) dropped 123456 sampled allocations since the process started"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("(1 in 32 now)"), "{text}");
+        // A budget that dropped nothing marks nothing.
+        profile.processes[0].alloc_thinning =
+            Some(profiler_common::backend_stats::AllocatorThinning {
+                thinned: 0,
+                factor: 1,
+                max_event_rate: Some(10_000),
+            });
+        let text = render(&profile, ReportOptions::default());
+        assert!(!text.contains(THIN_MARK), "{text}");
     }
 
     #[test]

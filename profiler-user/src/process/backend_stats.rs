@@ -10,7 +10,9 @@
 
 use std::time::Duration;
 
-use profiler_common::backend_stats::{self as layout, BackendFigures, BlockError, WORDS};
+use profiler_common::backend_stats::{
+    self as layout, AllocatorThinning, BackendFigures, BlockError, HEAD_WORDS, WORDS,
+};
 use thiserror::Error;
 
 use crate::model::stats::human_bytes;
@@ -35,6 +37,10 @@ pub struct BackendHeap {
     /// Since the library last refreshed the figures (it does so after a
     /// sampled allocation, a few times a second at most).
     pub age: Duration,
+    /// The allocator's own sample budget (`ALLOCPROF_MAX_EVENT_RATE`) as of
+    /// now: sampled allocations it dropped since the process started, the
+    /// factor in force. None from a library older than the budget.
+    pub thinning: Option<AllocatorThinning>,
 }
 
 impl BackendHeap {
@@ -87,8 +93,9 @@ pub enum ReadError {
 
 /// Where the block lies in a process: `offset` is its place in `file`,
 /// mapped by a writable (data) mapping of that file. None if unmapped.
+/// (Its first [`layout::HEAD_BYTES`]: a version-1 block is no longer.)
 pub fn block_address(maps: &[MapsEntry], file: FileId, offset: u64) -> Option<u64> {
-    data_address(maps, file, offset, layout::BYTES as u64)
+    data_address(maps, file, offset, layout::HEAD_BYTES as u64)
 }
 
 /// Where `len` bytes at `offset` of `file` lie in a process, all inside one
@@ -111,8 +118,8 @@ pub fn read(
     now_monotonic_ns: u64,
 ) -> Result<BackendHeap, ReadError> {
     let mut last = BlockError::Torn;
-    let copy = || -> Result<[u64; WORDS], ReadError> {
-        let words = mem.read_words(thread, address, WORDS)?;
+    let copy = || -> Result<[u64; HEAD_WORDS], ReadError> {
+        let words = mem.read_words(thread, address, HEAD_WORDS)?;
         // The block is little-endian words, as this (x86-64) host.
         Ok(words.try_into().expect("block words"))
     };
@@ -120,7 +127,14 @@ pub fn read(
         let first = copy()?;
         let second = copy()?;
         match layout::decode(&first, &second) {
-            Ok(f) => return Ok(heap(f, now_monotonic_ns)),
+            Ok(f) => {
+                // The budget's words are each written alone: one copy.
+                let thinning = (f.version >= 2)
+                    .then(|| mem.read_words(thread, address, WORDS).ok())
+                    .flatten()
+                    .and_then(|w| layout::decode_thinning(&w.try_into().ok()?));
+                return Ok(heap(f, now_monotonic_ns, thinning));
+            }
             Err(BlockError::Torn) => {
                 last = BlockError::Torn;
                 std::thread::yield_now();
@@ -131,7 +145,7 @@ pub fn read(
     Err(ReadError::Block(last))
 }
 
-fn heap(f: BackendFigures, now_ns: u64) -> BackendHeap {
+fn heap(f: BackendFigures, now_ns: u64, thinning: Option<AllocatorThinning>) -> BackendHeap {
     BackendHeap {
         backend: layout::backend_name(f.backend),
         reserved: f.reserved,
@@ -141,6 +155,7 @@ fn heap(f: BackendFigures, now_ns: u64) -> BackendHeap {
         mmapped: f.mmapped,
         // A clock ahead of ours (another time namespace) reads as fresh.
         age: Duration::from_nanos(now_ns.saturating_sub(f.refreshed_ns)),
+        thinning,
     }
 }
 
@@ -199,6 +214,24 @@ mod tests {
             h.describe(),
             "mimalloc: reserved 64.0 MiB, committed 8.0 MiB (as of 2.0 s ago)"
         );
+        // Version 2: the budget's words, read alone (factor 0 is garbage).
+        assert_eq!(h.thinning, None);
+        block[word::ALLOC_THIN_FACTOR] = 32;
+        block[word::ALLOC_THINNED] = 777;
+        block[word::ALLOC_MAX_EVENT_RATE] = 16_000;
+        let addr = std::hint::black_box(block.as_ptr()) as u64;
+        let t = read(&mem, me, addr, 7_000_000_000)
+            .unwrap()
+            .thinning
+            .unwrap();
+        assert_eq!(
+            (t.thinned, t.factor, t.max_event_rate),
+            (777, 32, Some(16_000))
+        );
+        // A version-1 block (an older library): no thinning words read.
+        block[word::VERSION] = 1;
+        let addr = std::hint::black_box(block.as_ptr()) as u64;
+        assert_eq!(read(&mem, me, addr, 7_000_000_000).unwrap().thinning, None);
         // glibc's block names the backend and no figure.
         let glibc = BackendHeap {
             backend: "glibc",
@@ -208,6 +241,7 @@ mod tests {
             free: None,
             mmapped: None,
             age: Duration::ZERO,
+            thinning: None,
         };
         assert!(
             glibc.describe().starts_with("glibc: figures unknown"),

@@ -42,6 +42,8 @@ pub(super) struct Frozen {
     pub build_ids: Option<Arc<crate::model::profile::BuildIds>>,
     /// Its CPython, if it ran one.
     pub python: Option<crate::python::runtime::PythonRuntime>,
+    /// The allocator's budget as last read while it ran.
+    pub alloc_thinning: Option<profiler_common::backend_stats::AllocatorThinning>,
     pub proc: ProcCounters,
     pub stacks: Vec<(u64, Totals)>,
     /// Its stacks' names, and those still at the symbolizer.
@@ -325,6 +327,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 resource,
                 build_ids,
                 python: tracked.image.python_runtime,
+                alloc_thinning: tracked.image.alloc_thinning,
                 parent: tracked.parent,
                 since_attach,
                 ledger,

@@ -173,6 +173,8 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     ambiguous: HashSet<crate::ids::HostPid>,
     /// When the live samples were last read, and the ages they gave.
     live_read_at: Option<Instant>,
+    /// When the allocators' budgets were last read (`read_thinning`).
+    thinning_read_at: Option<Instant>,
     ages: HashMap<profiler_common::AggKey, crate::model::age::StackAges>,
     /// When the session attached: clock ticks since boot, and wall time.
     attach_ticks: u64,
@@ -289,6 +291,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             probe_ids: HashSet::new(),
             ambiguous: HashSet::new(),
             live_read_at: None,
+            thinning_read_at: None,
             ages: HashMap::new(),
             attach_ticks: boot_ticks_now(),
             attached_at: SystemTime::now(),
@@ -384,6 +387,29 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         Ok(self.build(&snapshot))
     }
 
+    /// The allocator's budget of each followed process, read from its
+    /// statistics block about once a second, also in the headless modes,
+    /// which build a profile only at the end: a process that exits before
+    /// it keeps what was read last (its report still says what its
+    /// allocator dropped, up to the last second). One bounded
+    /// `process_vm_readv` per process with a block; none without.
+    fn read_thinning(&mut self) {
+        if self
+            .thinning_read_at
+            .is_some_and(|at| at.elapsed() < THINNING_READ_INTERVAL)
+        {
+            return;
+        }
+        self.thinning_read_at = Some(Instant::now());
+        let processes = &self.processes;
+        for (&pid, tracked) in &mut self.tracked {
+            let block = &mut tracked.image.backend_block;
+            if let Some(t) = processes.backend_heap(pid, block).and_then(|b| b.thinning) {
+                tracked.image.alloc_thinning = Some(t);
+            }
+        }
+    }
+
     /// One reading of the kernel's maps: events, new processes, ledgers,
     /// seeds and symbol requests; `for_profile` when a profile is built
     /// from it.
@@ -410,6 +436,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.check_all_seeds();
         }
         self.add_seeds(&mut snapshot);
+        self.read_thinning();
         if complete {
             // A stack walked while its files' tables were compiling waits
             // for them (`vouch_for`): a complete profile names it.
@@ -584,6 +611,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 /// How often the live samples are read for their ages (without
 /// `--min-age`).
 const LIVE_READ_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How often each followed process's allocator budget is read from its
+/// statistics block between profiles (`Session::read_thinning`).
+const THINNING_READ_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Clock ticks since boot now (`CLOCK_BOOTTIME` in the unit of
 /// `/proc/PID/stat`'s `starttime`).

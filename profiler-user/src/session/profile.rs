@@ -7,7 +7,7 @@ use std::{
 };
 
 use foldhash::fast::RandomState;
-use profiler_common::{DROP_REASONS, DropReason, ProcCounters};
+use profiler_common::{DROP_REASONS, DropReason, ProcCounters, WeightForm};
 
 use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen};
 use crate::ids::Pid;
@@ -32,6 +32,8 @@ struct Image {
     ledger: Option<crate::process::ledger::LedgerStatus>,
     /// What its backend allocator says (a live image's).
     backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    /// Its allocator's budget, as last read (a gone image's too).
+    alloc_thinning: Option<profiler_common::backend_stats::AllocatorThinning>,
     resource: Option<Arc<ProcessResource>>,
     build_ids: Option<Arc<BuildIds>>,
     /// Its parent (`--pid`'s trees).
@@ -221,11 +223,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
             let block = &mut tracked.image.backend_block;
             let backend_heap = self.processes.backend_heap(key.pid, block);
+            if let Some(t) = backend_heap.and_then(|b| b.thinning) {
+                tracked.image.alloc_thinning = Some(t);
+            }
+            let alloc_thinning = tracked.image.alloc_thinning;
             let build_ids = tracked.image.build_ids.clone();
             let python = tracked.image.python_runtime;
             let image = Image {
                 python,
                 backend_heap,
+                alloc_thinning,
                 resource,
                 build_ids,
                 parent: self.parent_of(key.pid),
@@ -271,6 +278,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             since_attach: f.since_attach,
             ledger: f.ledger,
             backend_heap: None,
+            alloc_thinning: f.alloc_thinning,
             resource: f.resource.clone(),
             build_ids: f.build_ids.clone(),
         };
@@ -286,7 +294,22 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         names: &HashMap<u64, Arc<[Frame]>>,
     ) -> ProcessProfile {
         // The variance model is the process's: decided from all its weights.
-        let weight_form = proc.weight_form();
+        let weight_form = match proc.weight_form() {
+            // The allocator's budget counts a kept sample k·w (k a power of
+            // two): a process of one block size then has every weight a
+            // multiple of the smallest, which reads as `nsamples × R` with
+            // R the smallest k·w, and R·bytes would understate the samples
+            // of a larger k. Its library writes `size / p` weights only.
+            WeightForm::PointsTimesInterval { .. }
+                if image.alloc_thinning.is_some_and(|t| t.thinned > 0) =>
+            {
+                WeightForm::InverseProbability
+            }
+            form => form,
+        };
+        // A kept sample stands for allocator factor × kernel factor.
+        let thin_factor =
+            proc.thin_factor.max(1) * image.alloc_thinning.map_or(1, |t| t.factor.max(1));
         // A stack seen both in the ledger (before attach) and by the kernel
         // is one stack: the same frames once the allocator's are removed.
         // foldhash: each key hashes every frame's names, and SipHash over
@@ -295,7 +318,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         for (id, totals) in stacks {
             *merged
                 .entry(super::symbols::frames(names, *id))
-                .or_default() += totals.with_weight_form(weight_form, image.rate, proc.thin_factor);
+                .or_default() += totals.with_weight_form(weight_form, image.rate, thin_factor);
         }
         let stacks: Vec<StackProfile> = merged
             .into_iter()
@@ -314,6 +337,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             mmap_events: proc.mmap_events,
             thinned_events: proc.thinned_events,
             thin_factor: proc.thin_factor.max(1),
+            alloc_thinning: image.alloc_thinning,
             resident: if image.state == ProcessState::Live {
                 self.processes.resident(key.pid)
             } else {

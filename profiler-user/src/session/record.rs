@@ -90,6 +90,9 @@ pub(super) struct ImageState {
     pub ledger: Option<LedgerImage>,
     /// Where its backend-statistics block is (found at the first read).
     pub backend_block: BackendBlock,
+    /// The allocator's budget as last read from that block: kept for the
+    /// image's profile once it is gone.
+    pub alloc_thinning: Option<profiler_common::backend_stats::AllocatorThinning>,
     /// The Python code objects its stacks name (a CPython process).
     pub python_code: crate::python::cache::CodeCache,
     /// Its CPython and what serves its objects, once recognised.

@@ -55,6 +55,7 @@ pub struct Runner {
 pub(super) const CLEARED: &[&str] = &[
     "LD_PRELOAD",
     "ALLOCPROF_RATE",
+    "ALLOCPROF_MAX_EVENT_RATE",
     "MALLOC_CONF",
     "TCMALLOC_SAMPLE_PARAMETER",
     "PYTHONMALLOC",

@@ -119,6 +119,21 @@ pub struct Process {
     pub thinned_events: u64,
     #[serde(default = "one")]
     pub thin_factor: u64,
+    /// The allocator's sample budget (`ALLOCPROF_MAX_EVENT_RATE`, thinned
+    /// before the probe): sampled allocations it dropped since the process
+    /// started (the kept ones count for them), the factor last in force,
+    /// and the budget (sampled allocations per second; null where unknown).
+    /// 0, 1 and null without it (added within version 3).
+    #[serde(default)]
+    pub alloc_thinned_events: u64,
+    #[serde(default = "one")]
+    pub alloc_thin_factor: u64,
+    #[serde(default)]
+    pub alloc_max_event_rate: Option<u64>,
+    /// Its samples were thinned (by the allocator's budget or the kernel's
+    /// back-pressure): its `*_ci95` are wider for it (added within version 3).
+    #[serde(default)]
+    pub thinned: bool,
     /// What the running process had resident (`/proc/PID/status`), to set
     /// the heap against; null for gone processes (added within version 2).
     #[serde(default)]
@@ -359,6 +374,10 @@ pub fn report(profile: &Profile) -> Report {
             since_attach: p.since_attach,
             thinned_events: p.thinned_events,
             thin_factor: p.thin_factor,
+            alloc_thinned_events: p.alloc_thinned(),
+            alloc_thin_factor: p.alloc_thinning.map_or(1, |t| t.factor),
+            alloc_max_event_rate: p.alloc_thinning.and_then(|t| t.max_event_rate),
+            thinned: p.thinned(),
             resident: p.resident.map(|r| ResidentBytes {
                 anon_bytes: r.anon,
                 file_bytes: r.file,

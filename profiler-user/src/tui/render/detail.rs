@@ -181,6 +181,15 @@ pub(super) fn short_path(path: &str) -> String {
     }
 }
 
+/// After a thinned process's intervals: by how much (both thinnings).
+fn thinned_mark(p: &ProcessProfile) -> String {
+    if p.thinned() {
+        format!(" (thinned 1 in {})", p.combined_thin_factor())
+    } else {
+        String::new()
+    }
+}
+
 fn process_detail(p: &ProcessProfile, attached: Option<&str>) -> Vec<Line<'static>> {
     let t: &Totals = &p.totals;
     let mut lines = vec![
@@ -211,12 +220,14 @@ fn process_detail(p: &ProcessProfile, attached: Option<&str>) -> Vec<Line<'stati
             Span::raw("live "),
             Span::styled(human_bytes(t.live_bytes), BOLD),
             Span::styled(interval(t.live_bytes, t.live_ci95()), DIM),
+            Span::styled(thinned_mark(p), DIM),
             Span::raw(format!(" in {} objects", human_count(t.live_objects))),
         ]),
         Line::from(format!(
-            "allocated {}{} since attach ({} samples, {} still live)",
+            "allocated {}{}{} since attach ({} samples, {} still live)",
             human_bytes(t.alloc_bytes),
             interval(t.alloc_bytes, t.alloc_ci95()),
+            thinned_mark(p),
             human_count(t.alloc_samples as f64),
             human_count(t.live_samples as f64)
         )),
@@ -260,6 +271,15 @@ fn process_detail(p: &ProcessProfile, attached: Option<&str>) -> Vec<Line<'stati
             human_bytes(t.before_attach_bytes),
             human_count(l.seeded as f64),
             human_count(l.retired as f64),
+        )));
+    }
+    if let Some(t) = p.alloc_thinning.filter(|t| t.thinned > 0) {
+        lines.push(Line::from(format!(
+            "allocator's sample budget{}: {} sampled allocations dropped since the process started, counted by the kept ones (1 in {} now)",
+            t.max_event_rate
+                .map_or_else(String::new, |r| format!(" ({r}/s)")),
+            human_count(t.thinned as f64),
+            t.factor
         )));
     }
     if p.thinned_events > 0 {

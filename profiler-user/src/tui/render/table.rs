@@ -33,7 +33,19 @@ fn cell_spans(column: Column, row: &Row) -> Vec<Span<'static>> {
         })],
         Column::Live => vec![
             Span::raw(human_bytes(row.totals.live_bytes)),
-            Span::styled(interval(row.totals.live_bytes, row.totals.live_ci95()), DIM),
+            Span::styled(
+                format!(
+                    "{}{}",
+                    interval(row.totals.live_bytes, row.totals.live_ci95()),
+                    // Thinned samples: the detail pane says by how much.
+                    if row.process.as_ref().is_some_and(|p| p.thinned.is_some()) {
+                        allocprof::output::report::THIN_MARK
+                    } else {
+                        ""
+                    }
+                ),
+                DIM,
+            ),
         ],
         Column::Old => vec![if row.totals.ages.over_old > 0.0 {
             Span::raw(human_bytes(row.totals.ages.over_old))

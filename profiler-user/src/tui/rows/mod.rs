@@ -124,6 +124,9 @@ pub struct ProcessInfo {
     pub state: ProcessState,
     /// What it has resident (running processes).
     pub resident: Option<allocprof::process::discover::Resident>,
+    /// The combined thinning factor when its samples were thinned (the
+    /// allocator's budget, the kernel's back-pressure): its ± is marked.
+    pub thinned: Option<u64>,
 }
 
 /// The profiles a set of rows is computed from.
@@ -395,6 +398,7 @@ pub fn process_rows(inputs: Inputs<'_>) -> Vec<Row> {
                 name: inert(&p.name).into_owned(),
                 state: p.state,
                 resident: p.resident,
+                thinned: p.thinned().then(|| p.combined_thin_factor()),
             }),
             gone: gone(p),
             tree: None,

@@ -64,6 +64,7 @@ pub fn process(pid: u32, name: &str, stacks: &[(&[&str], f64, f64)]) -> ProcessP
         mmap_events: 0,
         thinned_events: 0,
         thin_factor: 1,
+        alloc_thinning: None,
         since_attach: false,
         ledger: None,
         resident: None,

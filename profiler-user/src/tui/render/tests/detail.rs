@@ -182,6 +182,27 @@ fn a_deep_stack_says_how_many_frames_are_not_shown_and_scrolls() {
 }
 
 #[test]
+fn a_thinned_process_s_intervals_say_so_in_the_detail_and_the_table() {
+    let mut app = App::new(options());
+    let mut profile = sample(0);
+    profile.processes[0].alloc_thinning = Some(profiler_common::backend_stats::AllocatorThinning {
+        thinned: 54_321,
+        factor: 16,
+        max_event_rate: Some(10_000),
+    });
+    app.update(AppEvent::Profile(profile));
+    press(&mut app, KeyCode::Tab); // the processes, the first selected
+    let (wide, _) = screen(&mut app, 160, 48);
+    assert!(wide.contains("(thinned 1 in 16)"), "{wide}");
+    assert!(
+        wide.contains("allocator's sample budget (10000/s): 54.3k sampled allocations dropped"),
+        "{wide}"
+    );
+    let row = wide.lines().find(|l| l.contains("▶ server")).unwrap();
+    assert!(row.contains(allocprof::output::report::THIN_MARK), "{wide}");
+}
+
+#[test]
 fn the_process_detail_sets_the_heap_against_resident_memory() {
     let mut app = App::new(options());
     let mut profile = sample(0);
@@ -198,6 +219,7 @@ fn the_process_detail_sets_the_heap_against_resident_memory() {
         free: Some(40 << 20),
         mmapped: Some(0),
         age: std::time::Duration::from_millis(400),
+        thinning: None,
     });
     app.update(AppEvent::Profile(profile));
     press(&mut app, KeyCode::Tab); // the processes, the first selected
