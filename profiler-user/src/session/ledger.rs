@@ -134,10 +134,12 @@ impl LedgerImage {
                 let s = &seed.sample;
                 let d = s.delta();
                 let agg = aggs.entry(s.stack_id).or_default();
-                agg.live_bytes += d.bytes;
-                agg.live_objects += d.objects;
-                agg.live_var += d.var;
-                agg.live_samples += 1;
+                // A forged ledger's records can overflow the sums (the
+                // kernel's counters wrap; here they saturate, never panic).
+                agg.live_bytes = agg.live_bytes.saturating_add(d.bytes);
+                agg.live_objects = agg.live_objects.saturating_add(d.objects);
+                agg.live_var = agg.live_var.saturating_add(d.var);
+                agg.live_samples = agg.live_samples.saturating_add(1);
             }
             aggs.into_iter().collect()
         })
