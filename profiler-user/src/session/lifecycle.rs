@@ -285,7 +285,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         // Their stacks are normalized now, with the files they mapped; the
         // requests keep those files open until symbolized.
-        self.request_symbols_where(snapshot, is_gone, false);
+        self.request_symbols_where(snapshot, is_gone, false, &mut HashSet::new());
         for (key, stacks) in images {
             let exited = gone.get(&key.pid).is_some_and(Option::is_none);
             // Counters are per pid: the image's are those since the last

@@ -201,6 +201,9 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     oom_recorder: Option<OomRecorder>,
     /// `--min-age`: live figures count samples live at least this long.
     min_age: Duration,
+    /// How long a process's backend statistics, once read, are shown as
+    /// they were (zero: read at every profile).
+    backend_stats_every: Duration,
     /// Unwind tables of the files processes map executable.
     unwind: UnwindTables,
     /// The caps seeds share with the kernel (see `ledger.rs`).
@@ -215,6 +218,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     build_ids: crate::symbolize::Shared<crate::model::profile::BuildIds>,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
     pub warnings: Vec<String>,
+    /// How many aggregates symbol requests looked at (for the tests: a
+    /// tick looks only at the processes that may have new stacks).
+    #[cfg(test)]
+    looked_at: usize,
 }
 
 impl Session {
@@ -277,6 +284,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut session = Session {
             unwind,
             min_age: Duration::ZERO,
+            backend_stats_every: Duration::ZERO,
             oom_recorder: None,
             kernel,
             processes,
@@ -309,6 +317,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             stacks: Default::default(),
             build_ids: Default::default(),
             warnings: Vec::new(),
+            #[cfg(test)]
+            looked_at: 0,
         };
         match target {
             Target::Pids(pids) | Target::Trees(pids) => {
@@ -407,8 +417,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         if with_live {
             self.check_all_seeds();
         }
-        self.add_seeds(&mut snapshot);
-        self.request_symbols(&snapshot);
+        // Only the processes whose stacks may have changed are looked at
+        // for new ones; a tick, which builds nothing, adds only their seeds.
+        let visits = self.visits(&snapshot);
+        let quiet = self.quiet(&visits);
+        if for_profile {
+            self.add_seeds(&mut snapshot);
+        } else {
+            self.add_seeds_of(&mut snapshot, |pid| !quiet.contains(&pid));
+        }
+        self.request_symbols(&snapshot, visits, &quiet);
         if complete {
             // Stacks new since the last refresh too (a churn keeps making
             // them).
@@ -490,6 +508,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// at least `age` ago (`--min-age`); zero counts all.
     pub fn set_min_age(&mut self, age: Duration) {
         self.min_age = age;
+    }
+
+    /// Each process's backend statistics (`BackendHeap`) are read again
+    /// only once `every` has passed since their last read: the agent's
+    /// exports do not carry them, and reading 500 processes' through their
+    /// memory at each export was a tenth of its CPU. Zero (the default)
+    /// reads them for every profile.
+    pub fn set_backend_stats_every(&mut self, every: Duration) {
+        self.backend_stats_every = every;
     }
 
     /// Whether stacks get names or stay addresses ([`Symbolization`]); to

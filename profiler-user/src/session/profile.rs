@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
+    time::Instant,
 };
 
 use foldhash::fast::RandomState;
@@ -219,8 +220,15 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let resource = self.resource(key.pid);
             self.incarnation(key.pid);
             let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
-            let block = &mut tracked.image.backend_block;
-            let backend_heap = self.processes.backend_heap(key.pid, block);
+            let backend_heap = match tracked.image.backend_read {
+                Some((at, heap)) if at.elapsed() < self.backend_stats_every => heap,
+                _ => {
+                    let block = &mut tracked.image.backend_block;
+                    let heap = self.processes.backend_heap(key.pid, block);
+                    tracked.image.backend_read = Some((Instant::now(), heap));
+                    heap
+                }
+            };
             let build_ids = tracked.image.build_ids.clone();
             let python = tracked.image.python_runtime;
             let image = Image {

@@ -90,6 +90,9 @@ pub(super) struct ImageState {
     pub ledger: Option<LedgerImage>,
     /// Where its backend-statistics block is (found at the first read).
     pub backend_block: BackendBlock,
+    /// Its backend statistics as last read, and when (see
+    /// `Session::set_backend_stats_every`).
+    pub backend_read: Option<(Instant, Option<crate::process::backend_stats::BackendHeap>)>,
     /// The Python code objects its stacks name (a CPython process).
     pub python_code: crate::python::cache::CodeCache,
     /// Its CPython and what serves its objects, once recognised.
@@ -106,6 +109,24 @@ pub(super) struct Symbols {
     /// requested (a library dlopen'ed since the last scan): the stack is
     /// symbolized again once a scan maps one of them.
     pub unresolved: HashMap<u64, Vec<u64>>,
+    /// Where its stacks stood when every one of them was last requested
+    /// (or named): while they stand there, a tick has nothing to ask for
+    /// it and skips its aggregates (20,000 of them at every beat were most
+    /// of a system-wide agent's CPU between exports).
+    pub visited: Option<Visit>,
+}
+
+/// What says a process may have stacks the session has not seen: a new
+/// stack comes with a sample (the kernel's count of them moves, or its
+/// image changes) or with its ledger's read (seeds only go afterwards).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Visit {
+    /// The kernel's counters of the pid: generation and sampled allocations
+    /// (none while the kernel's entry is not ours to see, e.g. a host pid
+    /// not recognised yet).
+    pub kernel: Option<(u32, u64)>,
+    /// Its ledger image: generation, and whether it was read.
+    pub ledger: Option<(u32, bool)>,
 }
 
 impl Tracked {
