@@ -129,8 +129,9 @@ fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
 
 /// How often the exports line is logged, in pushes (and once at exit).
 const STATS_EVERY: u64 = 4;
-/// How often the agent reads each process's backend statistics, in pushes.
-const BACKEND_STATS_EVERY: u32 = 4;
+/// How often the agent reads each process's backend statistics and
+/// resident size, in pushes.
+const MEMORY_FIGURES_EVERY: u32 = 4;
 
 pub async fn agent(args: AgentArgs) -> Result<()> {
     limit_malloc_arenas();
@@ -148,9 +149,9 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     if args.no_symbolize {
         session.set_symbolization(Symbolization::Addresses);
     }
-    // Every few exports (the exports carry no backend statistics; the
-    // profile keeps them for its other readers).
-    session.set_backend_stats_every(args.push_interval.saturating_mul(BACKEND_STATS_EVERY));
+    // Every few exports (the exports carry neither backend statistics nor
+    // resident sizes; the profile keeps them for its other readers).
+    session.set_memory_figures_every(args.push_interval.saturating_mul(MEMORY_FIGURES_EVERY));
     let mut driver = Driver::new(args.push_interval.min(REFRESH))
         .with_deadline(args.duration)
         .with_snapshots(Some(args.push_interval))

@@ -21,7 +21,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // Its backend-statistics block is looked for anew.
         if let Some(tracked) = self.tracked.get_mut(&pid) {
             tracked.image.backend_block = Default::default();
-            tracked.image.backend_read = None;
+            tracked.image.memory_read = None;
         }
         // Only processes that carry probes can have stacks: only theirs
         // hold their mapped files open.

@@ -201,9 +201,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     oom_recorder: Option<OomRecorder>,
     /// `--min-age`: live figures count samples live at least this long.
     min_age: Duration,
-    /// How long a process's backend statistics, once read, are shown as
-    /// they were (zero: read at every profile).
-    backend_stats_every: Duration,
+    /// How long a process's memory figures (backend statistics, resident
+    /// size), once read, are shown as they were (zero: read at every
+    /// profile).
+    memory_figures_every: Duration,
     /// Unwind tables of the files processes map executable.
     unwind: UnwindTables,
     /// The caps seeds share with the kernel (see `ledger.rs`).
@@ -284,7 +285,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut session = Session {
             unwind,
             min_age: Duration::ZERO,
-            backend_stats_every: Duration::ZERO,
+            memory_figures_every: Duration::ZERO,
             oom_recorder: None,
             kernel,
             processes,
@@ -510,13 +511,13 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.min_age = age;
     }
 
-    /// Each process's backend statistics (`BackendHeap`) are read again
-    /// only once `every` has passed since their last read: the agent's
-    /// exports do not carry them, and reading 500 processes' through their
-    /// memory at each export was a tenth of its CPU. Zero (the default)
-    /// reads them for every profile.
-    pub fn set_backend_stats_every(&mut self, every: Duration) {
-        self.backend_stats_every = every;
+    /// Each process's memory figures (its backend statistics and resident
+    /// size) are read again only once `every` has passed since their last
+    /// read: the agent's exports do not carry them, and reading 500
+    /// processes' at each export (their memory, their `/proc`) was a tenth
+    /// of its CPU. Zero (the default) reads them for every profile.
+    pub fn set_memory_figures_every(&mut self, every: Duration) {
+        self.memory_figures_every = every;
     }
 
     /// Whether stacks get names or stay addresses ([`Symbolization`]); to

@@ -10,7 +10,7 @@ use std::{
 use foldhash::fast::RandomState;
 use profiler_common::{DROP_REASONS, DropReason, ProcCounters};
 
-use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen};
+use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen, record::MemoryFigures};
 use crate::ids::Pid;
 use crate::{
     kernel::KernelSnapshot,
@@ -33,6 +33,8 @@ struct Image {
     ledger: Option<crate::process::ledger::LedgerStatus>,
     /// What its backend allocator says (a live image's).
     backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    /// Its resident memory (a live image's).
+    resident: Option<crate::process::discover::Resident>,
     resource: Option<Arc<ProcessResource>>,
     build_ids: Option<Arc<BuildIds>>,
     /// Its parent (`--pid`'s trees).
@@ -220,20 +222,25 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let resource = self.resource(key.pid);
             self.incarnation(key.pid);
             let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
-            let backend_heap = match tracked.image.backend_read {
-                Some((at, heap)) if at.elapsed() < self.backend_stats_every => heap,
+            let memory = match tracked.image.memory_read {
+                Some((at, figures)) if at.elapsed() < self.memory_figures_every => figures,
                 _ => {
                     let block = &mut tracked.image.backend_block;
-                    let heap = self.processes.backend_heap(key.pid, block);
-                    tracked.image.backend_read = Some((Instant::now(), heap));
-                    heap
+                    let figures = MemoryFigures {
+                        backend_heap: self.processes.backend_heap(key.pid, block),
+                        resident: self.processes.resident(key.pid),
+                    };
+                    tracked.image.memory_read = Some((Instant::now(), figures));
+                    figures
                 }
             };
+            let backend_heap = memory.backend_heap;
             let build_ids = tracked.image.build_ids.clone();
             let python = tracked.image.python_runtime;
             let image = Image {
                 python,
                 backend_heap,
+                resident: memory.resident,
                 resource,
                 build_ids,
                 parent: self.parent_of(key.pid),
@@ -279,6 +286,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             since_attach: f.since_attach,
             ledger: f.ledger,
             backend_heap: None,
+            resident: None,
             resource: f.resource.clone(),
             build_ids: f.build_ids.clone(),
         };
@@ -322,11 +330,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             mmap_events: proc.mmap_events,
             thinned_events: proc.thinned_events,
             thin_factor: proc.thin_factor.max(1),
-            resident: if image.state == ProcessState::Live {
-                self.processes.resident(key.pid)
-            } else {
-                None
-            },
+            resident: image.resident,
             since_attach: image.since_attach,
             ledger: image.ledger,
             backend_heap: image.backend_heap,

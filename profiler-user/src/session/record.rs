@@ -90,13 +90,22 @@ pub(super) struct ImageState {
     pub ledger: Option<LedgerImage>,
     /// Where its backend-statistics block is (found at the first read).
     pub backend_block: BackendBlock,
-    /// Its backend statistics as last read, and when (see
-    /// `Session::set_backend_stats_every`).
-    pub backend_read: Option<(Instant, Option<crate::process::backend_stats::BackendHeap>)>,
+    /// Its memory figures as last read, and when (see
+    /// `Session::set_memory_figures_every`).
+    pub memory_read: Option<(Instant, MemoryFigures)>,
     /// The Python code objects its stacks name (a CPython process).
     pub python_code: crate::python::cache::CodeCache,
     /// Its CPython and what serves its objects, once recognised.
     pub python_runtime: Option<crate::python::runtime::PythonRuntime>,
+}
+
+/// What a process's memory looks like from outside its heap profile.
+#[derive(Clone, Copy, Default)]
+pub(super) struct MemoryFigures {
+    /// What its backend allocator says of its heap.
+    pub backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    /// Its resident memory.
+    pub resident: Option<crate::process::discover::Resident>,
 }
 
 /// The names of a live incarnation's stacks, by stack id.
