@@ -132,6 +132,8 @@ const STATS_EVERY: u64 = 4;
 /// How often the agent reads each process's backend statistics and
 /// resident size, in pushes.
 const MEMORY_FIGURES_EVERY: u32 = 4;
+/// The longest the agent waits between looks at every process.
+const AGENT_SCAN_EVERY: Duration = Duration::from_secs(15);
 
 pub async fn agent(args: AgentArgs) -> Result<()> {
     limit_malloc_arenas();
@@ -152,6 +154,8 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     // Every few exports (the exports carry neither backend statistics nor
     // resident sizes; the profile keeps them for its other readers).
     session.set_memory_figures_every(args.push_interval.saturating_mul(MEMORY_FIGURES_EVERY));
+    // Processes are looked at again once per export (at most every 15 s).
+    session.set_scan_every(args.push_interval.min(AGENT_SCAN_EVERY));
     let mut driver = Driver::new(args.push_interval.min(REFRESH))
         .with_deadline(args.duration)
         .with_snapshots(Some(args.push_interval))

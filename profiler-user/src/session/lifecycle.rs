@@ -13,8 +13,7 @@ use profiler_common::{
 };
 
 use super::{
-    FULL_SCAN_EVERY, Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, RESCAN_EVERY,
-    Session, Target,
+    Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, RESCAN_EVERY, Session, Target,
 };
 use crate::{
     ids::{HostPid, Pid, Tid},
@@ -530,7 +529,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .retain(|pid, _| !dead.contains(&Pid(*pid)));
         }
         self.release_tables();
-        if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {
+        if self.target == Target::All && self.last_full_scan.elapsed() >= self.full_scan_every {
             self.scan_all();
         }
     }

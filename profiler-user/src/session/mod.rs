@@ -196,6 +196,8 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     last_sweep: Instant,
     /// [`SWEEP_EVERY`]; tests set it to zero.
     sweep_every: Duration,
+    /// [`FULL_SCAN_EVERY`], or longer (see [`Session::set_scan_every`]).
+    full_scan_every: Duration,
     started: Instant,
     /// `--oom-dir`: where the images the OOM killer killed are written.
     oom_recorder: Option<OomRecorder>,
@@ -311,6 +313,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             probeless: HashMap::new(),
             last_sweep: Instant::now(),
             sweep_every: SWEEP_EVERY,
+            full_scan_every: FULL_SCAN_EVERY,
             started: Instant::now(),
             seed_limits: ledger::SeedLimits::default(),
             python_files: HashMap::new(),
@@ -518,6 +521,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// of its CPU. Zero (the default) reads them for every profile.
     pub fn set_memory_figures_every(&mut self, every: Duration) {
         self.memory_figures_every = every;
+    }
+
+    /// System-wide, how often every process is looked at again (the sweep
+    /// of the tracked ones, the full scan for new probes): at least
+    /// [`FULL_SCAN_EVERY`]. New programs are scanned at their exec event
+    /// and dlopen'ed libraries show in their stacks whatever this is; the
+    /// agent, which exports every 15 s, looks every 15 s (500 processes'
+    /// `/proc/PID/status` every 5 s were a tenth of its CPU between exports).
+    pub fn set_scan_every(&mut self, every: Duration) {
+        let every = every.max(FULL_SCAN_EVERY);
+        self.sweep_every = every;
+        self.full_scan_every = every;
     }
 
     /// Whether stacks get names or stay addresses ([`Symbolization`]); to
