@@ -123,6 +123,10 @@ pub(super) struct Symbols {
     /// it and skips its aggregates (20,000 of them at every beat were most
     /// of a system-wide agent's CPU between exports).
     pub visited: Option<Visit>,
+    /// Where they stood at the read before (a visit vouches only for
+    /// those: a sample counted in a read may have missed its aggregates'
+    /// copy, taken just before).
+    pub seen: Option<Visit>,
 }
 
 /// What says a process may have stacks the session has not seen: a new

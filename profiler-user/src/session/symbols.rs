@@ -82,12 +82,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut waiting = HashSet::new();
         self.request_symbols_where(snapshot, |pid, _| !quiet.contains(&pid), true, &mut waiting);
         for (pid, visit) in visits {
+            let Some(t) = self.tracked.get_mut(&pid) else {
+                continue;
+            };
+            let before = t.symbols.seen.replace(visit);
             if quiet.contains(&pid) || waiting.contains(&pid) {
                 continue;
             }
-            if let Some(t) = self.tracked.get_mut(&pid) {
-                t.symbols.visited = Some(visit);
-            }
+            // Every stack of a sample counted at the read before is in this
+            // read's aggregates; one counted by this read may not be yet.
+            t.symbols.visited = before;
         }
     }
 
