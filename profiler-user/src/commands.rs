@@ -129,8 +129,14 @@ fn snapshot(session: &mut Session, path: &Path) -> Result<()> {
 
 /// How often the exports line is logged, in pushes (and once at exit).
 const STATS_EVERY: u64 = 4;
+/// How often the agent reads each process's backend statistics and
+/// resident size, in pushes.
+const MEMORY_FIGURES_EVERY: u32 = 4;
+/// The longest the agent waits between looks at every process.
+const AGENT_SCAN_EVERY: Duration = Duration::from_secs(15);
 
 pub async fn agent(args: AgentArgs) -> Result<()> {
+    limit_malloc_arenas();
     // The configuration first: a wrong variable is named before anything
     // else is tried.
     let flags = agent::config::Flags {
@@ -145,6 +151,11 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     if args.no_symbolize {
         session.set_symbolization(Symbolization::Addresses);
     }
+    // Every few exports (the exports carry neither backend statistics nor
+    // resident sizes; the profile keeps them for its other readers).
+    session.set_memory_figures_every(args.push_interval.saturating_mul(MEMORY_FIGURES_EVERY));
+    // Processes are looked at again once per export (at most every 15 s).
+    session.set_scan_every(args.push_interval.min(AGENT_SCAN_EVERY));
     let mut driver = Driver::new(args.push_interval.min(REFRESH))
         .with_deadline(args.duration)
         .with_snapshots(Some(args.push_interval))
@@ -199,6 +210,19 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     let line = stats::line(&counts, cpu.percent(), stats::rss_bytes());
     eprintln!("allocprof: {line}");
     Ok(())
+}
+
+/// glibc gives each thread that allocates concurrently an arena of its own
+/// (up to 8 per core), and each keeps what it once held: the agent's reader,
+/// symbolizer, unwind-table and export threads made tens of MiB of its
+/// resident memory. Two arenas serve its few threads, which allocate off
+/// each other's paths. Before any thread starts.
+fn limit_malloc_arenas() {
+    // SAFETY: mallopt only sets an allocator parameter; a refused value is
+    // ignored (it returns 0) and changes nothing.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
 }
 
 /// One export of the profile as it stands, queued: the sender thread sends

@@ -21,6 +21,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         // Its backend-statistics block is looked for anew.
         if let Some(tracked) = self.tracked.get_mut(&pid) {
             tracked.image.backend_block = Default::default();
+            tracked.image.memory_read = None;
         }
         // Only processes that carry probes can have stacks: only theirs
         // hold their mapped files open.
@@ -143,7 +144,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 Ok(0) if !self.tracked.contains_key(&pid) => {
                     probeless.insert(pid, now);
                 }
-                Ok(_) => {}
+                Ok(_) => {
+                    // Scanned whole, as `rescan` notes it (its code size read
+                    // before the scan): the next sweep need not scan it
+                    // again (500 processes at start: a second start-up).
+                    if let Some(t) = self.tracked.get_mut(&pid)
+                        && t.image.space.is_some()
+                        && t.image.scanned.is_none()
+                    {
+                        t.image.scanned = Some((now.1, Instant::now()));
+                    }
+                }
                 Err(e) => self.warnings.push(format!("process {pid}: {e}")),
             }
         }

@@ -126,6 +126,12 @@ impl LedgerImage {
         gone
     }
 
+    /// What its seeded stacks depend on (see `record::Visit`): seeds are
+    /// only taken at the read, so which stacks it has changes only then.
+    pub(super) fn stamp(&self) -> (u32, bool) {
+        (self.generation, self.status.read)
+    }
+
     /// Its seeds per stack (see `aggregates`).
     fn aggregates(&self) -> &[(u64, StackAgg)] {
         self.aggregates.get_or_init(|| {

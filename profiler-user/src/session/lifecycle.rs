@@ -13,8 +13,7 @@ use profiler_common::{
 };
 
 use super::{
-    FULL_SCAN_EVERY, Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, RESCAN_EVERY,
-    Session, Target,
+    Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, RESCAN_EVERY, Session, Target,
 };
 use crate::{
     ids::{HostPid, Pid, Tid},
@@ -287,7 +286,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
         // Their stacks are normalized now, with the files they mapped; the
         // requests keep those files open until symbolized.
-        self.request_symbols_where(snapshot, is_gone, false);
+        self.request_symbols_where(snapshot, is_gone, false, &mut HashSet::new());
         for (key, stacks) in images {
             let exited = gone.get(&key.pid).is_some_and(Option::is_none);
             // Counters are per pid: the image's are those since the last
@@ -533,7 +532,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 .retain(|pid, _| !dead.contains(&Pid(*pid)));
         }
         self.release_tables();
-        if self.target == Target::All && self.last_full_scan.elapsed() >= FULL_SCAN_EVERY {
+        if self.target == Target::All && self.last_full_scan.elapsed() >= self.full_scan_every {
             self.scan_all();
         }
     }

@@ -40,7 +40,10 @@ use std::{
 use thiserror::Error;
 
 pub use self::ports::{BackendBlock, KernelPort, ProcessPort, Procfs};
-use self::{lifecycle::Frozen, record::Tracked};
+use self::{
+    lifecycle::Frozen,
+    record::{Tracked, Visit},
+};
 use crate::{
     kernel::{Kernel, KernelError, KernelSnapshot, Limits, Mode as KernelMode},
     model::profile::Profile,
@@ -200,11 +203,17 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     last_sweep: Instant,
     /// [`SWEEP_EVERY`]; tests set it to zero.
     sweep_every: Duration,
+    /// [`FULL_SCAN_EVERY`], or longer (see [`Session::set_scan_every`]).
+    full_scan_every: Duration,
     started: Instant,
     /// `--oom-dir`: where the images the OOM killer killed are written.
     oom_recorder: Option<OomRecorder>,
     /// `--min-age`: live figures count samples live at least this long.
     min_age: Duration,
+    /// How long a process's memory figures (backend statistics, resident
+    /// size), once read, are shown as they were (zero: read at every
+    /// profile).
+    memory_figures_every: Duration,
     /// Unwind tables of the files processes map executable.
     unwind: UnwindTables,
     /// The caps seeds share with the kernel (see `ledger.rs`).
@@ -219,6 +228,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     build_ids: crate::symbolize::Shared<crate::model::profile::BuildIds>,
     /// Problems found while attaching (shown once, e.g. unparsable notes).
     pub warnings: Vec<String>,
+    /// How many aggregates symbol requests looked at (for the tests: a
+    /// tick looks only at the processes that may have new stacks).
+    #[cfg(test)]
+    looked_at: usize,
 }
 
 impl Session {
@@ -281,6 +294,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         let mut session = Session {
             unwind,
             min_age: Duration::ZERO,
+            memory_figures_every: Duration::ZERO,
             oom_recorder: None,
             kernel,
             processes,
@@ -307,6 +321,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             probeless: HashMap::new(),
             last_sweep: Instant::now(),
             sweep_every: SWEEP_EVERY,
+            full_scan_every: FULL_SCAN_EVERY,
             started: Instant::now(),
             seed_limits: ledger::SeedLimits::default(),
             python_files: HashMap::new(),
@@ -314,6 +329,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             stacks: Default::default(),
             build_ids: Default::default(),
             warnings: Vec::new(),
+            #[cfg(test)]
+            looked_at: 0,
         };
         match target {
             Target::Pids(pids) | Target::Trees(pids) => {
@@ -393,7 +410,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// it keeps what was read last (its report still says what its
     /// allocator dropped, up to the last second). One bounded
     /// `process_vm_readv` per process with a block; none without.
-    fn read_thinning(&mut self) {
+    fn read_thinning(&mut self, visits: &HashMap<Pid, Visit>) {
         if self
             .thinning_read_at
             .is_some_and(|at| at.elapsed() < THINNING_READ_INTERVAL)
@@ -403,10 +420,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.thinning_read_at = Some(Instant::now());
         let processes = &self.processes;
         for (&pid, tracked) in &mut self.tracked {
+            // A process that kept no sample since the last read dropped
+            // none either (a budget keeps 1 sample in k): nothing to read.
+            let kernel = visits.get(&pid).and_then(|v| v.kernel);
+            if kernel.is_some() && kernel == tracked.image.thinning_read_with {
+                continue;
+            }
             let block = &mut tracked.image.backend_block;
             if let Some(t) = processes.backend_heap(pid, block).and_then(|b| b.thinning) {
                 tracked.image.alloc_thinning = Some(t);
             }
+            tracked.image.thinning_read_with = kernel;
         }
     }
 
@@ -435,14 +459,22 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         if with_live {
             self.check_all_seeds();
         }
-        self.add_seeds(&mut snapshot);
-        self.read_thinning();
+        // Only the processes whose stacks may have changed are looked at
+        // for new ones; a tick, which builds nothing, adds only their seeds.
+        let visits = self.visits(&snapshot);
+        let quiet = self.quiet(&visits);
+        if for_profile {
+            self.add_seeds(&mut snapshot);
+        } else {
+            self.add_seeds_of(&mut snapshot, |pid| !quiet.contains(&pid));
+        }
+        self.read_thinning(&visits);
         if complete {
             // A stack walked while its files' tables were compiling waits
             // for them (`vouch_for`): a complete profile names it.
             self.settle_tables(TABLES_AT_START);
         }
-        self.request_symbols(&snapshot);
+        self.request_symbols(&snapshot, visits, &quiet);
         if complete {
             // Stacks new since the last refresh too (a churn keeps making
             // them).
@@ -524,6 +556,27 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// at least `age` ago (`--min-age`); zero counts all.
     pub fn set_min_age(&mut self, age: Duration) {
         self.min_age = age;
+    }
+
+    /// Each process's memory figures (its backend statistics and resident
+    /// size) are read again only once `every` has passed since their last
+    /// read: the agent's exports do not carry them, and reading 500
+    /// processes' at each export (their memory, their `/proc`) was a tenth
+    /// of its CPU. Zero (the default) reads them for every profile.
+    pub fn set_memory_figures_every(&mut self, every: Duration) {
+        self.memory_figures_every = every;
+    }
+
+    /// System-wide, how often every process is looked at again (the sweep
+    /// of the tracked ones, the full scan for new probes): at least
+    /// [`FULL_SCAN_EVERY`]. New programs are scanned at their exec event
+    /// and dlopen'ed libraries show in their stacks whatever this is; the
+    /// agent, which exports every 15 s, looks every 15 s (500 processes'
+    /// `/proc/PID/status` every 5 s were a tenth of its CPU between exports).
+    pub fn set_scan_every(&mut self, every: Duration) {
+        let every = every.max(FULL_SCAN_EVERY);
+        self.sweep_every = every;
+        self.full_scan_every = every;
     }
 
     /// Whether stacks get names or stay addresses ([`Symbolization`]); to

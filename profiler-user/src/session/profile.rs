@@ -4,12 +4,13 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
+    time::Instant,
 };
 
 use foldhash::fast::RandomState;
 use profiler_common::{DROP_REASONS, DropReason, ProcCounters, WeightForm};
 
-use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen};
+use super::{KernelPort, ProcessPort, Session, lifecycle::Frozen, record::MemoryFigures};
 use crate::ids::Pid;
 use crate::{
     kernel::KernelSnapshot,
@@ -34,6 +35,8 @@ struct Image {
     backend_heap: Option<crate::process::backend_stats::BackendHeap>,
     /// Its allocator's budget, as last read (a gone image's too).
     alloc_thinning: Option<profiler_common::backend_stats::AllocatorThinning>,
+    /// Its resident memory (a live image's).
+    resident: Option<crate::process::discover::Resident>,
     resource: Option<Arc<ProcessResource>>,
     build_ids: Option<Arc<BuildIds>>,
     /// Its parent (`--pid`'s trees).
@@ -221,8 +224,19 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             let resource = self.resource(key.pid);
             self.incarnation(key.pid);
             let tracked = self.tracked.get_mut(&key.pid).expect("tracked above");
-            let block = &mut tracked.image.backend_block;
-            let backend_heap = self.processes.backend_heap(key.pid, block);
+            let memory = match tracked.image.memory_read {
+                Some((at, figures)) if at.elapsed() < self.memory_figures_every => figures,
+                _ => {
+                    let block = &mut tracked.image.backend_block;
+                    let figures = MemoryFigures {
+                        backend_heap: self.processes.backend_heap(key.pid, block),
+                        resident: self.processes.resident(key.pid),
+                    };
+                    tracked.image.memory_read = Some((Instant::now(), figures));
+                    figures
+                }
+            };
+            let backend_heap = memory.backend_heap;
             if let Some(t) = backend_heap.and_then(|b| b.thinning) {
                 tracked.image.alloc_thinning = Some(t);
             }
@@ -233,6 +247,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 python,
                 backend_heap,
                 alloc_thinning,
+                resident: memory.resident,
                 resource,
                 build_ids,
                 parent: self.parent_of(key.pid),
@@ -279,6 +294,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             ledger: f.ledger,
             backend_heap: None,
             alloc_thinning: f.alloc_thinning,
+            resident: None,
             resource: f.resource.clone(),
             build_ids: f.build_ids.clone(),
         };
@@ -338,11 +354,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             thinned_events: proc.thinned_events,
             thin_factor: proc.thin_factor.max(1),
             alloc_thinning: image.alloc_thinning,
-            resident: if image.state == ProcessState::Live {
-                self.processes.resident(key.pid)
-            } else {
-                None
-            },
+            resident: image.resident,
             since_attach: image.since_attach,
             ledger: image.ledger,
             backend_heap: image.backend_heap,

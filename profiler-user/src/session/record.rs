@@ -93,10 +93,24 @@ pub(super) struct ImageState {
     /// The allocator's budget as last read from that block: kept for the
     /// image's profile once it is gone.
     pub alloc_thinning: Option<profiler_common::backend_stats::AllocatorThinning>,
+    /// The kernel's counters of the process at that read (see `Visit`).
+    pub thinning_read_with: Option<(u32, u64)>,
+    /// Its memory figures as last read, and when (see
+    /// `Session::set_memory_figures_every`).
+    pub memory_read: Option<(Instant, MemoryFigures)>,
     /// The Python code objects its stacks name (a CPython process).
     pub python_code: crate::python::cache::CodeCache,
     /// Its CPython and what serves its objects, once recognised.
     pub python_runtime: Option<crate::python::runtime::PythonRuntime>,
+}
+
+/// What a process's memory looks like from outside its heap profile.
+#[derive(Clone, Copy, Default)]
+pub(super) struct MemoryFigures {
+    /// What its backend allocator says of its heap.
+    pub backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    /// Its resident memory.
+    pub resident: Option<crate::process::discover::Resident>,
 }
 
 /// The names of a live incarnation's stacks, by stack id.
@@ -109,6 +123,28 @@ pub(super) struct Symbols {
     /// requested (a library dlopen'ed since the last scan): the stack is
     /// symbolized again once a scan maps one of them.
     pub unresolved: HashMap<u64, Vec<u64>>,
+    /// Where its stacks stood when every one of them was last requested
+    /// (or named): while they stand there, a tick has nothing to ask for
+    /// it and skips its aggregates (20,000 of them at every beat were most
+    /// of a system-wide agent's CPU between exports).
+    pub visited: Option<Visit>,
+    /// Where they stood at the read before (a visit vouches only for
+    /// those: a sample counted in a read may have missed its aggregates'
+    /// copy, taken just before).
+    pub seen: Option<Visit>,
+}
+
+/// What says a process may have stacks the session has not seen: a new
+/// stack comes with a sample (the kernel's count of them moves, or its
+/// image changes) or with its ledger's read (seeds only go afterwards).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Visit {
+    /// The kernel's counters of the pid: generation and sampled allocations
+    /// (none while the kernel's entry is not ours to see, e.g. a host pid
+    /// not recognised yet).
+    pub kernel: Option<(u32, u64)>,
+    /// Its ledger image: generation, and whether it was read.
+    pub ledger: Option<(u32, bool)>,
 }
 
 impl Tracked {

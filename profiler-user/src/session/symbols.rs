@@ -5,9 +5,15 @@
 //! with addresses outside every known mapping (a library dlopen'ed after the
 //! last scan) is symbolized again once a scan maps one of them.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
-use super::{Incarnation, KernelPort, ProcessPort, Session, SymbolKey, record::Symbols};
+use super::{
+    Incarnation, KernelPort, ProcessPort, Session, SymbolKey,
+    record::{Symbols, Visit},
+};
 use profiler_common::python::split_python;
 
 use crate::ids::Pid;
@@ -21,6 +27,9 @@ use crate::{
     symbolize::{Frame, Request, Response, heap_bytes},
 };
 
+/// How many answers [`Session::finish_symbols`] takes in at a time.
+const FINISH_CHUNK: usize = 512;
+
 /// A `symbols` entry's own share of the map (key, pointer, control byte,
 /// load factor).
 const SYMBOLS_ENTRY_BYTES: usize = 48;
@@ -31,27 +40,85 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         self.track_pid(pid).incarnation
     }
 
-    /// Requests the stacks of live images whose maps are known.
-    pub(super) fn request_symbols(&mut self, snapshot: &KernelSnapshot) {
-        self.request_symbols_where(snapshot, |_, _| true, true);
+    /// Where each tracked process's stacks stand in `snapshot` (read
+    /// before the seeds join it): see [`Visit`].
+    pub(super) fn visits(&self, snapshot: &KernelSnapshot) -> HashMap<Pid, Visit> {
+        self.tracked
+            .iter()
+            .map(|(&pid, t)| {
+                let kernel = snapshot
+                    .processes
+                    .get(&pid.0)
+                    .map(|p| (p.generation, p.alloc_events));
+                let ledger = t.image.ledger.as_ref().map(|l| l.stamp());
+                (pid, Visit { kernel, ledger })
+            })
+            .collect()
+    }
+
+    /// The processes with nothing new to request since their last visit
+    /// (and no stack waiting for a dlopen'ed library's maps).
+    pub(super) fn quiet(&self, visits: &HashMap<Pid, Visit>) -> HashSet<Pid> {
+        visits
+            .iter()
+            .filter(|(pid, visit)| {
+                self.tracked.get(pid).is_some_and(|t| {
+                    t.symbols.visited.as_ref() == Some(*visit) && t.symbols.unresolved.is_empty()
+                })
+            })
+            .map(|(&pid, _)| pid)
+            .collect()
+    }
+
+    /// Requests the stacks of live images whose maps are known, skipping
+    /// the `quiet` processes; the others are noted as visited at `visits`
+    /// when none of their stacks had to wait.
+    pub(super) fn request_symbols(
+        &mut self,
+        snapshot: &KernelSnapshot,
+        visits: HashMap<Pid, Visit>,
+        quiet: &HashSet<Pid>,
+    ) {
+        let mut waiting = HashSet::new();
+        self.request_symbols_where(snapshot, |pid, _| !quiet.contains(&pid), true, &mut waiting);
+        for (pid, visit) in visits {
+            let Some(t) = self.tracked.get_mut(&pid) else {
+                continue;
+            };
+            let before = t.symbols.seen.replace(visit);
+            if quiet.contains(&pid) || waiting.contains(&pid) {
+                continue;
+            }
+            // Every stack of a sample counted at the read before is in this
+            // read's aggregates; one counted by this read may not be yet.
+            t.symbols.visited = before;
+        }
     }
 
     /// Requests the stacks of the images `wanted(pid, generation)` selects.
     /// With `wait_for_maps`, those of a process whose address space is not
     /// known yet are left for a later call; without it (images being
     /// retired: their maps will never be known better), they go as they are.
+    /// The processes with a stack left for a later call are added to
+    /// `waiting`.
     pub(super) fn request_symbols_where(
         &mut self,
         snapshot: &KernelSnapshot,
         wanted: impl Fn(Pid, u32) -> bool,
         wait_for_maps: bool,
+        waiting: &mut HashSet<Pid>,
     ) {
         let mut batch = Vec::new();
         for (key, _) in &snapshot.aggregates {
             if synthetic_stack(key.stack_id).is_some() || !wanted(Pid(key.pid), key.generation) {
                 continue;
             }
+            #[cfg(test)]
+            {
+                self.looked_at += 1;
+            }
             if self.space(Pid(key.pid)).is_none() && wait_for_maps {
+                waiting.insert(Pid(key.pid));
                 continue;
             }
             let incarnation = self.incarnation(Pid(key.pid));
@@ -71,6 +138,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 None => self.kernel.stack(stack),
             };
             let Some(addrs) = addrs else {
+                waiting.insert(Pid(key.pid));
                 continue;
             };
             // The Python part is code objects, not addresses: resolved now,
@@ -86,6 +154,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             // that can be vouched for (a live image's waits for its files'
             // tables to compile).
             let Some(frames) = self.vouch_for(frames, wait_for_maps) else {
+                waiting.insert(Pid(key.pid));
                 continue;
             };
             let unresolved: Vec<u64> = frames
@@ -203,10 +272,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
     }
 
-    /// Waits for every requested stack to be symbolized.
+    /// Waits for every requested stack to be symbolized, taking the
+    /// answers in as they come: each answer's frames are its own until
+    /// shared, and 20,000 of them held at once were the start-up's peak.
     pub(crate) fn finish_symbols(&mut self) {
-        let responses = self.symbolizer.wait(self.in_flight);
-        self.take_symbols(responses);
+        while self.in_flight > 0 {
+            let responses = self.symbolizer.wait(self.in_flight.min(FINISH_CHUNK));
+            // None: the thread is gone, and no answer will come.
+            if responses.is_empty() {
+                break;
+            }
+            self.take_symbols(responses);
+        }
     }
 }
 

@@ -192,6 +192,7 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                 let mut symbolizer = symbolizer();
                 let mut used = UsedFiles::default();
                 let mut names = Interner::default();
+                let mut memo = Memo::default();
                 for batch in req_rx {
                     let _quiet = QuietContainedPanics::install();
                     for Request {
@@ -202,9 +203,9 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                     {
                         used.note(&frames);
                         let symbolized = match mode {
-                            Symbolization::Names => {
-                                symbolize_stack(&symbolizer, &mut names, &frames)
-                            }
+                            Symbolization::Names => memo.symbolize(&frames, |frames| {
+                                symbolize_stack(&symbolizer, &mut names, frames)
+                            }),
                             Symbolization::Addresses => address_stack(&mut names, &frames),
                         };
                         let symbolized = crate::python::merge::merge(symbolized, python);
@@ -488,6 +489,60 @@ pub(crate) fn symbolize_stack(
         }
     }
     assemble(frames, symbolized, failures, None)
+}
+
+/// Stacks symbolized lately, by all that their names depend on: where
+/// each frame is (the file as the process names it, the file itself, the
+/// offset) or, outside any file, its address. Copies of one program share
+/// their stacks at that level: 500 of them asked for the same 40 stacks
+/// 500 times, most of the agent's start-up.
+#[derive(Default)]
+pub(crate) struct Memo {
+    stacks: HashMap<Vec<MemoFrame>, Vec<Frame>, foldhash::fast::RandomState>,
+}
+
+#[derive(PartialEq, Eq, Hash)]
+enum MemoFrame {
+    In {
+        path: PathBuf,
+        file: Option<crate::ids::FileId>,
+        offset: u64,
+    },
+    At(u64),
+}
+
+/// The stacks [`Memo`] keeps (about 2 KiB each): forgotten all at once
+/// when full.
+const MEMO_STACKS: usize = 2048;
+
+impl Memo {
+    /// The names of `frames`, from `symbolize` unless known.
+    pub(crate) fn symbolize(
+        &mut self,
+        frames: &[(u64, Option<FileAddr>)],
+        symbolize: impl FnOnce(&[(u64, Option<FileAddr>)]) -> Vec<Frame>,
+    ) -> Vec<Frame> {
+        let key: Vec<MemoFrame> = frames
+            .iter()
+            .map(|(addr, at)| match at {
+                Some(at) => MemoFrame::In {
+                    path: at.file.path.clone(),
+                    file: at.file.open.as_ref().map(|o| o.id),
+                    offset: at.file_offset,
+                },
+                None => MemoFrame::At(*addr),
+            })
+            .collect();
+        if let Some(known) = self.stacks.get(&key) {
+            return known.clone();
+        }
+        let symbolized = symbolize(frames);
+        if self.stacks.len() >= MEMO_STACKS {
+            self.stacks.clear();
+        }
+        self.stacks.insert(key, symbolized.clone());
+        symbolized
+    }
 }
 
 /// One stack left unsymbolized, innermost first: a frame per address, named

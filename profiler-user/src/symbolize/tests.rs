@@ -310,3 +310,56 @@ fn a_panic_in_one_file_costs_only_that_file_s_frames() {
     let again = symbolize_stack(&symbolizer, &mut Interner::default(), &stack[1..]);
     assert!(again[0].function.contains("a_panic_in_one_file_costs_only"));
 }
+
+#[test]
+fn a_stack_is_symbolized_once_for_all_the_processes_that_have_it() {
+    let file = |path: &str| {
+        Arc::new(MappedFile {
+            path: path.into(),
+            open: None,
+        })
+    };
+    let at = |f: &Arc<MappedFile>, offset| FileAddr {
+        file: f.clone(),
+        file_offset: offset,
+    };
+    let (app, lib) = (file("/usr/bin/app"), file("/usr/lib/libx.so"));
+    // Two processes, their code at other addresses (ASLR), the same places.
+    let one = vec![
+        (0x1000, Some(at(&app, 0x10))),
+        (0x7000, Some(at(&lib, 0x20))),
+    ];
+    let two = vec![
+        (0x9000, Some(at(&app, 0x10))),
+        (0x5000, Some(at(&lib, 0x20))),
+    ];
+    let mut memo = Memo::default();
+    let mut calls = 0;
+    let mut names = |frames: &[(u64, Option<FileAddr>)]| {
+        calls += 1;
+        frames
+            .iter()
+            .map(|(a, at)| Frame::unknown(*a, at.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    let first = memo.symbolize(&one, &mut names);
+    assert_eq!(memo.symbolize(&two, &mut names), first);
+    // Another offset, another file by the same name elsewhere, or an
+    // address outside any file: symbolized anew.
+    let other = vec![
+        (0x1000, Some(at(&app, 0x11))),
+        (0x7000, Some(at(&lib, 0x20))),
+    ];
+    let renamed = vec![
+        (0x1000, Some(at(&file("/opt/app"), 0x10))),
+        (0x7000, Some(at(&lib, 0x20))),
+    ];
+    memo.symbolize(&other, &mut names);
+    memo.symbolize(&renamed, &mut names);
+    memo.symbolize(&[(0x1000, None)], &mut names);
+    assert_ne!(
+        memo.symbolize(&[(0x2000, None)], &mut names),
+        memo.symbolize(&[(0x1000, None)], &mut names)
+    );
+    assert_eq!(calls, 5, "the second process's stacks came from the memo");
+}

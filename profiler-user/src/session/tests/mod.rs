@@ -68,6 +68,8 @@ struct KernelState {
     /// Processes whose unseen frees are reported, and those reported.
     watched: std::collections::HashSet<u32>,
     unseen: Vec<(u32, u64)>,
+    /// How many times the session read a stack's frames.
+    stack_reads: std::cell::Cell<usize>,
 }
 
 #[derive(Clone)]
@@ -259,6 +261,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// Requests the symbolizer has not answered (of dropped images too).
+    fn looked_at(&self) -> usize {
+        self.looked_at
+    }
+
     fn pending_requests(&self) -> usize {
         self.in_flight
     }
@@ -343,7 +349,9 @@ impl KernelPort for FakeKernel {
     }
 
     fn stack(&self, id: u64) -> Option<Vec<u64>> {
-        self.0.kernel().stacks.get(&id).cloned()
+        let k = self.0.kernel();
+        k.stack_reads.set(k.stack_reads.get() + 1);
+        k.stacks.get(&id).cloned()
     }
 
     fn forget_images(

@@ -102,3 +102,41 @@ fn a_process_is_rescanned_when_its_code_changes_or_its_stacks_leave_its_maps() {
     s.refresh().unwrap();
     assert_eq!(world.scans_of(100), scans, "resolved: no rescan");
 }
+
+#[test]
+fn a_tick_looks_only_at_processes_that_sampled_since() {
+    let world = World::default();
+    world.spawn(100, "app");
+    world.spawn(101, "other");
+    let mut s = session(&world, Target::All);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    world.sample(101, 8, &[address_in(alpha_site)], 1 << 20);
+    s.tick().unwrap();
+    s.finish_symbols();
+    let reads = world.kernel().stack_reads.get();
+    assert!(reads >= 2, "both stacks read: {reads}");
+    // Nothing new: the next beats look at no aggregate, read no stack.
+    s.tick().unwrap();
+    let looked = s.looked_at();
+    s.tick().unwrap();
+    s.tick().unwrap();
+    assert_eq!(s.looked_at(), looked, "no process sampled");
+    assert_eq!(world.kernel().stack_reads.get(), reads, "no new stack");
+    assert_eq!(s.pending_requests(), 0);
+
+    // One process samples a new stack and an old one: its two stacks are
+    // looked at, only the new one read; the other process's are not.
+    world.sample(100, 9, &[address_in(beta_site)], 1 << 10);
+    world.sample(100, 7, &[address_in(alpha_site)], 1 << 20);
+    s.tick().unwrap();
+    assert_eq!(s.looked_at(), looked + 2, "stacks 7 and 9 only");
+    assert_eq!(world.kernel().stack_reads.get(), reads + 1, "only stack 9");
+    s.tick().unwrap();
+    assert_eq!(world.kernel().stack_reads.get(), reads + 1);
+    let p = s.complete_profile().unwrap();
+    let live = only_image(&p, 100, ProcessState::Live);
+    assert!(has_function(live, "beta_site"), "{:?}", functions(live));
+    assert!(has_function(live, "alpha_site"), "{:?}", functions(live));
+    let other = only_image(&p, 101, ProcessState::Live);
+    assert!(has_function(other, "alpha_site"), "{:?}", functions(other));
+}
