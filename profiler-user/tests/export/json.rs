@@ -55,6 +55,10 @@ pub(crate) struct Process {
     pub(crate) since_attach: bool,
     pub(crate) thinned_events: u64,
     pub(crate) thin_factor: u64,
+    pub(crate) alloc_thinned_events: u64,
+    pub(crate) alloc_thin_factor: u64,
+    pub(crate) alloc_max_event_rate: Option<u64>,
+    pub(crate) thinned: bool,
     pub(crate) resident: Option<Resident>,
     pub(crate) allocator: Option<Allocator>,
     pub(crate) ledger: Option<Ledger>,
@@ -218,6 +222,14 @@ fn json_follows_the_documented_schema() {
     let _ = (l.seen_blocks, l.freed_since);
     assert!(p.totals.live_before_attach_bytes <= p.totals.live_bytes);
     assert_eq!((p.thinned_events, p.thin_factor), (0, 1));
+    // liballocprof.so publishes its budget; this workload's is not thinned.
+    assert!(
+        p.alloc_max_event_rate.is_some(),
+        "{:?}",
+        p.alloc_max_event_rate
+    );
+    assert_eq!((p.alloc_thinned_events, p.alloc_thin_factor), (0, 1));
+    assert!(!p.thinned);
     let attached = r.attached_at.as_deref().expect("when allocprof attached");
     assert!(humantime::parse_rfc3339(attached).is_ok(), "{attached}");
     // liballocprof.so's own figures: mimalloc keeps reserved and committed.
