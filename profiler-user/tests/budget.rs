@@ -10,7 +10,7 @@ use std::process::Command;
 use allocprof::ids::Pid;
 use allocprof::{
     kernel::Limits,
-    model::stats::Z95,
+    model::{profile::ProcessProfile, stats::Z95},
     output::report::{self, ReportOptions},
     session::{Session, Target},
 };
@@ -65,41 +65,8 @@ fn under_a_budget_far_below_the_event_rate_estimates_stay_within_sigma() {
     );
     assert!(walked >= 0.25 * BUDGET as f64 * seconds, "{what}");
 
-    // Each site within 4σ, σ from the interval the profile reports (which
-    // includes the thinning).
-    let within = |est: f64, ci95: f64, truth: f64, name: &str| {
-        let sigma = ci95 / Z95;
-        assert!(
-            sigma > 0.0 && (est - truth).abs() <= 4.0 * sigma,
-            "{name}: {est} vs {truth} (σ {sigma}); {what}"
-        );
-    };
-    let keep = common::site(p, "keep_site");
-    within(
-        keep.live_bytes,
-        keep.live_ci95(),
-        kept_blocks * 512.0,
-        "keep_site live",
-    );
-    let churn = common::site(p, "churn_site");
-    within(
-        churn.alloc_bytes,
-        churn.alloc_ci95(),
-        churned * 256.0,
-        "churn_site allocated",
-    );
     // Nothing churned stays live; frees of unkept blocks are no drops.
-    within(
-        churn.live_bytes,
-        churn.live_ci95().max(1.0),
-        0.0,
-        "churn_site live",
-    );
-    assert_eq!(
-        p.drops[profiler_common::DropReason::UnmatchedFree as usize],
-        0,
-        "{what}"
-    );
+    sites_within_4_sigma(p, kept_blocks * 512.0, churned * 256.0, &what);
     let text = report::render(&profile, ReportOptions::default());
     assert!(text.contains("back-pressure (--max-event-rate)"), "{text}");
     w.send("exit");
@@ -240,8 +207,22 @@ fn the_allocators_default_budget_keeps_a_busy_process_near_it_unbiased() {
     );
     assert!(seen >= 0.25 * DEFAULT_BUDGET * seconds, "{what}");
 
-    // Each site within 4σ of the program's truth, σ from the interval the
-    // profile reports (which includes the thinning: w' = k·w).
+    // The kept samples count for the dropped ones (w' = k·w), and a
+    // dropped sample fires no free probe either.
+    sites_within_4_sigma(p, kept_blocks * KEEP as f64, churned * CHURN as f64, &what);
+    // Said next to the figures it widens.
+    let text = report::render(&profile, ReportOptions::default());
+    assert!(text.contains("the allocator's sample budget"), "{text}");
+    assert!(text.contains(report::THIN_MARK), "{text}");
+    assert!(p.thinned(), "{what}");
+    w.send("exit");
+}
+
+/// budget_sites.c's sites within 4σ of the program's truth (`kept` bytes
+/// live at keep_site, `churned` bytes allocated at churn_site and none
+/// live), σ from the interval the profile reports (which includes the
+/// thinning); no free unmatched (a thinned sample fires no free probe).
+fn sites_within_4_sigma(p: &ProcessProfile, kept: f64, churned: f64, what: &str) {
     let within = |est: f64, ci95: f64, truth: f64, name: &str| {
         let sigma = ci95 / Z95;
         assert!(
@@ -250,17 +231,12 @@ fn the_allocators_default_budget_keeps_a_busy_process_near_it_unbiased() {
         );
     };
     let keep = common::site(p, "keep_site");
-    within(
-        keep.live_bytes,
-        keep.live_ci95(),
-        kept_blocks * KEEP as f64,
-        "keep_site live",
-    );
+    within(keep.live_bytes, keep.live_ci95(), kept, "keep_site live");
     let churn = common::site(p, "churn_site");
     within(
         churn.alloc_bytes,
         churn.alloc_ci95(),
-        churned * CHURN as f64,
+        churned,
         "churn_site allocated",
     );
     within(
@@ -269,16 +245,9 @@ fn the_allocators_default_budget_keeps_a_busy_process_near_it_unbiased() {
         0.0,
         "churn_site live",
     );
-    // A dropped sample fires no free probe either.
     assert_eq!(
         p.drops[profiler_common::DropReason::UnmatchedFree as usize],
         0,
         "{what}"
     );
-    // Said next to the figures it widens.
-    let text = report::render(&profile, ReportOptions::default());
-    assert!(text.contains("the allocator's sample budget"), "{text}");
-    assert!(text.contains(report::THIN_MARK), "{text}");
-    assert!(p.thinned(), "{what}");
-    w.send("exit");
 }
