@@ -37,13 +37,7 @@ fn under_a_budget_far_below_the_event_rate_estimates_stay_within_sigma() {
         ..Limits::default()
     };
     let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), limits).unwrap();
-    w.send("go");
-    let line = w.line();
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(fields.first(), Some(&"ready"), "{line}");
-    let churned: f64 = fields[1].parse().unwrap();
-    let kept_blocks: f64 = fields[2].parse().unwrap();
-    let seconds: f64 = fields[3].parse().unwrap();
+    let (churned, kept_blocks, seconds) = churn_until_ready(&mut w);
     let profile = session.complete_profile().unwrap();
     let p = common::process(&profile, w.pid());
 
@@ -173,13 +167,7 @@ fn the_allocators_default_budget_keeps_a_busy_process_near_it_unbiased() {
     common::wait_for_mapping(w.pid(), "liballocprof.so");
     // No kernel back-pressure: all thinning is the allocator's.
     let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
-    w.send("go");
-    let line = w.line();
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(fields.first(), Some(&"ready"), "{line}");
-    let churned: f64 = fields[1].parse().unwrap();
-    let kept_blocks: f64 = fields[2].parse().unwrap();
-    let seconds: f64 = fields[3].parse().unwrap();
+    let (churned, kept_blocks, seconds) = churn_until_ready(&mut w);
     let profile = session.complete_profile().unwrap();
     let p = common::process(&profile, w.pid());
     let t = p
@@ -250,4 +238,15 @@ fn sites_within_4_sigma(p: &ProcessProfile, kept: f64, churned: f64, what: &str)
         0,
         "{what}"
     );
+}
+
+/// Starts budget_sites.c's churn and waits for its `ready CHURNED KEPT
+/// SECONDS` line.
+fn churn_until_ready(w: &mut Proc) -> (f64, f64, f64) {
+    w.send("go");
+    let line = w.line();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"ready"), "{line}");
+    let field = |i: usize| -> f64 { fields[i].parse().unwrap() };
+    (field(1), field(2), field(3))
 }
