@@ -178,7 +178,7 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     live_read_at: Option<Instant>,
     /// When the allocators' budgets were last read (`read_thinning`).
     thinning_read_at: Option<Instant>,
-    ages: HashMap<profiler_common::AggKey, crate::model::age::StackAges>,
+    ages: crate::model::age::AgesByStack,
     /// When the session attached: clock ticks since boot, and wall time.
     attach_ticks: u64,
     attached_at: SystemTime,
@@ -306,7 +306,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             ambiguous: HashSet::new(),
             live_read_at: None,
             thinning_read_at: None,
-            ages: HashMap::new(),
+            ages: Default::default(),
             attach_ticks: boot_ticks_now(),
             attached_at: SystemTime::now(),
             next_incarnation: Incarnation(0),

@@ -7,7 +7,7 @@ use std::{
     time::Instant,
 };
 
-use profiler_common::{ProcCounters, unwind::ProcUnwind};
+use profiler_common::{ProcCounters, unwind::UnwindMapping};
 
 use super::{BackendBlock, Incarnation, ledger::LedgerImage};
 use crate::{
@@ -84,8 +84,10 @@ pub(super) struct ImageState {
     /// The GNU build ids of the files it maps, by the path it names them
     /// with (read from the files it mapped, with its space).
     pub build_ids: Option<Arc<BuildIds>>,
-    /// What its kernel unwind entry holds (to skip rewrites).
-    pub unwound: Option<ProcUnwind>,
+    /// The mappings its kernel unwind entry holds (to skip rewrites): the
+    /// used ones only, as the entry's fixed array is 10 KiB and the agent
+    /// tracks hundreds of processes.
+    pub unwound: Option<Box<[UnwindMapping]>>,
     /// Its live-sample ledger and seeds.
     pub ledger: Option<LedgerImage>,
     /// Where its backend-statistics block is (found at the first read).
