@@ -422,15 +422,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         for (&pid, tracked) in &mut self.tracked {
             // A process that kept no sample since the last read dropped
             // none either (a budget keeps 1 sample in k): nothing to read.
+            // That holds for one the kernel has no sample of too (500 idle
+            // processes profiled from their ledgers were read every second).
             let kernel = visits.get(&pid).and_then(|v| v.kernel);
-            if kernel.is_some() && kernel == tracked.image.thinning_read_with {
+            if tracked.image.thinning_read_with == Some(kernel) {
                 continue;
             }
             let block = &mut tracked.image.backend_block;
             if let Some(t) = processes.backend_heap(pid, block).and_then(|b| b.thinning) {
                 tracked.image.alloc_thinning = Some(t);
             }
-            tracked.image.thinning_read_with = kernel;
+            tracked.image.thinning_read_with = Some(kernel);
         }
     }
 

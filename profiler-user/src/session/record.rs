@@ -95,8 +95,9 @@ pub(super) struct ImageState {
     /// The allocator's budget as last read from that block: kept for the
     /// image's profile once it is gone.
     pub alloc_thinning: Option<profiler_common::backend_stats::AllocatorThinning>,
-    /// The kernel's counters of the process at that read (see `Visit`).
-    pub thinning_read_with: Option<(u32, u64)>,
+    /// The kernel's counters of the process at that read (see `Visit`;
+    /// `Some(None)`: read while the kernel had no sample of it).
+    pub thinning_read_with: Option<Option<(u32, u64)>>,
     /// Its memory figures as last read, and when (see
     /// `Session::set_memory_figures_every`).
     pub memory_read: Option<(Instant, MemoryFigures)>,
