@@ -4,7 +4,7 @@
 //! are replaced. Pure: the kernel's live samples and a clock reading in,
 //! per-image-and-stack figures out.
 
-use std::{collections::HashMap, time::Duration};
+use std::time::Duration;
 
 use profiler_common::{AggKey, LiveKey, LiveSample, StackAgg};
 
@@ -41,37 +41,81 @@ pub struct StackAges {
     pub old_enough: StackAgg,
 }
 
+/// [`StackAges`] of every (process image, stack) with live samples, sorted
+/// by key: a system-wide agent holds one per stack of every process (65,000
+/// at its load benchmark), kept from one profile to the next, and a hash
+/// map of them (with `old_enough`, needed only for `--min-age`) was 17 MB.
+#[derive(Debug, Default)]
+pub struct AgesByStack {
+    keys: Vec<AggKey>,
+    ages: Vec<Ages>,
+    /// Empty when the minimum age is zero (every sample is old enough).
+    old_enough: Vec<StackAgg>,
+}
+
+impl AgesByStack {
+    pub fn get(&self, key: &AggKey) -> Option<StackAges> {
+        let i = self
+            .keys
+            .binary_search_by_key(&Self::order(key), Self::order)
+            .ok()?;
+        Some(StackAges {
+            ages: self.ages[i],
+            old_enough: self.old_enough.get(i).copied().unwrap_or_default(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    fn order(key: &AggKey) -> (u32, u32, u64) {
+        (key.pid, key.generation, key.stack_id)
+    }
+}
+
 /// The live samples' ages per (pid, generation, stack) at `now_ns` (same
 /// clock as the samples'); `old_enough` sums those allocated at least
-/// `min_age` ago. A sample stamped after `now_ns` (read after the clock)
-/// counts as age zero.
-pub fn by_stack(
-    live: &[(LiveKey, LiveSample)],
-    now_ns: u64,
-    min_age: Duration,
-) -> HashMap<AggKey, StackAges> {
-    let mut out: HashMap<AggKey, StackAges> = HashMap::new();
-    for (key, sample) in live {
+/// `min_age` ago (kept only for a non-zero `min_age`). A sample stamped
+/// after `now_ns` (read after the clock) counts as age zero.
+pub fn by_stack(live: &[(LiveKey, LiveSample)], now_ns: u64, min_age: Duration) -> AgesByStack {
+    let key_of = |(key, sample): &(LiveKey, LiveSample)| AggKey {
+        pid: key.pid,
+        generation: sample.generation,
+        stack_id: sample.stack_id,
+    };
+    let mut order: Vec<u32> = (0..live.len() as u32).collect();
+    order.sort_unstable_by_key(|&i| AgesByStack::order(&key_of(&live[i as usize])));
+    let mut out = AgesByStack::default();
+    let keep_old_enough = !min_age.is_zero();
+    for i in order {
+        let (key, sample) = (key_of(&live[i as usize]), &live[i as usize].1);
+        if out.keys.last() != Some(&key) {
+            out.keys.push(key);
+            out.ages.push(Ages::default());
+            if keep_old_enough {
+                out.old_enough.push(StackAgg::default());
+            }
+        }
         let age = Duration::from_nanos(now_ns.saturating_sub(sample.allocated_ns));
-        let entry = out
-            .entry(AggKey {
-                pid: key.pid,
-                generation: sample.generation,
-                stack_id: sample.stack_id,
-            })
-            .or_default();
+        let ages = out.ages.last_mut().expect("pushed above");
         // The kernel's own arithmetic, so the sums mean what its do.
         let d = sample.delta();
         let weight = d.bytes as f64;
         if age >= OLD {
-            entry.ages.over_old += weight;
+            ages.over_old += weight;
         }
         if age >= VERY_OLD {
-            entry.ages.over_very_old += weight;
+            ages.over_very_old += weight;
         }
-        entry.ages.oldest = entry.ages.oldest.max(age);
-        if age >= min_age {
-            let old = &mut entry.old_enough;
+        ages.oldest = ages.oldest.max(age);
+        if let Some(old) = out.old_enough.last_mut()
+            && age >= min_age
+        {
             old.live_bytes = old.live_bytes.wrapping_add(d.bytes);
             old.live_objects = old.live_objects.wrapping_add(d.objects);
             old.live_var = old.live_var.wrapping_add(d.var);
@@ -79,6 +123,9 @@ pub fn by_stack(
             old.live_samples += 1;
         }
     }
+    out.keys.shrink_to_fit();
+    out.ages.shrink_to_fit();
+    out.old_enough.shrink_to_fit();
     out
 }
 
@@ -133,7 +180,7 @@ mod tests {
             generation: 1,
             stack_id,
         };
-        let a = ages[&key(1)];
+        let a = ages.get(&key(1)).unwrap();
         assert_eq!(a.ages.over_old, 600.0);
         assert_eq!(a.ages.over_very_old, 400.0);
         assert_eq!(a.ages.oldest, Duration::from_secs(700));
@@ -141,7 +188,7 @@ mod tests {
         assert_eq!(a.old_enough.live_samples, 2);
         let expected_var = SampleDelta::of(64, 200).var + SampleDelta::of(64, 400).var;
         assert_eq!(a.old_enough.live_var, expected_var);
-        let b = ages[&key(2)];
+        let b = ages.get(&key(2)).unwrap();
         assert_eq!(
             b.ages,
             Ages {
@@ -156,9 +203,38 @@ mod tests {
     #[test]
     fn samples_stamped_after_the_clock_reading_are_new() {
         let ages = by_stack(&[sample(1, 100, 10)], 5_000_000_000, Duration::ZERO);
-        let a = ages.values().next().unwrap();
-        assert_eq!(a.ages.oldest, Duration::ZERO);
-        assert_eq!(a.old_enough.live_bytes, 100, "a zero minimum age keeps all");
+        let key = AggKey {
+            pid: 7,
+            generation: 1,
+            stack_id: 1,
+        };
+        assert_eq!(ages.get(&key).unwrap().ages.oldest, Duration::ZERO);
+        assert_eq!(ages.len(), 1);
+    }
+
+    #[test]
+    fn stacks_of_several_processes_in_any_order_are_each_found() {
+        let mut live = Vec::new();
+        for (pid, stack_id, weight) in [(9, 3, 1), (7, 5, 2), (9, 3, 4), (7, 1, 8), (8, 5, 16)] {
+            let (mut key, sample) = sample(stack_id, weight, 1);
+            key.pid = pid;
+            live.push((key, sample));
+        }
+        let ages = by_stack(&live, 100 * 1_000_000_000, Duration::ZERO);
+        assert_eq!(ages.len(), 4);
+        let over_old = |pid, stack_id| {
+            let key = AggKey {
+                pid,
+                generation: 1,
+                stack_id,
+            };
+            ages.get(&key).map(|a| a.ages.over_old)
+        };
+        assert_eq!(over_old(9, 3), Some(5.0));
+        assert_eq!(over_old(7, 5), Some(2.0));
+        assert_eq!(over_old(7, 1), Some(8.0));
+        assert_eq!(over_old(8, 5), Some(16.0));
+        assert_eq!(over_old(8, 3), None);
     }
 
     #[test]

@@ -178,7 +178,7 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     live_read_at: Option<Instant>,
     /// When the allocators' budgets were last read (`read_thinning`).
     thinning_read_at: Option<Instant>,
-    ages: HashMap<profiler_common::AggKey, crate::model::age::StackAges>,
+    ages: crate::model::age::AgesByStack,
     /// When the session attached: clock ticks since boot, and wall time.
     attach_ticks: u64,
     attached_at: SystemTime,
@@ -306,7 +306,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             ambiguous: HashSet::new(),
             live_read_at: None,
             thinning_read_at: None,
-            ages: HashMap::new(),
+            ages: Default::default(),
             attach_ticks: boot_ticks_now(),
             attached_at: SystemTime::now(),
             next_incarnation: Incarnation(0),
@@ -422,15 +422,17 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         for (&pid, tracked) in &mut self.tracked {
             // A process that kept no sample since the last read dropped
             // none either (a budget keeps 1 sample in k): nothing to read.
+            // That holds for one the kernel has no sample of too (500 idle
+            // processes profiled from their ledgers were read every second).
             let kernel = visits.get(&pid).and_then(|v| v.kernel);
-            if kernel.is_some() && kernel == tracked.image.thinning_read_with {
+            if tracked.image.thinning_read_with == Some(kernel) {
                 continue;
             }
             let block = &mut tracked.image.backend_block;
             if let Some(t) = processes.backend_heap(pid, block).and_then(|b| b.thinning) {
                 tracked.image.alloc_thinning = Some(t);
             }
-            tracked.image.thinning_read_with = kernel;
+            tracked.image.thinning_read_with = Some(kernel);
         }
     }
 

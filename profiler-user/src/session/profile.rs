@@ -171,6 +171,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     pub(super) fn build(&mut self, snapshot: &KernelSnapshot) -> Profile {
         if snapshot.live_read {
+            // The old ones go first: both at once were the agent's peak.
+            self.ages = Default::default();
             self.ages = age::by_stack(&snapshot.live, self.processes.monotonic_ns(), self.min_age);
         }
         let ages = &self.ages;
@@ -180,7 +182,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 pid: Pid(key.pid),
                 generation: key.generation,
             };
-            let stack_ages = ages.get(key).copied().unwrap_or_default();
+            let stack_ages = ages.get(key).unwrap_or_default();
             let mut agg = *agg;
             if !self.min_age.is_zero() {
                 // Only what has been live that long (`--min-age`).

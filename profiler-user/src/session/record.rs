@@ -7,7 +7,7 @@ use std::{
     time::Instant,
 };
 
-use profiler_common::{ProcCounters, unwind::ProcUnwind};
+use profiler_common::{ProcCounters, unwind::UnwindMapping};
 
 use super::{BackendBlock, Incarnation, ledger::LedgerImage};
 use crate::{
@@ -84,8 +84,10 @@ pub(super) struct ImageState {
     /// The GNU build ids of the files it maps, by the path it names them
     /// with (read from the files it mapped, with its space).
     pub build_ids: Option<Arc<BuildIds>>,
-    /// What its kernel unwind entry holds (to skip rewrites).
-    pub unwound: Option<ProcUnwind>,
+    /// The mappings its kernel unwind entry holds (to skip rewrites): the
+    /// used ones only, as the entry's fixed array is 10 KiB and the agent
+    /// tracks hundreds of processes.
+    pub unwound: Option<Box<[UnwindMapping]>>,
     /// Its live-sample ledger and seeds.
     pub ledger: Option<LedgerImage>,
     /// Where its backend-statistics block is (found at the first read).
@@ -93,8 +95,9 @@ pub(super) struct ImageState {
     /// The allocator's budget as last read from that block: kept for the
     /// image's profile once it is gone.
     pub alloc_thinning: Option<profiler_common::backend_stats::AllocatorThinning>,
-    /// The kernel's counters of the process at that read (see `Visit`).
-    pub thinning_read_with: Option<(u32, u64)>,
+    /// The kernel's counters of the process at that read (see `Visit`;
+    /// `Some(None)`: read while the kernel had no sample of it).
+    pub thinning_read_with: Option<Option<(u32, u64)>>,
     /// Its memory figures as last read, and when (see
     /// `Session::set_memory_figures_every`).
     pub memory_read: Option<(Instant, MemoryFigures)>,

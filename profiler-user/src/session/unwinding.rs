@@ -101,7 +101,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
         }
         table.len = len as u32;
-        if unwound.as_ref() == Some(&table) {
+        let mappings = &table.mappings[..len];
+        if unwound.as_deref() == Some(mappings) {
             return;
         }
         if len == 0 {
@@ -110,8 +111,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             self.warnings.push(format!("process {pid}: {e}"));
             return;
         }
+        let mappings = mappings.into();
         if let Some(tracked) = self.tracked.get_mut(&pid) {
-            tracked.image.unwound = Some(table);
+            tracked.image.unwound = Some(mappings);
         }
     }
 

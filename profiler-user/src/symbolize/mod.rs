@@ -157,7 +157,9 @@ pub struct Request<K> {
 /// Symbolized stack, innermost frame first, allocator frames removed.
 pub struct Response<K> {
     pub key: K,
-    pub frames: Vec<Frame>,
+    /// Shared with every other answer of the same stack (500 copies of a
+    /// program ask for the same stacks: one copy each, not 500).
+    pub frames: Arc<[Frame]>,
 }
 
 /// Handle to the symbolization thread.
@@ -206,9 +208,13 @@ impl<K: Send + 'static> SymbolizerThread<K> {
                             Symbolization::Names => memo.symbolize(&frames, |frames| {
                                 symbolize_stack(&symbolizer, &mut names, frames)
                             }),
-                            Symbolization::Addresses => address_stack(&mut names, &frames),
+                            Symbolization::Addresses => address_stack(&mut names, &frames).into(),
                         };
-                        let symbolized = crate::python::merge::merge(symbolized, python);
+                        let symbolized = if python.is_empty() {
+                            symbolized
+                        } else {
+                            crate::python::merge::merge(symbolized.to_vec(), python).into()
+                        };
                         // The request held the files open: release them
                         // before answering (nothing else may need them).
                         drop(frames);
@@ -498,7 +504,7 @@ pub(crate) fn symbolize_stack(
 /// 500 times, most of the agent's start-up.
 #[derive(Default)]
 pub(crate) struct Memo {
-    stacks: HashMap<Vec<MemoFrame>, Vec<Frame>, foldhash::fast::RandomState>,
+    stacks: HashMap<Vec<MemoFrame>, Arc<[Frame]>, foldhash::fast::RandomState>,
 }
 
 #[derive(PartialEq, Eq, Hash)]
@@ -521,7 +527,7 @@ impl Memo {
         &mut self,
         frames: &[(u64, Option<FileAddr>)],
         symbolize: impl FnOnce(&[(u64, Option<FileAddr>)]) -> Vec<Frame>,
-    ) -> Vec<Frame> {
+    ) -> Arc<[Frame]> {
         let key: Vec<MemoFrame> = frames
             .iter()
             .map(|(addr, at)| match at {
@@ -536,7 +542,7 @@ impl Memo {
         if let Some(known) = self.stacks.get(&key) {
             return known.clone();
         }
-        let symbolized = symbolize(frames);
+        let symbolized: Arc<[Frame]> = symbolize(frames).into();
         if self.stacks.len() >= MEMO_STACKS {
             self.stacks.clear();
         }
