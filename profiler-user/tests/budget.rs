@@ -250,3 +250,44 @@ fn churn_until_ready(w: &mut Proc) -> (f64, f64, f64) {
     let field = |i: usize| -> f64 { fields[i].parse().unwrap() };
     (field(1), field(2), field(3))
 }
+
+/// A Rust program with the global allocator (`SamplingAllocator<System>`):
+/// the system allocator keeps no figures for the block to show, but the
+/// block's budget words are there all the same, so the program's thinning
+/// is read and said next to the figures it widens.
+#[test]
+fn a_rust_programs_budget_is_read_though_its_allocator_keeps_no_figures() {
+    const BUDGET: u64 = 50;
+    common::require_bpf();
+    let mut cmd = Command::new(common::example("rust_sites"));
+    // Its own allocator: nothing preloaded.
+    cmd.env("LD_PRELOAD", "")
+        .env("ALLOCPROF_RATE", common::RATE.to_string())
+        .env("ALLOCPROF_MAX_EVENT_RATE", BUDGET.to_string());
+    let mut w = Proc::spawn(cmd);
+    let mut session = Session::start(Target::Pids(vec![Pid(w.pid())]), Limits::default()).unwrap();
+    // About a thousand samples in a few milliseconds, at 5 a window.
+    w.send("go");
+    w.expect("ready");
+    let profile = session.complete_profile().unwrap();
+    let p = common::process(&profile, w.pid());
+    let t = p
+        .alloc_thinning
+        .expect("the allocator's budget words are read");
+    let what = format!(
+        "{} sampled allocations seen, {} dropped by the allocator (factor {}, budget {:?})",
+        p.alloc_events, t.thinned, t.factor, t.max_event_rate
+    );
+    eprintln!("{what}");
+    assert_eq!(t.max_event_rate, Some(BUDGET), "{what}");
+    assert!(t.thinned > 0 && t.factor > 1, "{what}");
+    assert_eq!(
+        p.backend_heap, None,
+        "the system allocator gives no figures"
+    );
+    assert!(p.thinned(), "{what}");
+    let text = report::render(&profile, ReportOptions::default());
+    assert!(text.contains("the allocator's sample budget"), "{text}");
+    assert!(text.contains(report::THIN_MARK), "{text}");
+    w.send("exit");
+}

@@ -37,6 +37,15 @@ pub struct BackendHeap {
     /// Since the library last refreshed the figures (it does so after a
     /// sampled allocation, a few times a second at most).
     pub age: Duration,
+}
+
+/// What a process's allocator keeps in its block: its backend's figures
+/// and its own sample budget, each read where it is there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorBlock {
+    /// None where the backend keeps none (`SamplingAllocator<System>`:
+    /// the program's system allocator) or has not given them yet.
+    pub heap: Option<BackendHeap>,
     /// The allocator's own sample budget (`ALLOCPROF_MAX_EVENT_RATE`) as of
     /// now: sampled allocations it dropped since the process started, the
     /// factor in force. None from a library older than the budget.
@@ -116,7 +125,7 @@ pub fn read(
     thread: LiveThread,
     address: u64,
     now_monotonic_ns: u64,
-) -> Result<BackendHeap, ReadError> {
+) -> Result<AllocatorBlock, ReadError> {
     let mut last = BlockError::Torn;
     let copy = || -> Result<[u64; HEAD_WORDS], ReadError> {
         let words = mem.read_words(thread, address, HEAD_WORDS)?;
@@ -126,26 +135,33 @@ pub fn read(
     for _ in 0..4 {
         let first = copy()?;
         let second = copy()?;
-        match layout::decode(&first, &second) {
-            Ok(f) => {
-                // The budget's words are each written alone: one copy.
-                let thinning = (f.version >= 2)
-                    .then(|| mem.read_words(thread, address, WORDS).ok())
-                    .flatten()
-                    .and_then(|w| layout::decode_thinning(&w.try_into().ok()?));
-                return Ok(heap(f, now_monotonic_ns, thinning));
-            }
+        let figures = match layout::decode(&first, &second) {
+            Ok(f) => Some(f),
             Err(BlockError::Torn) => {
                 last = BlockError::Torn;
                 std::thread::yield_now();
+                continue;
             }
+            // A backend that keeps no figures (its word never written), or
+            // none yet: the block is ours all the same (its magic and
+            // version were checked first), and its budget words are read.
+            Err(BlockError::Backend(0) | BlockError::NotYetRefreshed) => None,
             Err(e) => return Err(ReadError::Block(e)),
-        }
+        };
+        // The budget's words are each written alone: one copy.
+        let thinning = (first[layout::word::VERSION] >= 2)
+            .then(|| mem.read_words(thread, address, WORDS).ok())
+            .flatten()
+            .and_then(|w| layout::decode_thinning(&w.try_into().ok()?));
+        return Ok(AllocatorBlock {
+            heap: figures.map(|f| heap(f, now_monotonic_ns)),
+            thinning,
+        });
     }
     Err(ReadError::Block(last))
 }
 
-fn heap(f: BackendFigures, now_ns: u64, thinning: Option<AllocatorThinning>) -> BackendHeap {
+fn heap(f: BackendFigures, now_ns: u64) -> BackendHeap {
     BackendHeap {
         backend: layout::backend_name(f.backend),
         reserved: f.reserved,
@@ -155,7 +171,6 @@ fn heap(f: BackendFigures, now_ns: u64, thinning: Option<AllocatorThinning>) -> 
         mmapped: f.mmapped,
         // A clock ahead of ours (another time namespace) reads as fresh.
         age: Duration::from_nanos(now_ns.saturating_sub(f.refreshed_ns)),
-        thinning,
     }
 }
 
@@ -205,7 +220,8 @@ mod tests {
             block[w] = layout::UNKNOWN;
         }
         let addr = std::hint::black_box(block.as_ptr()) as u64;
-        let h = read(&mem, me, addr, 7_000_000_000).unwrap();
+        let b = read(&mem, me, addr, 7_000_000_000).unwrap();
+        let h = b.heap.unwrap();
         assert_eq!(h.backend, "mimalloc");
         assert_eq!(h.committed, Some(8 << 20));
         assert_eq!(h.in_use, None);
@@ -215,7 +231,7 @@ mod tests {
             "mimalloc: reserved 64.0 MiB, committed 8.0 MiB (as of 2.0 s ago)"
         );
         // Version 2: the budget's words, read alone (factor 0 is garbage).
-        assert_eq!(h.thinning, None);
+        assert_eq!(b.thinning, None);
         block[word::ALLOC_THIN_FACTOR] = 32;
         block[word::ALLOC_THINNED] = 777;
         block[word::ALLOC_MAX_EVENT_RATE] = 16_000;
@@ -228,6 +244,29 @@ mod tests {
             (t.thinned, t.factor, t.max_event_rate),
             (777, 32, Some(16_000))
         );
+        // A backend that never gives figures (`SamplingAllocator<System>`):
+        // no heap, the budget all the same.
+        block[word::BACKEND] = 0;
+        block[word::REFRESHED_NS] = 0;
+        let addr = std::hint::black_box(block.as_ptr()) as u64;
+        let b = read(&mem, me, addr, 7_000_000_000).unwrap();
+        assert_eq!(b.heap, None);
+        assert_eq!(b.thinning.map(|t| t.thinned), Some(777));
+        // Nor figures yet from mimalloc's.
+        block[word::BACKEND] = layout::BACKEND_MIMALLOC;
+        let addr = std::hint::black_box(block.as_ptr()) as u64;
+        let b = read(&mem, me, addr, 7_000_000_000).unwrap();
+        assert_eq!((b.heap, b.thinning.map(|t| t.factor)), (None, Some(32)));
+        block[word::REFRESHED_NS] = 5_000_000_000;
+        // An unknown backend is still refused.
+        block[word::BACKEND] = 99;
+        let addr = std::hint::black_box(block.as_ptr()) as u64;
+        let err = read(&mem, me, addr, 7_000_000_000).unwrap_err();
+        assert!(
+            matches!(err, ReadError::Block(BlockError::Backend(99))),
+            "{err}"
+        );
+        block[word::BACKEND] = layout::BACKEND_MIMALLOC;
         // A version-1 block (an older library): no thinning words read.
         block[word::VERSION] = 1;
         let addr = std::hint::black_box(block.as_ptr()) as u64;
@@ -241,7 +280,6 @@ mod tests {
             free: None,
             mmapped: None,
             age: Duration::ZERO,
-            thinning: None,
         };
         assert!(
             glibc.describe().starts_with("glibc: figures unknown"),

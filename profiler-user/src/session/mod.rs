@@ -429,7 +429,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 continue;
             }
             let block = &mut tracked.image.backend_block;
-            if let Some(t) = processes.backend_heap(pid, block).and_then(|b| b.thinning) {
+            if let Some(t) = processes
+                .allocator_block(pid, block)
+                .and_then(|b| b.thinning)
+            {
                 tracked.image.alloc_thinning = Some(t);
             }
             tracked.image.thinning_read_with = Some(kernel);

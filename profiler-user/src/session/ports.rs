@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use crate::{
     ids::{HostPid, Pid, Tid},
     kernel::{Kernel, KernelError, KernelSnapshot, Scope},
-    process::backend_stats::{self, BackendHeap},
+    process::backend_stats::{self, AllocatorBlock},
     process::discover::{self, FileId, OpenFile, ProbeSite, Scan, Scanner},
     process::ledger::{self, LedgerEntry, LedgerRead},
     process::resource::ProcessResource,
@@ -125,11 +125,11 @@ pub trait ProcessPort {
     fn resident(&self, _pid: Pid) -> Option<discover::Resident> {
         None
     }
-    /// What its backend allocator says of its heap (`liballocprof*.so`
-    /// only; none where unknown). `block` is where the port keeps the
-    /// block's address for the process's image (the session's record
-    /// holds it, so it goes with the image).
-    fn backend_heap(&self, _pid: Pid, _block: &mut BackendBlock) -> Option<BackendHeap> {
+    /// What its allocator library says in its block: its backend's
+    /// figures and its own sample budget (none without a block). `block`
+    /// is where the port keeps the block's address for the process's image
+    /// (the session's record holds it, so it goes with the image).
+    fn allocator_block(&self, _pid: Pid, _block: &mut BackendBlock) -> Option<AllocatorBlock> {
         None
     }
     /// Who it is, for the OTLP resource attributes (none where unknown:
@@ -324,7 +324,7 @@ pub struct Procfs {
 }
 
 /// Where a process image's backend-statistics block is, as
-/// [`ProcessPort::backend_heap`] found it: none yet (looked for at the next
+/// [`ProcessPort::allocator_block`] found it: none yet (looked for at the next
 /// read), none there, or its address and the live thread it is read
 /// through. Found once from the maps; forgotten when the process is scanned
 /// again or the block no longer reads as one (its thread gone).
@@ -361,7 +361,7 @@ impl ProcessPort for Procfs {
         discover::Process::find(pid)?.code_size()
     }
 
-    fn backend_heap(&self, pid: Pid, block: &mut BackendBlock) -> Option<BackendHeap> {
+    fn allocator_block(&self, pid: Pid, block: &mut BackendBlock) -> Option<AllocatorBlock> {
         if self.stats_blocks.is_empty() {
             return None;
         }

@@ -231,15 +231,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                 _ => {
                     let block = &mut tracked.image.backend_block;
                     let figures = MemoryFigures {
-                        backend_heap: self.processes.backend_heap(key.pid, block),
+                        allocator: self
+                            .processes
+                            .allocator_block(key.pid, block)
+                            .unwrap_or_default(),
                         resident: self.processes.resident(key.pid),
                     };
                     tracked.image.memory_read = Some((Instant::now(), figures));
                     figures
                 }
             };
-            let backend_heap = memory.backend_heap;
-            if let Some(t) = backend_heap.and_then(|b| b.thinning) {
+            let backend_heap = memory.allocator.heap;
+            if let Some(t) = memory.allocator.thinning {
                 tracked.image.alloc_thinning = Some(t);
             }
             let alloc_thinning = tracked.image.alloc_thinning;

@@ -110,8 +110,8 @@ pub(super) struct ImageState {
 /// What a process's memory looks like from outside its heap profile.
 #[derive(Clone, Copy, Default)]
 pub(super) struct MemoryFigures {
-    /// What its backend allocator says of its heap.
-    pub backend_heap: Option<crate::process::backend_stats::BackendHeap>,
+    /// What its allocator library says: its backend's heap, its budget.
+    pub allocator: crate::process::backend_stats::AllocatorBlock,
     /// Its resident memory.
     pub resident: Option<crate::process::discover::Resident>,
 }

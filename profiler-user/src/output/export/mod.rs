@@ -244,7 +244,6 @@ pub(crate) mod tests {
                 free: Some(1 << 20),
                 mmapped: Some(0),
                 age: Duration::from_millis(300),
-                thinning: None,
             }),
             resource: None,
             build_ids: None,

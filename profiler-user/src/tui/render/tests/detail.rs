@@ -219,7 +219,6 @@ fn the_process_detail_sets_the_heap_against_resident_memory() {
         free: Some(40 << 20),
         mmapped: Some(0),
         age: std::time::Duration::from_millis(400),
-        thinning: None,
     });
     app.update(AppEvent::Profile(profile));
     press(&mut app, KeyCode::Tab); // the processes, the first selected
