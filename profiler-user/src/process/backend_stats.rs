@@ -127,14 +127,12 @@ pub fn read(
     now_monotonic_ns: u64,
 ) -> Result<AllocatorBlock, ReadError> {
     let mut last = BlockError::Torn;
-    let copy = || -> Result<[u64; HEAD_WORDS], ReadError> {
-        let words = mem.read_words(thread, address, HEAD_WORDS)?;
-        // The block is little-endian words, as this (x86-64) host.
-        Ok(words.try_into().expect("block words"))
-    };
     for _ in 0..4 {
-        let first = copy()?;
-        let second = copy()?;
+        let Copies {
+            first,
+            second,
+            whole,
+        } = copies(mem, thread, address)?;
         let figures = match layout::decode(&first, &second) {
             Ok(f) => Some(f),
             Err(BlockError::Torn) => {
@@ -150,15 +148,48 @@ pub fn read(
         };
         // The budget's words are each written alone: one copy.
         let thinning = (first[layout::word::VERSION] >= 2)
-            .then(|| mem.read_words(thread, address, WORDS).ok())
+            .then_some(whole)
             .flatten()
-            .and_then(|w| layout::decode_thinning(&w.try_into().ok()?));
+            .and_then(|w| layout::decode_thinning(&w));
         return Ok(AllocatorBlock {
             heap: figures.map(|f| heap(f, now_monotonic_ns)),
             thinning,
         });
     }
     Err(ReadError::Block(last))
+}
+
+/// Two copies of the block's head, and one of the whole block where the
+/// process maps it (a version-1 block is only its head, maybe at the end of
+/// its mapping).
+struct Copies {
+    first: [u64; HEAD_WORDS],
+    second: [u64; HEAD_WORDS],
+    whole: Option<[u64; WORDS]>,
+}
+
+/// The copies in one `process_vm_readv` on the reader thread: the agent
+/// reads 500 processes' blocks at an export, and a round trip each to that
+/// thread cost more than the copies.
+fn copies(mem: &TargetMemory, thread: LiveThread, address: u64) -> Result<Copies, ReadError> {
+    let head = 2 * HEAD_WORDS;
+    let ranges = vec![
+        (address, HEAD_WORDS),
+        (address, HEAD_WORDS),
+        (address, WORDS),
+    ];
+    let (words, copied) = mem.readv(thread, ranges)?;
+    if copied < head * 8 {
+        let short = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "short read");
+        return Err(target_memory::ReadError::from(short).into());
+    }
+    // The block is little-endian words, as this (x86-64) host.
+    let head_copy = |from: usize| words[from..from + HEAD_WORDS].try_into().expect("a head");
+    Ok(Copies {
+        first: head_copy(0),
+        second: head_copy(HEAD_WORDS),
+        whole: (copied == words.len() * 8).then(|| words[head..].try_into().expect("a block")),
+    })
 }
 
 fn heap(f: BackendFigures, now_ns: u64) -> BackendHeap {
