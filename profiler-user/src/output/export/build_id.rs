@@ -7,31 +7,39 @@ use std::{
     collections::HashMap,
     fs::File,
     os::unix::fs::MetadataExt,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Mutex, OnceLock},
 };
 
 use object::{Object, ReadCache};
 
-/// (path, device, inode, mtime): a replaced file gets read again.
-type Key = (PathBuf, u64, u64, i64);
+/// (device, inode, mtime): a replaced file gets read again; one file under
+/// several paths (the agent names files by `/proc/self/fd/N`, numbers
+/// that are reused) is one entry.
+type Key = (u64, u64, i64, i64);
+
+/// Files remembered at most: the cache is forgotten whole when full, so a
+/// long-running agent over a host whose programs are replaced day after
+/// day holds a bounded amount (about 100 bytes an entry).
+const MAX_CACHED: usize = 4096;
 
 /// The build id of `path` as lowercase hex, if it is an ELF file with a
 /// `.note.gnu.build-id` and still exists.
 pub fn build_id(path: &Path) -> Option<String> {
     static CACHE: OnceLock<Mutex<HashMap<Key, Option<String>>>> = OnceLock::new();
     let meta = std::fs::metadata(path).ok()?;
-    let key = (path.to_path_buf(), meta.dev(), meta.ino(), meta.mtime());
+    let key = (meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec());
     let cache = CACHE.get_or_init(Default::default);
     if let Some(id) = cache.lock().expect("build id cache").get(&key) {
         return id.clone();
     }
     // Read outside the lock: a slow disk must not stall other exports.
     let id = read_build_id(path);
-    cache
-        .lock()
-        .expect("build id cache")
-        .insert(key, id.clone());
+    let mut cache = cache.lock().expect("build id cache");
+    if cache.len() >= MAX_CACHED {
+        cache.clear();
+    }
+    cache.insert(key, id.clone());
     id
 }
 
