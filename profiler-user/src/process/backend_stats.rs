@@ -147,9 +147,8 @@ pub fn read(
             Err(e) => return Err(ReadError::Block(e)),
         };
         // The budget's words are each written alone: one copy.
-        let thinning = (first[layout::word::VERSION] >= 2)
-            .then_some(whole)
-            .flatten()
+        let thinning = whole
+            .filter(|_| first[layout::word::VERSION] >= 2)
             .and_then(|w| layout::decode_thinning(&w));
         return Ok(AllocatorBlock {
             heap: figures.map(|f| heap(f, now_monotonic_ns)),
@@ -180,8 +179,7 @@ fn copies(mem: &TargetMemory, thread: LiveThread, address: u64) -> Result<Copies
     ];
     let (words, copied) = mem.readv(thread, ranges)?;
     if copied < head * 8 {
-        let short = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "short read");
-        return Err(target_memory::ReadError::from(short).into());
+        return Err(target_memory::ReadError::short().into());
     }
     // The block is little-endian words, as this (x86-64) host.
     let head_copy = |from: usize| words[from..from + HEAD_WORDS].try_into().expect("a head");

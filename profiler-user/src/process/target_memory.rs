@@ -115,6 +115,13 @@ pub enum ReadError {
     Unreadable(#[from] Unreadable),
 }
 
+impl ReadError {
+    /// Fewer bytes copied than asked for (a range past its mapping).
+    pub fn short() -> ReadError {
+        io::Error::new(io::ErrorKind::UnexpectedEof, "short read").into()
+    }
+}
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// The reader: one thread at a time serves the reads; a new one replaces a
@@ -220,7 +227,7 @@ impl TargetMemory {
     ) -> Result<Vec<u64>, ReadError> {
         let (buf, copied) = self.readv(thread, vec![(address, words)])?;
         if copied != words * 8 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read").into());
+            return Err(ReadError::short());
         }
         Ok(buf)
     }

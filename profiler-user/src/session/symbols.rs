@@ -273,8 +273,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     }
 
     /// Waits for every requested stack to be symbolized, taking the
-    /// answers in as they come: each answer's frames are its own until
-    /// shared, and 20,000 of them held at once were the start-up's peak.
+    /// answers in as they come: an answer not from the symbolizer's memo
+    /// has frames of its own until shared, and 20,000 of them held at once
+    /// were the start-up's peak.
     pub(crate) fn finish_symbols(&mut self) {
         while self.in_flight > 0 {
             let responses = self.symbolizer.wait(self.in_flight.min(FINISH_CHUNK));
