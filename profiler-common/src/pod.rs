@@ -28,3 +28,5 @@ unsafe impl aya::Pod for unwind::UnwindMapping {}
 unsafe impl aya::Pod for unwind::ProcUnwind {}
 // SAFETY: as above.
 unsafe impl aya::Pod for python::PyProcConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for python::PyStackPrints {}

@@ -25,6 +25,13 @@
 //!
 //! The same code object and instruction give the same value, so the stack
 //! hash tells Python stacks apart by function and line for free.
+//!
+//! A code object may be freed and another made at its address before user
+//! space reads it. So when a stack is new, the kernel also files, by stack
+//! id, a print of each Python frame's code object as it was at the sample
+//! ([`PyStackPrints`], [`py_code_print`]): user space names a frame only if
+//! the object it reads has the same print. Only new stacks pay for it (one
+//! read per frame); a known stack's samples cost nothing more.
 
 /// Separates a stack's native frames from its Python frames.
 pub const PY_STACK_BEGIN: u64 = 0xffff_ffff_ffff_ffa0;
@@ -130,7 +137,10 @@ pub struct PyProcConfig {
     pub code_adaptive: u32,
     /// [`PY_ENTRY_BY_OWNER`], [`PY_CODE_TAGGED`].
     pub flags: u32,
-    pub _pad: u32,
+    /// The words of a code object's start its print covers (bit i: word
+    /// i; see [`py_code_print`]); 0: no prints (code objects of this
+    /// version are not read).
+    pub code_print_words: u32,
     /// The process's pid namespace (`stat /proc/PID/ns/pid`: the kernel's
     /// `dev_t` of nsfs, and the inode), when it is not the initial one: its
     /// thread states hold thread ids of that namespace, which the kernel
@@ -163,6 +173,50 @@ pub const PY_RESERVED_SLOTS: usize = 40;
 /// Threads of an interpreter looked through, at most, for the allocating
 /// thread's state.
 pub const MAX_PYTHON_THREADS: usize = 256;
+
+/// Words of a code object's start a print may cover.
+pub const PY_CODE_PRINT_WORDS: usize = 32;
+
+/// The print of a code object that could not be read at the sample.
+pub const PY_NO_PRINT: u32 = 0;
+
+/// The prints of a stack's Python frames' code objects, in the order of the
+/// frames in the stack (markers take none), as the kernel read them when the
+/// stack was new (`PY_STACK_PRINTS`, by stack id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PyStackPrints {
+    pub prints: [u32; MAX_PYTHON_FRAMES],
+}
+
+/// Bytes the kernel reads of a code object for its print: up to the last
+/// word of `words` (a [`PyProcConfig::code_print_words`] mask), 8 to
+/// `8 * PY_CODE_PRINT_WORDS`.
+#[inline(always)]
+pub fn py_code_print_bytes(words: u32) -> u32 {
+    8 * (32 - words.leading_zeros()).max(1)
+}
+
+/// What tells a code object from another made at its address later: a
+/// digest of the words of its start named by `words` (the fields no running
+/// code changes: its type, size, first line, and the name, file and
+/// location-table objects it points to). Never [`PY_NO_PRINT`].
+#[inline(always)]
+pub fn py_code_print(code: &[u64; PY_CODE_PRINT_WORDS], words: u32) -> u32 {
+    let mut h: u64 = 0x243f_6a88_85a3_08d3;
+    let mut i = 0;
+    while i < PY_CODE_PRINT_WORDS {
+        if words & (1 << i) != 0 {
+            h = (h ^ code[i]).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            h ^= h >> 29;
+        }
+        i += 1;
+    }
+    match (h >> 32) as u32 ^ h as u32 {
+        PY_NO_PRINT => 1,
+        print => print,
+    }
+}
 
 /// What one interpreter frame read by the kernel gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -367,6 +421,31 @@ mod tests {
             panic!("a frame");
         };
         assert_eq!(decode_python_frame(value).unwrap().instr, None);
+    }
+
+    #[test]
+    fn a_print_covers_its_words_only() {
+        let mut code = [0u64; PY_CODE_PRINT_WORDS];
+        for (i, w) in code.iter_mut().enumerate() {
+            *w = 0x7f00_0000_0000 + i as u64 * 8;
+        }
+        let words = 0b11_0100_0010_0000_0110; // 1, 2, 9, 14, 16, 17
+        let print = py_code_print(&code, words);
+        assert_ne!(print, PY_NO_PRINT);
+        // A refcount (word 0) or a warm-up counter (word 6) may change.
+        let mut touched = code;
+        touched[0] += 1;
+        touched[6] ^= 0xffff;
+        assert_eq!(py_code_print(&touched, words), print);
+        // Any covered word tells another object.
+        for i in [1, 2, 9, 14, 16, 17] {
+            let mut other = code;
+            other[i] ^= 0x10;
+            assert_ne!(py_code_print(&other, words), print, "word {i}");
+        }
+        assert_eq!(py_code_print_bytes(words), 18 * 8);
+        assert_eq!(py_code_print_bytes(0), 8);
+        assert_eq!(py_code_print_bytes(1 << 31), 256);
     }
 
     #[test]

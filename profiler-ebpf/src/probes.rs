@@ -425,6 +425,10 @@ fn take_stack_claimed(
         return Ok(hash);
     }
     take_new_stack_budget(pid)?;
+    // Before the stack: user space names its Python frames only by them.
+    if !crate::python::file_prints(pid, hash, len) {
+        return Err(DropReason::StackMapFull);
+    }
     // By reference: a StackTrace copied onto the 512-byte BPF stack won't fit.
     let trace: &StackTrace = trace;
     match STACKS.insert(hash, trace, u64::from(BPF_NOEXIST)) {

@@ -14,14 +14,17 @@ use aya_ebpf::{
 use profiler_common::{
     MAX_STACK_DEPTH,
     python::{
-        MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_FRAME_WORDS, PY_NO_FIELD, PY_RESERVED_SLOTS,
-        PY_STACK_BEGIN, PY_TRUNCATED_FRAME, PyFrameStep, PyProcConfig, py_frame_step,
+        MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PY_NO_FIELD,
+        PY_NO_PRINT, PY_RESERVED_SLOTS, PY_STACK_BEGIN, PY_TRUNCATED_FRAME, PyFrameStep,
+        PyProcConfig, decode_python_frame, py_code_print, py_code_print_bytes, py_frame_step,
         py_mark_entry, py_plausible,
     },
     unwind::DEPTH_CUT_FRAME,
 };
 
-use crate::maps::{PY_PROCS, PY_SCRATCH, PY_THREADS, PyScratch, PyThread, STACK_SCRATCH};
+use crate::maps::{
+    PY_PROCS, PY_SCRATCH, PY_STACK_PRINTS, PY_THREADS, PyScratch, PyThread, STACK_SCRATCH,
+};
 
 /// How long a thread found without a thread state stays so before it is
 /// looked for again (a native thread may take one later).
@@ -204,6 +207,95 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
     }
     w.frame = previous;
     if previous == 0 { STOP } else { CONTINUE }
+}
+
+/// For a new stack of `len` frames in `STACK_SCRATCH`: files the prints of
+/// the code objects its Python frames run, read now, under `stack_id` in
+/// `PY_STACK_PRINTS` (see `profiler_common::python`). False if they could
+/// not be filed: the stack must not be either, or user space would name
+/// its frames unchecked.
+#[inline(never)]
+pub fn file_prints(pid: u32, stack_id: u64, len: usize) -> bool {
+    let Some(cfg) = PY_PROCS.get_ptr(pid) else {
+        return true;
+    };
+    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    unsafe {
+        (*scratch).printed = 0;
+        (*scratch).print_slot = 0;
+    }
+    let mut walk = PyWalk { cfg };
+    // SAFETY: the callback is a BPF subprogram taking (index, &mut PyWalk);
+    // `walk` outlives the call.
+    unsafe {
+        generated::bpf_loop(
+            len.min(MAX_STACK_DEPTH) as u32,
+            print_step as *mut c_void,
+            (&raw mut walk).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    let scratch = unsafe { &*scratch };
+    if scratch.printed == 0 {
+        return true; // no Python part
+    }
+    PY_STACK_PRINTS
+        .insert(&stack_id, &scratch.prints, 0)
+        .is_ok()
+}
+
+/// One slot of the new stack: a Python frame gets its code object's print.
+#[inline(never)]
+extern "C" fn print_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `file_prints` passed its own `PyWalk` as the loop's context.
+    let walk = unsafe { &*ctx.cast::<PyWalk>() };
+    // SAFETY: a map value, valid for the whole program run; only read.
+    let cfg = unsafe { &*walk.cfg };
+    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+        return STOP;
+    };
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    let w = unsafe { &mut *scratch };
+    let Some(trace) = STACK_SCRATCH.get_ptr(0) else {
+        return STOP;
+    };
+    let slot = w.print_slot as usize;
+    w.print_slot += 1;
+    // SAFETY: a per-CPU map value, ours under the scratch claim.
+    let Some(&value) = (unsafe { &*trace }).frames.get(slot) else {
+        return STOP;
+    };
+    let Some(frame) = decode_python_frame(value) else {
+        return CONTINUE;
+    };
+    let printed = w.printed as usize;
+    if printed >= MAX_PYTHON_FRAMES {
+        return STOP;
+    }
+    // 8 to 256 bytes: a bound the verifier sees on the helper's register.
+    let size = py_code_print_bytes(cfg.code_print_words);
+    let size = 8 + (size.wrapping_sub(8) & (PY_CODE_PRINT_WORDS as u32 * 8 - 8));
+    // SAFETY: the helper writes at most `size` (≤ the buffer) bytes into
+    // this CPU's buffer, ours under the scratch claim, and reports a fault
+    // instead of taking it.
+    let err = unsafe {
+        generated::bpf_probe_read_user(
+            core::ptr::addr_of_mut!(w.code).cast(),
+            size,
+            frame.code as *const c_void,
+        )
+    };
+    w.prints.prints[printed] = if err != 0 || cfg.code_print_words == 0 {
+        PY_NO_PRINT
+    } else {
+        py_code_print(&w.code, cfg.code_print_words)
+    };
+    w.printed = printed as u64 + 1;
+    CONTINUE
 }
 
 /// The current thread's innermost interpreter frame, if it has a thread
