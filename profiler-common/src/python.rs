@@ -183,10 +183,52 @@ pub const PY_NO_PRINT: u32 = 0;
 /// The prints of a stack's Python frames' code objects, in the order of the
 /// frames in the stack (markers take none), as the kernel read them when the
 /// stack was new (`PY_STACK_PRINTS`, by stack id).
+///
+/// A stack the same in every frame may later run code objects made where
+/// freed ones were. So a sample of a known stack re-prints its frames when
+/// the last check is older than [`PY_RECHECK_NS`]; frames that print
+/// otherwise are filed under another stack id from then on
+/// ([`py_moved_stack`], kept in `moved_to`), with prints of their own.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PyStackPrints {
+    /// When the frames were last printed alike (kernel clock, ns).
+    pub checked_ns: u64,
+    /// The stack this one's samples go to since its frames printed
+    /// otherwise; 0: this one.
+    pub moved_to: u64,
+    /// [`py_prints_digest`] of `prints`.
+    pub digest: u64,
     pub prints: [u32; MAX_PYTHON_FRAMES],
+}
+
+/// How long a stack's prints are trusted before a sample re-prints them.
+/// Samples of a code object made at a freed one's address, in a stack the
+/// same in every frame, within this long of the stack's last check are
+/// filed under the old code's name; after it, under their own.
+pub const PY_RECHECK_NS: u64 = 250_000_000;
+
+/// The digest of a stack's prints, one print at a time from
+/// [`PY_PRINTS_SEED`].
+#[inline(always)]
+pub fn py_prints_digest(digest: u64, print: u32) -> u64 {
+    (digest ^ u64::from(print)).wrapping_mul(0x0000_0100_0000_01b3)
+}
+
+pub const PY_PRINTS_SEED: u64 = 0x8422_2325_cbf2_9ce4;
+
+/// The id a stack's samples move to when its frames print as `digest`
+/// (the stack's own id is `stack`): the same frames, other code objects.
+#[inline(always)]
+pub fn py_moved_stack(stack: u64, digest: u64) -> u64 {
+    crate::stack_id(crate::stack_hash_step(stack, digest))
+}
+
+/// Whether a stack whose last frame is `last` has a Python part: it ends
+/// in a Python frame or the walk's truncation marker.
+#[inline(always)]
+pub fn py_ends_stack(last: u64) -> bool {
+    last == PY_TRUNCATED_FRAME || decode_python_frame(last).is_some()
 }
 
 /// Bytes the kernel reads of a code object for its print: up to the last
@@ -421,6 +463,23 @@ mod tests {
             panic!("a frame");
         };
         assert_eq!(decode_python_frame(value).unwrap().instr, None);
+    }
+
+    #[test]
+    fn moved_stacks_are_their_prints() {
+        let (a, b) = (
+            py_prints_digest(PY_PRINTS_SEED, 7),
+            py_prints_digest(PY_PRINTS_SEED, 8),
+        );
+        assert_ne!(a, b);
+        let stack = 0x1234_5678_9abc;
+        assert_ne!(py_moved_stack(stack, a), stack);
+        assert_ne!(py_moved_stack(stack, a), py_moved_stack(stack, b));
+        assert_eq!(py_moved_stack(stack, a), py_moved_stack(stack, a));
+        assert!(py_ends_stack(encode_python_frame(0x1000, 1, false)));
+        assert!(py_ends_stack(PY_TRUNCATED_FRAME));
+        assert!(!py_ends_stack(PY_STACK_BEGIN));
+        assert!(!py_ends_stack(0x5555_5555_1234));
     }
 
     #[test]

@@ -15,9 +15,10 @@ use profiler_common::{
     MAX_STACK_DEPTH,
     python::{
         MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PY_NO_FIELD,
-        PY_NO_PRINT, PY_RESERVED_SLOTS, PY_STACK_BEGIN, PY_TRUNCATED_FRAME, PyFrameStep,
-        PyProcConfig, decode_python_frame, py_code_print, py_code_print_bytes, py_frame_step,
-        py_mark_entry, py_plausible,
+        PY_NO_PRINT, PY_PRINTS_SEED, PY_RECHECK_NS, PY_RESERVED_SLOTS, PY_STACK_BEGIN,
+        PY_TRUNCATED_FRAME, PyFrameStep, PyProcConfig, PyStackPrints, decode_python_frame,
+        py_code_print, py_code_print_bytes, py_frame_step, py_mark_entry, py_moved_stack,
+        py_plausible, py_prints_digest,
     },
     unwind::DEPTH_CUT_FRAME,
 };
@@ -216,16 +217,73 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
 /// its frames unchecked.
 #[inline(never)]
 pub fn file_prints(pid: u32, stack_id: u64, len: usize) -> bool {
-    let Some(cfg) = PY_PROCS.get_ptr(pid) else {
-        return true;
+    let Some(scratch) = print_frames(pid, len) else {
+        return true; // no Python frame, or not a CPython process
     };
-    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
-        return false;
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    let entry = unsafe { &mut (*scratch).prints };
+    // SAFETY: a helper without arguments.
+    entry.checked_ns = unsafe { bpf_ktime_get_ns() };
+    entry.moved_to = 0;
+    PY_STACK_PRINTS.insert(&stack_id, entry, 0).is_ok()
+}
+
+/// The stack a sample of the known stack `stack` (of `len` frames in
+/// `STACK_SCRATCH`) goes to: itself, or the one its samples moved to when
+/// its frames last printed otherwise. Re-prints the frames when that
+/// stack's last check is older than `PY_RECHECK_NS`; if they print
+/// otherwise now, they move to a stack of their own, which the caller files
+/// if it is not known yet.
+#[inline(never)]
+pub fn current_stack(pid: u32, stack: u64, len: usize) -> u64 {
+    let Some(entry) = PY_STACK_PRINTS.get_ptr_mut(stack) else {
+        return stack; // no Python frame
     };
+    // SAFETY: a map value, valid for the whole program run; racing CPUs
+    // write the same values (see below).
+    let entry = unsafe { &mut *entry };
+    let (target, checked) = match entry.moved_to {
+        0 => (stack, entry as *mut PyStackPrints),
+        moved => match PY_STACK_PRINTS.get_ptr_mut(moved) {
+            Some(checked) => (moved, checked),
+            None => return moved, // to be filed by the caller
+        },
+    };
+    // SAFETY: as above.
+    let checked = unsafe { &mut *checked };
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(checked.checked_ns) < PY_RECHECK_NS {
+        return target;
+    }
+    let Some(scratch) = print_frames(pid, len) else {
+        return target;
+    };
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    let digest = unsafe { (*scratch).prints.digest };
+    if digest == checked.digest {
+        checked.checked_ns = now;
+        return target;
+    }
+    // Other code objects in the same frames: their own stack from now on
+    // (the same id on every CPU that sees them).
+    let moved = py_moved_stack(stack, digest);
+    entry.moved_to = moved;
+    moved
+}
+
+/// Prints the code objects of the Python frames among the `len` frames of
+/// `STACK_SCRATCH` into this CPU's `PyScratch::prints`; the scratch if the
+/// process is CPython and the stack has Python frames.
+#[inline(always)]
+fn print_frames(pid: u32, len: usize) -> Option<*mut PyScratch> {
+    let cfg = PY_PROCS.get_ptr(pid)?;
+    let scratch = PY_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: this CPU's scratch, ours under the stack scratch claim.
     unsafe {
         (*scratch).printed = 0;
         (*scratch).print_slot = 0;
+        (*scratch).prints.digest = PY_PRINTS_SEED;
     }
     let mut walk = PyWalk { cfg };
     // SAFETY: the callback is a BPF subprogram taking (index, &mut PyWalk);
@@ -239,13 +297,7 @@ pub fn file_prints(pid: u32, stack_id: u64, len: usize) -> bool {
         )
     };
     // SAFETY: as above.
-    let scratch = unsafe { &*scratch };
-    if scratch.printed == 0 {
-        return true; // no Python part
-    }
-    PY_STACK_PRINTS
-        .insert(&stack_id, &scratch.prints, 0)
-        .is_ok()
+    (unsafe { (*scratch).printed } != 0).then_some(scratch)
 }
 
 /// One slot of the new stack: a Python frame gets its code object's print.
@@ -289,11 +341,13 @@ extern "C" fn print_step(_index: u64, ctx: *mut c_void) -> i64 {
             frame.code as *const c_void,
         )
     };
-    w.prints.prints[printed] = if err != 0 || cfg.code_print_words == 0 {
+    let print = if err != 0 || cfg.code_print_words == 0 {
         PY_NO_PRINT
     } else {
         py_code_print(&w.code, cfg.code_print_words)
     };
+    w.prints.prints[printed] = print;
+    w.prints.digest = py_prints_digest(w.prints.digest, print);
     w.printed = printed as u64 + 1;
     CONTINUE
 }

@@ -40,7 +40,7 @@ use allocprof::{
 use common::{DEBIAN_PYTHON, Proc, RATE, truth_and_sigma};
 use profiler_common::{
     NO_STACK, OVERFLOW_STACK,
-    python::{MAX_PYTHON_FRAMES, decode_python_frame, split_python},
+    python::{MAX_PYTHON_FRAMES, PY_RECHECK_NS, decode_python_frame, split_python},
 };
 
 /// pyenv's CPython 3.10: it exports `_PyRuntime` but has no `Py_Version`
@@ -485,7 +485,9 @@ struct Freed {
     proc: Proc,
     session: Session,
     pid: u32,
-    /// The made functions' names.
+    /// The first made functions' names, by their code objects' addresses.
+    made: HashMap<u64, String>,
+    /// Every made function's name.
     names: HashSet<String>,
     /// The line `make` calls them from.
     call: u32,
@@ -542,13 +544,14 @@ impl Freed {
         let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
         session.complete_profile().unwrap();
         proc.send(&format!("make {FUNCTIONS}"));
-        let names: HashSet<String> = read_made(&mut proc).into_values().collect();
-        assert_eq!(names.len(), FUNCTIONS as usize, "each its own code object");
+        let made = read_made(&mut proc);
+        assert_eq!(made.len(), FUNCTIONS as usize, "each its own code object");
         Freed {
             proc,
             session,
             pid,
-            names,
+            names: made.values().cloned().collect(),
+            made,
             call: site_lines(&workload("python_freed.py"))["call"],
         }
     }
@@ -660,6 +663,65 @@ fn code_objects_freed_and_reused_before_their_resolution_are_never_misnamed() {
         "{reused} addresses reused by decoys; {} functions named, {} sites freed",
         named.len(),
         sites.iter().filter(|(f, ..)| f == FREED_MARKER).count()
+    );
+    freed.exit();
+}
+
+/// The functions made again where the first ones were (the same template,
+/// names of the same length, the same file), called from the same line:
+/// stacks the same in every frame. Once the first are named, the second's
+/// samples are filed under their own names (the kernel prints a known
+/// stack's frames again when its last check is older than
+/// `PY_RECHECK_NS`) or freed, never under the first's: the first
+/// functions' bytes are theirs alone.
+#[test]
+fn code_objects_made_again_in_the_same_stacks_never_take_the_first_names() {
+    let mut freed = Freed::start();
+    let profile = freed.first_profile();
+    let first: HashMap<String, u64> = freed
+        .made
+        .iter()
+        .map(|(address, name)| (name.clone(), *address))
+        .collect();
+    let named_first = freed.check(&profile, true);
+    assert!(
+        named_first.iter().any(|(f, ..)| first.contains_key(f)),
+        "the first functions are named: {named_first:?}"
+    );
+    std::thread::sleep(Duration::from_nanos(2 * PY_RECHECK_NS));
+    freed.proc.send(&format!("make {FUNCTIONS}"));
+    let second = read_made(&mut freed.proc);
+    let reused = second.keys().filter(|a| freed.made.contains_key(a)).count();
+    assert!(
+        reused > 0,
+        "no function made again where a first one was: the test shows nothing"
+    );
+    freed.names.extend(second.into_values());
+    let profile = profile_until(&mut freed.session, |profile| {
+        let sites = made_sites(common::process(profile, freed.pid), freed.call);
+        sites.iter().any(|(f, ..)| !first.contains_key(f))
+    });
+    let sites = freed.check(&profile, false);
+    let (truth, sigma) = truth_and_sigma(FUNCTIONS * EACH, SIZE, RATE);
+    let first_bytes: f64 = sites
+        .iter()
+        .filter(|(f, ..)| first.contains_key(f))
+        .map(|s| s.2)
+        .sum();
+    let all: f64 = sites.iter().map(|s| s.2).sum();
+    eprintln!(
+        "{reused} addresses made again; the first functions' sites {first_bytes} B, all {all} B"
+    );
+    // The first functions' named bytes are at most theirs (some may be
+    // freed); with the second's samples in their stacks they would double.
+    assert!(
+        first_bytes <= truth + 4.0 * sigma,
+        "the first functions' sites hold {first_bytes} B, theirs are {truth} (σ {sigma}): {sites:?}"
+    );
+    let (truth, sigma) = truth_and_sigma(2 * FUNCTIONS * EACH, SIZE, RATE);
+    assert!(
+        (all - truth).abs() <= 4.0 * sigma,
+        "{all} live bytes of both, truth {truth} (σ {sigma}): {sites:?}"
     );
     freed.exit();
 }
