@@ -186,7 +186,8 @@ pub const PY_NO_PRINT: u32 = 0;
 ///
 /// A stack the same in every frame may later run code objects made where
 /// freed ones were. So a sample of a known stack re-prints its frames when
-/// the last check is older than [`PY_RECHECK_NS`]; frames that print
+/// the last check is older than the re-check interval (`PY_RECHECK_NS`,
+/// [`DEFAULT_PY_RECHECK_NS`] unless set; 0: every sample); frames that print
 /// otherwise are filed under another stack id from then on
 /// ([`py_moved_stack`], kept in `moved_to`), with prints of their own.
 #[repr(C)]
@@ -202,11 +203,12 @@ pub struct PyStackPrints {
     pub prints: [u32; MAX_PYTHON_FRAMES],
 }
 
-/// How long a stack's prints are trusted before a sample re-prints them.
-/// Samples of a code object made at a freed one's address, in a stack the
-/// same in every frame, within this long of the stack's last check are
-/// filed under the old code's name; after it, under their own.
-pub const PY_RECHECK_NS: u64 = 250_000_000;
+/// How long a stack's prints are trusted before a sample re-prints them,
+/// by default (`--python-recheck`). Samples of a code object made at a
+/// freed one's address, in a stack the same in every frame, within this
+/// long of the stack's last check are filed under the old code's name;
+/// after it, under their own.
+pub const DEFAULT_PY_RECHECK_NS: u64 = 250_000_000;
 
 /// The digest of a stack's prints, one print at a time from
 /// [`PY_PRINTS_SEED`].

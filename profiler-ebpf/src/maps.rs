@@ -9,7 +9,9 @@ use aya_ebpf::{
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
     LiveSample, ProcCounters, StackAgg, StackTrace, UsdtSpec,
-    python::{PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PyProcConfig, PyStackPrints},
+    python::{
+        DEFAULT_PY_RECHECK_NS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PyProcConfig, PyStackPrints,
+    },
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -192,6 +194,12 @@ pub static NEW_STACKS_BURST: u64 = DEFAULT_NEW_STACKS_BURST;
 #[unsafe(no_mangle)]
 pub static MAX_EVENT_RATE: u64 = 0;
 
+/// Set by user space at load time (`--python-recheck`): how long a Python
+/// stack's code-object prints are trusted before a sample prints its frames
+/// again (see `python::current_stack`); 0: at every sample.
+#[unsafe(no_mangle)]
+pub static PY_RECHECK_NS: u64 = DEFAULT_PY_RECHECK_NS;
+
 /// Set by user space when profiling system-wide: report every exec, not only
 /// those of processes already tracked.
 #[unsafe(no_mangle)]
@@ -244,6 +252,12 @@ pub fn new_stacks_burst() -> u64 {
 pub fn max_event_rate() -> u64 {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&MAX_EVENT_RATE) }
+}
+
+#[inline(always)]
+pub fn py_recheck_ns() -> u64 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&PY_RECHECK_NS) }
 }
 
 #[inline(always)]

@@ -15,16 +15,17 @@ use profiler_common::{
     MAX_STACK_DEPTH,
     python::{
         MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PY_NO_FIELD,
-        PY_NO_PRINT, PY_PRINTS_SEED, PY_RECHECK_NS, PY_RESERVED_SLOTS, PY_STACK_BEGIN,
-        PY_TRUNCATED_FRAME, PyFrameStep, PyProcConfig, PyStackPrints, decode_python_frame,
-        py_code_print, py_code_print_bytes, py_frame_step, py_mark_entry, py_moved_stack,
-        py_plausible, py_prints_digest,
+        PY_NO_PRINT, PY_PRINTS_SEED, PY_RESERVED_SLOTS, PY_STACK_BEGIN, PY_TRUNCATED_FRAME,
+        PyFrameStep, PyProcConfig, PyStackPrints, decode_python_frame, py_code_print,
+        py_code_print_bytes, py_frame_step, py_mark_entry, py_moved_stack, py_plausible,
+        py_prints_digest,
     },
     unwind::DEPTH_CUT_FRAME,
 };
 
 use crate::maps::{
     PY_PROCS, PY_SCRATCH, PY_STACK_PRINTS, PY_THREADS, PyScratch, PyThread, STACK_SCRATCH,
+    py_recheck_ns,
 };
 
 /// How long a thread found without a thread state stays so before it is
@@ -231,7 +232,7 @@ pub fn file_prints(pid: u32, stack_id: u64, len: usize) -> bool {
 /// The stack a sample of the known stack `stack` (of `len` frames in
 /// `STACK_SCRATCH`) goes to: itself, or the one its samples moved to when
 /// its frames last printed otherwise. Re-prints the frames when that
-/// stack's last check is older than `PY_RECHECK_NS`; if they print
+/// stack's last check is older than `PY_RECHECK_NS` (0: always); if they print
 /// otherwise now, they move to a stack of their own, which the caller files
 /// if it is not known yet.
 #[inline(never)]
@@ -253,7 +254,7 @@ pub fn current_stack(pid: u32, stack: u64, len: usize) -> u64 {
     let checked = unsafe { &mut *checked };
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(checked.checked_ns) < PY_RECHECK_NS {
+    if now.wrapping_sub(checked.checked_ns) < py_recheck_ns() {
         return target;
     }
     let Some(scratch) = print_frames(pid, len) else {
