@@ -30,3 +30,5 @@ unsafe impl aya::Pod for unwind::ProcUnwind {}
 unsafe impl aya::Pod for python::PyProcConfig {}
 // SAFETY: as above.
 unsafe impl aya::Pod for python::PyStackPrints {}
+// SAFETY: as above.
+unsafe impl aya::Pod for python::PyCodePrint {}

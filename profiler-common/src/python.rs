@@ -137,10 +137,8 @@ pub struct PyProcConfig {
     pub code_adaptive: u32,
     /// [`PY_ENTRY_BY_OWNER`], [`PY_CODE_TAGGED`].
     pub flags: u32,
-    /// The words of a code object's start its print covers (bit i: word
-    /// i; see [`py_code_print`]); 0: no prints (code objects of this
-    /// version are not read).
-    pub code_print_words: u32,
+    /// What of a code object its print covers (see [`py_code_print`]).
+    pub code_print: PyCodePrint,
     /// The process's pid namespace (`stat /proc/PID/ns/pid`: the kernel's
     /// `dev_t` of nsfs, and the inode), when it is not the initial one: its
     /// thread states hold thread ids of that namespace, which the kernel
@@ -233,27 +231,58 @@ pub fn py_ends_stack(last: u64) -> bool {
     last == PY_TRUNCATED_FRAME || decode_python_frame(last).is_some()
 }
 
-/// Bytes the kernel reads of a code object for its print: up to the last
-/// word of `words` (a [`PyProcConfig::code_print_words`] mask), 8 to
-/// `8 * PY_CODE_PRINT_WORDS`.
-#[inline(always)]
-pub fn py_code_print_bytes(words: u32) -> u32 {
-    8 * (32 - words.leading_zeros()).max(1)
+/// The words of a code object's start its print covers, by index (a
+/// list, not a mask: the kernel hashes only these, a few instructions
+/// each).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyCodePrint {
+    /// Bytes read from the object's start: past the last word covered, at
+    /// most `8 * PY_CODE_PRINT_WORDS`; 0: no prints (code objects of this
+    /// version are not read).
+    pub read: u32,
+    /// The words' indexes (below `PY_CODE_PRINT_WORDS`), the first
+    /// [`PY_PRINT_END`] ending the list.
+    pub at: [u8; 8],
+}
+
+/// Ends [`PyCodePrint::at`].
+pub const PY_PRINT_END: u8 = u8::MAX;
+
+impl PyCodePrint {
+    /// The print of the words at these byte offsets (at most 8, each
+    /// within the first `PY_CODE_PRINT_WORDS` words).
+    pub fn of_offsets(offsets: &[usize]) -> PyCodePrint {
+        let mut at = [PY_PRINT_END; 8];
+        let mut read = 0;
+        for (slot, offset) in at.iter_mut().zip(offsets) {
+            let word = offset / 8;
+            assert!(
+                word < PY_CODE_PRINT_WORDS,
+                "offset {offset} past the print's words"
+            );
+            *slot = word as u8;
+            read = read.max(8 * (word as u32 + 1));
+        }
+        PyCodePrint { read, at }
+    }
 }
 
 /// What tells a code object from another made at its address later: a
-/// digest of the words of its start named by `words` (the fields no running
+/// digest of the words of its start `print` covers (the fields no running
 /// code changes: its type, size, first line, and the name, file and
 /// location-table objects it points to). Never [`PY_NO_PRINT`].
 #[inline(always)]
-pub fn py_code_print(code: &[u64; PY_CODE_PRINT_WORDS], words: u32) -> u32 {
+pub fn py_code_print(code: &[u64; PY_CODE_PRINT_WORDS], print: &PyCodePrint) -> u32 {
     let mut h: u64 = 0x243f_6a88_85a3_08d3;
     let mut i = 0;
-    while i < PY_CODE_PRINT_WORDS {
-        if words & (1 << i) != 0 {
-            h = (h ^ code[i]).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            h ^= h >> 29;
+    while i < print.at.len() {
+        let word = print.at[i] as usize;
+        if word >= PY_CODE_PRINT_WORDS {
+            break;
         }
+        h = (h ^ code[word]).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
         i += 1;
     }
     match (h >> 32) as u32 ^ h as u32 {
@@ -490,23 +519,23 @@ mod tests {
         for (i, w) in code.iter_mut().enumerate() {
             *w = 0x7f00_0000_0000 + i as u64 * 8;
         }
-        let words = 0b11_0100_0010_0000_0110; // 1, 2, 9, 14, 16, 17
-        let print = py_code_print(&code, words);
+        let words = PyCodePrint::of_offsets(&[8, 16, 72, 112, 128, 136]);
+        assert_eq!(words.at, [1, 2, 9, 14, 16, 17, PY_PRINT_END, PY_PRINT_END]);
+        assert_eq!(words.read, 18 * 8);
+        let print = py_code_print(&code, &words);
         assert_ne!(print, PY_NO_PRINT);
         // A refcount (word 0) or a warm-up counter (word 6) may change.
         let mut touched = code;
         touched[0] += 1;
         touched[6] ^= 0xffff;
-        assert_eq!(py_code_print(&touched, words), print);
+        assert_eq!(py_code_print(&touched, &words), print);
         // Any covered word tells another object.
         for i in [1, 2, 9, 14, 16, 17] {
             let mut other = code;
             other[i] ^= 0x10;
-            assert_ne!(py_code_print(&other, words), print, "word {i}");
+            assert_ne!(py_code_print(&other, &words), print, "word {i}");
         }
-        assert_eq!(py_code_print_bytes(words), 18 * 8);
-        assert_eq!(py_code_print_bytes(0), 8);
-        assert_eq!(py_code_print_bytes(1 << 31), 256);
+        assert_eq!(PyCodePrint::of_offsets(&[]).read, 0);
     }
 
     #[test]

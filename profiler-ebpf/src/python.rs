@@ -17,8 +17,7 @@ use profiler_common::{
         MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PY_NO_FIELD,
         PY_NO_PRINT, PY_PRINTS_SEED, PY_RESERVED_SLOTS, PY_STACK_BEGIN, PY_TRUNCATED_FRAME,
         PyFrameStep, PyProcConfig, PyStackPrints, decode_python_frame, py_code_print,
-        py_code_print_bytes, py_frame_step, py_mark_entry, py_moved_stack, py_plausible,
-        py_prints_digest,
+        py_frame_step, py_mark_entry, py_moved_stack, py_plausible, py_prints_digest,
     },
     unwind::DEPTH_CUT_FRAME,
 };
@@ -330,8 +329,7 @@ extern "C" fn print_step(_index: u64, ctx: *mut c_void) -> i64 {
         return STOP;
     }
     // 8 to 256 bytes: a bound the verifier sees on the helper's register.
-    let size = py_code_print_bytes(cfg.code_print_words);
-    let size = 8 + (size.wrapping_sub(8) & (PY_CODE_PRINT_WORDS as u32 * 8 - 8));
+    let size = 8 + (cfg.code_print.read.wrapping_sub(8) & (PY_CODE_PRINT_WORDS as u32 * 8 - 8));
     // SAFETY: the helper writes at most `size` (≤ the buffer) bytes into
     // this CPU's buffer, ours under the scratch claim, and reports a fault
     // instead of taking it.
@@ -342,10 +340,10 @@ extern "C" fn print_step(_index: u64, ctx: *mut c_void) -> i64 {
             frame.code as *const c_void,
         )
     };
-    let print = if err != 0 || cfg.code_print_words == 0 {
+    let print = if err != 0 || cfg.code_print.read == 0 {
         PY_NO_PRINT
     } else {
-        py_code_print(&w.code, cfg.code_print_words)
+        py_code_print(&w.code, &cfg.code_print)
     };
     w.prints.prints[printed] = print;
     w.prints.digest = py_prints_digest(w.prints.digest, print);

@@ -12,7 +12,7 @@
 //! `co_firstlineno` and the string headers, tested where pyenv has them
 //! (see `python/tests`).
 
-use profiler_common::python::{PY_CODE_PRINT_WORDS, py_code_print};
+use profiler_common::python::{PY_CODE_PRINT_WORDS, PyCodePrint, py_code_print};
 use thiserror::Error;
 
 use super::{PyVersion, linetable};
@@ -136,22 +136,20 @@ impl Layout {
         }
     }
 
-    /// The words of a code object the kernel's print covers (bit i: word
-    /// i, see `profiler_common::python::py_code_print`): the fields of the
+    /// The words of a code object the kernel's print covers (see
+    /// `profiler_common::python::py_code_print`): the fields of the
     /// [`Fingerprint`], each in a word no running code writes (3.11's
     /// `co_firstlineno` shares its word with `co_nlocalsplus`, 3.12's with
     /// `co_stacksize`). All within the header read here.
-    pub fn print_words(&self) -> u32 {
-        [
+    pub fn code_print(&self) -> PyCodePrint {
+        PyCodePrint::of_offsets(&[
             OB_TYPE,
             OB_SIZE,
             self.code_firstlineno,
             CODE_FILENAME,
             CODE_QUALNAME,
             CODE_LINETABLE,
-        ]
-        .into_iter()
-        .fold(0, |words, at| words | 1 << (at / 8))
+        ])
     }
 }
 
@@ -236,7 +234,7 @@ pub fn read_fingerprint(
         qualname: word(&header, CODE_QUALNAME),
         linetable: word(&header, CODE_LINETABLE),
         first_line,
-        kernel_print: py_code_print(&words, layout.print_words()),
+        kernel_print: py_code_print(&words, &layout.code_print()),
     };
     if code_type.is_some_and(|t| t != print.ob_type) {
         return Err(not_code("its type is not the interpreter's code type"));

@@ -71,7 +71,7 @@ impl Objects {
             *w = *p;
         }
         let layout = Layout::for_version(PY_311).unwrap();
-        py_code_print(&words, layout.print_words())
+        py_code_print(&words, &layout.code_print())
     }
 
     /// A code object whose instructions are one a line from `first`.
