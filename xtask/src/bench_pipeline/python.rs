@@ -1,7 +1,9 @@
 //! `cargo xtask bench pipeline`'s Python row (issue 30; `--python` runs it
 //! alone): what walking a CPython thread's frames adds to a sampled
 //! allocation. Debian's `/usr/bin/python3` runs `xtask/bench/python_deep.py`
-//! (bytearrays allocated under 20 Python frames) under liballocprof.so with
+//! (bytearrays allocated under 20 Python frames: one function recursing,
+//! and a function per frame, each a code object to print) under
+//! liballocprof.so with
 //! `PYTHONMALLOC=malloc` and `ALLOCPROF_RATE=1`, attached by `allocprof
 //! --python off`, `--python on` (known stacks' code objects re-checked at
 //! the default interval) and `--python on --python-recheck 0` (at every
@@ -74,78 +76,117 @@ impl Walk {
     }
 }
 
+/// The Python stack's shape: the same function's frames, or a function of
+/// its own per frame (each its own code object to print).
+#[derive(Clone, Copy)]
+enum Shape {
+    Recursive,
+    Distinct,
+}
+
+impl Shape {
+    fn arg(self) -> &'static str {
+        match self {
+            Shape::Recursive => "recursive",
+            Shape::Distinct => "distinct",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Shape::Recursive => "one function, recursing",
+            Shape::Distinct => "a function per frame",
+        }
+    }
+}
+
 pub(crate) fn run(root: &Path, bench: &Bench) -> Result<()> {
     println!(
         "\n## Python: a sampled alloc under {FRAMES} Python frames ({PYTHON}, \
          PYTHONMALLOC=malloc, ALLOCPROF_RATE=1), median of {RUNS}"
     );
-    let mut runs: Vec<Vec<PyRun>> = vec![Vec::new(); Walk::ALL.len()];
-    for round in 0..RUNS {
-        // Rotating which goes first, so none always runs on a machine
-        // warmed (or loaded) by the others.
-        for i in 0..Walk::ALL.len() {
-            let at = (i + round) % Walk::ALL.len();
-            runs[at].push(deep(root, bench, Walk::ALL[at])?);
-        }
-    }
-    let median = |runs: &[PyRun], pick: fn(&PyRun) -> f64| {
-        medians(&runs.iter().map(|r| (pick(r), 0.0)).collect::<Vec<_>>()).0
-    };
-    // Per walk: target CPU, target wall, eBPF program (ns).
-    let figures: Vec<(f64, f64, f64)> = runs
-        .iter()
-        .map(|runs| {
-            (
-                median(runs, |r| r.cpu),
-                median(runs, |r| r.wall),
-                median(runs, |r| r.kernel),
-            )
-        })
-        .collect();
     println!(
-        "| walk | target CPU ns per sampled alloc | target wall ns | eBPF alloc program µs per run |"
+        "| frames | walk | target CPU ns per sampled alloc | target wall ns | eBPF alloc program µs per run |"
     );
-    println!("|---|---|---|---|");
-    for (walk, (cpu, wall, kernel)) in Walk::ALL.iter().zip(&figures) {
-        println!(
-            "| {} | {cpu:.0} | {wall:.0} | {:.2} |",
-            walk.label(),
-            kernel / 1e3
-        );
+    println!("|---|---|---|---|---|");
+    let mut added = Vec::new();
+    for shape in [Shape::Recursive, Shape::Distinct] {
+        let mut runs: Vec<Vec<PyRun>> = vec![Vec::new(); Walk::ALL.len()];
+        for round in 0..RUNS {
+            // Rotating which goes first, so none always runs on a machine
+            // warmed (or loaded) by the others.
+            for i in 0..Walk::ALL.len() {
+                let at = (i + round) % Walk::ALL.len();
+                runs[at].push(deep(root, bench, Walk::ALL[at], shape)?);
+            }
+        }
+        let median = |runs: &[PyRun], pick: fn(&PyRun) -> f64| {
+            medians(&runs.iter().map(|r| (pick(r), 0.0)).collect::<Vec<_>>()).0
+        };
+        // Per walk: target CPU, target wall, eBPF program (ns).
+        let figures: Vec<(f64, f64, f64)> = runs
+            .iter()
+            .map(|runs| {
+                (
+                    median(runs, |r| r.cpu),
+                    median(runs, |r| r.wall),
+                    median(runs, |r| r.kernel),
+                )
+            })
+            .collect();
+        for (walk, (cpu, wall, kernel)) in Walk::ALL.iter().zip(&figures) {
+            println!(
+                "| {} | {} | {cpu:.0} | {wall:.0} | {:.2} |",
+                shape.label(),
+                walk.label(),
+                kernel / 1e3
+            );
+        }
+        let (off_cpu, off_wall, off_kernel) = figures[0];
+        for (walk, (cpu, wall, kernel)) in Walk::ALL.iter().zip(&figures).skip(1) {
+            added.push((
+                shape,
+                *walk,
+                cpu - off_cpu,
+                kernel - off_kernel,
+                wall - off_wall,
+            ));
+        }
     }
     let verdict = |added: f64| {
         if added <= TARGET_US { "met" } else { "MISSED" }
     };
-    let (off_cpu, off_wall, off_kernel) = figures[0];
-    for (walk, (cpu, wall, kernel)) in Walk::ALL.iter().zip(&figures).skip(1) {
+    for (shape, walk, cpu, kernel, wall) in added {
         let name = match walk {
             Walk::PythonEverySample => "Python walk, every sample checked",
             _ => "Python walk",
         };
         for (what, unit, added) in [
-            ("target CPU", "per sampled alloc", (cpu - off_cpu) / 1e3),
-            ("eBPF alloc program", "per run", (kernel - off_kernel) / 1e3),
+            ("target CPU", "per sampled alloc", cpu / 1e3),
+            ("eBPF alloc program", "per run", kernel / 1e3),
         ] {
             println!(
-                "{name}, {what}: {added:+.2} µs {unit} (target ≤ +{TARGET_US} µs: {})",
+                "{name} ({}), {what}: {added:+.2} µs {unit} (target ≤ +{TARGET_US} µs: {})",
+                shape.label(),
                 verdict(added)
             );
         }
         println!(
-            "({name}, target wall time: {:+.2} µs per sampled alloc; it counts other work on the shared cores)",
-            (wall - off_wall) / 1e3
+            "({name} ({}), target wall time: {:+.2} µs per sampled alloc; it counts other work on the shared cores)",
+            shape.label(),
+            wall / 1e3
         );
     }
     Ok(())
 }
 
-/// One run of the script, attached as `walk` says.
-fn deep(root: &Path, bench: &Bench, walk: Walk) -> Result<PyRun> {
+/// One run of the script, its stack of `shape`, attached as `walk` says.
+fn deep(root: &Path, bench: &Bench, walk: Walk, shape: Shape) -> Result<PyRun> {
     let python = walk != Walk::Native;
     let stats = BpfStats::enable();
     let mut w = Command::new(PYTHON)
         .arg(root.join(SCRIPT))
-        .args([STEPS, LEVELS])
+        .args([STEPS, LEVELS, shape.arg()])
         .env("PYTHONMALLOC", "malloc")
         .env("LD_PRELOAD", &bench.preload)
         .env("ALLOCPROF_RATE", "1")
