@@ -14,3 +14,4 @@ pub const SEEDED_PIDS: &str = "SEEDED_PIDS";
 pub const UNSEEN_FREES: &str = "UNSEEN_FREES";
 pub const FOLLOWED: &str = "FOLLOWED";
 pub const PY_PROCS: &str = "PY_PROCS";
+pub const PY_STACK_PRINTS: &str = "PY_STACK_PRINTS";

@@ -28,3 +28,7 @@ unsafe impl aya::Pod for unwind::UnwindMapping {}
 unsafe impl aya::Pod for unwind::ProcUnwind {}
 // SAFETY: as above.
 unsafe impl aya::Pod for python::PyProcConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for python::PyStackPrints {}
+// SAFETY: as above.
+unsafe impl aya::Pod for python::PyCodePrint {}

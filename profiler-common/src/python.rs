@@ -25,6 +25,13 @@
 //!
 //! The same code object and instruction give the same value, so the stack
 //! hash tells Python stacks apart by function and line for free.
+//!
+//! A code object may be freed and another made at its address before user
+//! space reads it. So when a stack is new, the kernel also files, by stack
+//! id, a print of each Python frame's code object as it was at the sample
+//! ([`PyStackPrints`], [`py_code_print`]): user space names a frame only if
+//! the object it reads has the same print. Only new stacks pay for it (one
+//! read per frame); a known stack's samples cost nothing more.
 
 /// Separates a stack's native frames from its Python frames.
 pub const PY_STACK_BEGIN: u64 = 0xffff_ffff_ffff_ffa0;
@@ -130,7 +137,8 @@ pub struct PyProcConfig {
     pub code_adaptive: u32,
     /// [`PY_ENTRY_BY_OWNER`], [`PY_CODE_TAGGED`].
     pub flags: u32,
-    pub _pad: u32,
+    /// What of a code object its print covers (see [`py_code_print`]).
+    pub code_print: PyCodePrint,
     /// The process's pid namespace (`stat /proc/PID/ns/pid`: the kernel's
     /// `dev_t` of nsfs, and the inode), when it is not the initial one: its
     /// thread states hold thread ids of that namespace, which the kernel
@@ -163,6 +171,125 @@ pub const PY_RESERVED_SLOTS: usize = 40;
 /// Threads of an interpreter looked through, at most, for the allocating
 /// thread's state.
 pub const MAX_PYTHON_THREADS: usize = 256;
+
+/// Words of a code object's start a print may cover.
+pub const PY_CODE_PRINT_WORDS: usize = 32;
+
+/// The print of a code object that could not be read at the sample.
+pub const PY_NO_PRINT: u32 = 0;
+
+/// The prints of a stack's Python frames' code objects, in the order of the
+/// frames in the stack (markers take none), as the kernel read them when the
+/// stack was new (`PY_STACK_PRINTS`, by stack id).
+///
+/// A stack the same in every frame may later run code objects made where
+/// freed ones were. So a sample of a known stack re-prints its frames when
+/// the last check is older than the re-check interval (`PY_RECHECK_NS`,
+/// [`DEFAULT_PY_RECHECK_NS`] unless set; 0: every sample); frames that print
+/// otherwise are filed under another stack id from then on
+/// ([`py_moved_stack`], kept in `moved_to`), with prints of their own.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PyStackPrints {
+    /// When the frames were last printed alike (kernel clock, ns).
+    pub checked_ns: u64,
+    /// The stack this one's samples go to since its frames printed
+    /// otherwise; 0: this one.
+    pub moved_to: u64,
+    /// [`py_prints_digest`] of `prints`.
+    pub digest: u64,
+    pub prints: [u32; MAX_PYTHON_FRAMES],
+}
+
+/// How long a stack's prints are trusted before a sample re-prints them,
+/// by default (`--python-recheck`). Samples of a code object made at a
+/// freed one's address, in a stack the same in every frame, within this
+/// long of the stack's last check are filed under the old code's name;
+/// after it, under their own.
+pub const DEFAULT_PY_RECHECK_NS: u64 = 250_000_000;
+
+/// The digest of a stack's prints, one print at a time from
+/// [`PY_PRINTS_SEED`].
+#[inline(always)]
+pub fn py_prints_digest(digest: u64, print: u32) -> u64 {
+    (digest ^ u64::from(print)).wrapping_mul(0x0000_0100_0000_01b3)
+}
+
+pub const PY_PRINTS_SEED: u64 = 0x8422_2325_cbf2_9ce4;
+
+/// The id a stack's samples move to when its frames print as `digest`
+/// (the stack's own id is `stack`): the same frames, other code objects.
+#[inline(always)]
+pub fn py_moved_stack(stack: u64, digest: u64) -> u64 {
+    crate::stack_id(crate::stack_hash_step(stack, digest))
+}
+
+/// Whether a stack whose last frame is `last` has a Python part: it ends
+/// in a Python frame or the walk's truncation marker.
+#[inline(always)]
+pub fn py_ends_stack(last: u64) -> bool {
+    last == PY_TRUNCATED_FRAME || decode_python_frame(last).is_some()
+}
+
+/// The words of a code object's start its print covers, by index (a
+/// list, not a mask: the kernel hashes only these, a few instructions
+/// each).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyCodePrint {
+    /// Bytes read from the object's start: past the last word covered, at
+    /// most `8 * PY_CODE_PRINT_WORDS`; 0: no prints (code objects of this
+    /// version are not read).
+    pub read: u32,
+    /// The words' indexes (below `PY_CODE_PRINT_WORDS`), the first
+    /// [`PY_PRINT_END`] ending the list.
+    pub at: [u8; 8],
+}
+
+/// Ends [`PyCodePrint::at`].
+pub const PY_PRINT_END: u8 = u8::MAX;
+
+impl PyCodePrint {
+    /// The print of the words at these byte offsets (at most 8, each
+    /// within the first `PY_CODE_PRINT_WORDS` words).
+    pub fn of_offsets(offsets: &[usize]) -> PyCodePrint {
+        let mut at = [PY_PRINT_END; 8];
+        let mut read = 0;
+        for (slot, offset) in at.iter_mut().zip(offsets) {
+            let word = offset / 8;
+            assert!(
+                word < PY_CODE_PRINT_WORDS,
+                "offset {offset} past the print's words"
+            );
+            *slot = word as u8;
+            read = read.max(8 * (word as u32 + 1));
+        }
+        PyCodePrint { read, at }
+    }
+}
+
+/// What tells a code object from another made at its address later: a
+/// digest of the words of its start `print` covers (the fields no running
+/// code changes: its type, size, first line, and the name, file and
+/// location-table objects it points to). Never [`PY_NO_PRINT`].
+#[inline(always)]
+pub fn py_code_print(code: &[u64; PY_CODE_PRINT_WORDS], print: &PyCodePrint) -> u32 {
+    let mut h: u64 = 0x243f_6a88_85a3_08d3;
+    let mut i = 0;
+    while i < print.at.len() {
+        let word = print.at[i] as usize;
+        if word >= PY_CODE_PRINT_WORDS {
+            break;
+        }
+        h = (h ^ code[word]).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+        i += 1;
+    }
+    match (h >> 32) as u32 ^ h as u32 {
+        PY_NO_PRINT => 1,
+        print => print,
+    }
+}
 
 /// What one interpreter frame read by the kernel gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -367,6 +494,48 @@ mod tests {
             panic!("a frame");
         };
         assert_eq!(decode_python_frame(value).unwrap().instr, None);
+    }
+
+    #[test]
+    fn moved_stacks_are_their_prints() {
+        let (a, b) = (
+            py_prints_digest(PY_PRINTS_SEED, 7),
+            py_prints_digest(PY_PRINTS_SEED, 8),
+        );
+        assert_ne!(a, b);
+        let stack = 0x1234_5678_9abc;
+        assert_ne!(py_moved_stack(stack, a), stack);
+        assert_ne!(py_moved_stack(stack, a), py_moved_stack(stack, b));
+        assert_eq!(py_moved_stack(stack, a), py_moved_stack(stack, a));
+        assert!(py_ends_stack(encode_python_frame(0x1000, 1, false)));
+        assert!(py_ends_stack(PY_TRUNCATED_FRAME));
+        assert!(!py_ends_stack(PY_STACK_BEGIN));
+        assert!(!py_ends_stack(0x5555_5555_1234));
+    }
+
+    #[test]
+    fn a_print_covers_its_words_only() {
+        let mut code = [0u64; PY_CODE_PRINT_WORDS];
+        for (i, w) in code.iter_mut().enumerate() {
+            *w = 0x7f00_0000_0000 + i as u64 * 8;
+        }
+        let words = PyCodePrint::of_offsets(&[8, 16, 72, 112, 128, 136]);
+        assert_eq!(words.at, [1, 2, 9, 14, 16, 17, PY_PRINT_END, PY_PRINT_END]);
+        assert_eq!(words.read, 18 * 8);
+        let print = py_code_print(&code, &words);
+        assert_ne!(print, PY_NO_PRINT);
+        // A refcount (word 0) or a warm-up counter (word 6) may change.
+        let mut touched = code;
+        touched[0] += 1;
+        touched[6] ^= 0xffff;
+        assert_eq!(py_code_print(&touched, &words), print);
+        // Any covered word tells another object.
+        for i in [1, 2, 9, 14, 16, 17] {
+            let mut other = code;
+            other[i] ^= 0x10;
+            assert_ne!(py_code_print(&other, &words), print, "word {i}");
+        }
+        assert_eq!(PyCodePrint::of_offsets(&[]).read, 0);
     }
 
     #[test]

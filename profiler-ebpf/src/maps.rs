@@ -9,7 +9,9 @@ use aya_ebpf::{
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
     LiveSample, ProcCounters, StackAgg, StackTrace, UsdtSpec,
-    python::{PY_FRAME_WORDS, PyProcConfig},
+    python::{
+        DEFAULT_PY_RECHECK_NS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PyProcConfig, PyStackPrints,
+    },
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -121,6 +123,14 @@ pub struct PyThread {
     pub checked_ns: u64,
 }
 
+/// By stack id, for each stack with Python frames: its code objects'
+/// prints as they were when the stack was new (see
+/// `profiler_common::python`). Filed before the stack, deleted with it by
+/// user space; sized like `STACKS` by user space.
+#[map]
+pub static PY_STACK_PRINTS: HashMap<u64, PyStackPrints> =
+    HashMap::with_max_entries(65_536, BPF_F_NO_PREALLOC);
+
 /// Per-CPU state of a Python walk, under the `STACK_SCRATCH` claim.
 #[map]
 pub static PY_SCRATCH: PerCpuArray<PyScratch> = PerCpuArray::with_max_entries(1, 0);
@@ -142,6 +152,13 @@ pub struct PyScratch {
     pub last: u64,
     /// The walk was cut short.
     pub cut: u64,
+    /// The start of the code object being printed.
+    pub code: [u64; PY_CODE_PRINT_WORDS],
+    /// A new stack's prints, filed so far: `printed` of them; the stack
+    /// slot looked at next is `print_slot`.
+    pub prints: PyStackPrints,
+    pub printed: u64,
+    pub print_slot: u64,
 }
 
 /// Exit and exec of processes, so that user space cleans up and rescans.
@@ -176,6 +193,12 @@ pub static NEW_STACKS_BURST: u64 = DEFAULT_NEW_STACKS_BURST;
 /// `profiler_common::thin_step`); 0 keeps every event.
 #[unsafe(no_mangle)]
 pub static MAX_EVENT_RATE: u64 = 0;
+
+/// Set by user space at load time (`--python-recheck`): how long a Python
+/// stack's code-object prints are trusted before a sample prints its frames
+/// again (see `python::current_stack`); 0: at every sample.
+#[unsafe(no_mangle)]
+pub static PY_RECHECK_NS: u64 = DEFAULT_PY_RECHECK_NS;
 
 /// Set by user space when profiling system-wide: report every exec, not only
 /// those of processes already tracked.
@@ -229,6 +252,12 @@ pub fn new_stacks_burst() -> u64 {
 pub fn max_event_rate() -> u64 {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&MAX_EVENT_RATE) }
+}
+
+#[inline(always)]
+pub fn py_recheck_ns() -> u64 {
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(&PY_RECHECK_NS) }
 }
 
 #[inline(always)]

@@ -18,8 +18,8 @@ use aya_ebpf::{
 use profiler_common::{
     AggKey, ClaimCounter, DropReason, LiveKey, LiveSample, MAX_STACK_DEPTH, NO_STACK,
     OVERFLOW_STACK, ProcCounters, SampleDelta, StackTrace, UnseenFree, UsdtSpec, new_stack_budget,
-    release_claim, stack_hash_step, stack_id, stack_seed, thin_factor_for, thin_step, try_claim,
-    weight_check,
+    python::py_ends_stack, release_claim, stack_hash_step, stack_id, stack_seed, thin_factor_for,
+    thin_step, try_claim, weight_check,
 };
 
 use crate::{
@@ -418,18 +418,36 @@ fn take_stack_claimed(
     // Frames past `len` are left over from earlier stacks: user space reads
     // only `len` of them, so clearing them would be wasted work.
     let hash = stack_id(hash);
+    // Settled again: each way out of the loop bounds `len` otherwise, and
+    // what follows would be verified once per way.
+    let len = settle(parked, len);
     // Most stacks are seen before: a lockless lookup is cheaper than an
     // insert that fails with EEXIST under the bucket lock. A known stack
     // always resolves, whatever the budget.
-    if STACKS.get_ptr(hash).is_some() {
-        return Ok(hash);
-    }
+    let id = if STACKS.get_ptr(hash).is_some() {
+        // A Python stack's frames may run other code objects by now.
+        let last = trace.frames.get(len.wrapping_sub(1)).copied().unwrap_or(0);
+        if !py_ends_stack(last) {
+            return Ok(hash);
+        }
+        let id = crate::python::current_stack(pid, hash, len);
+        if id == hash || STACKS.get_ptr(id).is_some() {
+            return Ok(id);
+        }
+        id
+    } else {
+        hash
+    };
     take_new_stack_budget(pid)?;
+    // Before the stack: user space names its Python frames only by them.
+    if !crate::python::file_prints(pid, id, len) {
+        return Err(DropReason::StackMapFull);
+    }
     // By reference: a StackTrace copied onto the 512-byte BPF stack won't fit.
     let trace: &StackTrace = trace;
-    match STACKS.insert(hash, trace, u64::from(BPF_NOEXIST)) {
-        Ok(()) => Ok(hash),
-        Err(e) if e == -EEXIST => Ok(hash),
+    match STACKS.insert(id, trace, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Ok(id),
+        Err(e) if e == -EEXIST => Ok(id),
         Err(_) => Err(DropReason::StackMapFull),
     }
 }

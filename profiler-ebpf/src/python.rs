@@ -14,14 +14,18 @@ use aya_ebpf::{
 use profiler_common::{
     MAX_STACK_DEPTH,
     python::{
-        MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_FRAME_WORDS, PY_NO_FIELD, PY_RESERVED_SLOTS,
-        PY_STACK_BEGIN, PY_TRUNCATED_FRAME, PyFrameStep, PyProcConfig, py_frame_step,
-        py_mark_entry, py_plausible,
+        MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PY_NO_FIELD,
+        PY_NO_PRINT, PY_PRINTS_SEED, PY_RESERVED_SLOTS, PY_STACK_BEGIN, PY_TRUNCATED_FRAME,
+        PyFrameStep, PyProcConfig, PyStackPrints, decode_python_frame, py_code_print,
+        py_frame_step, py_mark_entry, py_moved_stack, py_plausible, py_prints_digest,
     },
     unwind::DEPTH_CUT_FRAME,
 };
 
-use crate::maps::{PY_PROCS, PY_SCRATCH, PY_THREADS, PyScratch, PyThread, STACK_SCRATCH};
+use crate::maps::{
+    PY_PROCS, PY_SCRATCH, PY_STACK_PRINTS, PY_THREADS, PyScratch, PyThread, STACK_SCRATCH,
+    py_recheck_ns,
+};
 
 /// How long a thread found without a thread state stays so before it is
 /// looked for again (a native thread may take one later).
@@ -204,6 +208,147 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
     }
     w.frame = previous;
     if previous == 0 { STOP } else { CONTINUE }
+}
+
+/// For a new stack of `len` frames in `STACK_SCRATCH`: files the prints of
+/// the code objects its Python frames run, read now, under `stack_id` in
+/// `PY_STACK_PRINTS` (see `profiler_common::python`). False if they could
+/// not be filed: the stack must not be either, or user space would name
+/// its frames unchecked.
+#[inline(never)]
+pub fn file_prints(pid: u32, stack_id: u64, len: usize) -> bool {
+    let Some(scratch) = print_frames(pid, len) else {
+        return true; // no Python frame, or not a CPython process
+    };
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    let entry = unsafe { &mut (*scratch).prints };
+    // SAFETY: a helper without arguments.
+    entry.checked_ns = unsafe { bpf_ktime_get_ns() };
+    entry.moved_to = 0;
+    PY_STACK_PRINTS.insert(&stack_id, entry, 0).is_ok()
+}
+
+/// The stack a sample of the known stack `stack` (of `len` frames in
+/// `STACK_SCRATCH`) goes to: itself, or the one its samples moved to when
+/// its frames last printed otherwise. Re-prints the frames when that
+/// stack's last check is older than `PY_RECHECK_NS` (0: always); if they print
+/// otherwise now, they move to a stack of their own, which the caller files
+/// if it is not known yet.
+#[inline(never)]
+pub fn current_stack(pid: u32, stack: u64, len: usize) -> u64 {
+    let Some(entry) = PY_STACK_PRINTS.get_ptr_mut(stack) else {
+        return stack; // no Python frame
+    };
+    // SAFETY: a map value, valid for the whole program run; racing CPUs
+    // write the same values (see below).
+    let entry = unsafe { &mut *entry };
+    let (target, checked) = match entry.moved_to {
+        0 => (stack, entry as *mut PyStackPrints),
+        moved => match PY_STACK_PRINTS.get_ptr_mut(moved) {
+            Some(checked) => (moved, checked),
+            None => return moved, // to be filed by the caller
+        },
+    };
+    // SAFETY: as above.
+    let checked = unsafe { &mut *checked };
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(checked.checked_ns) < py_recheck_ns() {
+        return target;
+    }
+    let Some(scratch) = print_frames(pid, len) else {
+        return target;
+    };
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    let digest = unsafe { (*scratch).prints.digest };
+    if digest == checked.digest {
+        checked.checked_ns = now;
+        return target;
+    }
+    // Other code objects in the same frames: their own stack from now on
+    // (the same id on every CPU that sees them).
+    let moved = py_moved_stack(stack, digest);
+    entry.moved_to = moved;
+    moved
+}
+
+/// Prints the code objects of the Python frames among the `len` frames of
+/// `STACK_SCRATCH` into this CPU's `PyScratch::prints`; the scratch if the
+/// process is CPython and the stack has Python frames.
+#[inline(always)]
+fn print_frames(pid: u32, len: usize) -> Option<*mut PyScratch> {
+    let cfg = PY_PROCS.get_ptr(pid)?;
+    let scratch = PY_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    unsafe {
+        (*scratch).printed = 0;
+        (*scratch).print_slot = 0;
+        (*scratch).prints.digest = PY_PRINTS_SEED;
+    }
+    let mut walk = PyWalk { cfg };
+    // SAFETY: the callback is a BPF subprogram taking (index, &mut PyWalk);
+    // `walk` outlives the call.
+    unsafe {
+        generated::bpf_loop(
+            len.min(MAX_STACK_DEPTH) as u32,
+            print_step as *mut c_void,
+            (&raw mut walk).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    (unsafe { (*scratch).printed } != 0).then_some(scratch)
+}
+
+/// One slot of the new stack: a Python frame gets its code object's print.
+#[inline(never)]
+extern "C" fn print_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `file_prints` passed its own `PyWalk` as the loop's context.
+    let walk = unsafe { &*ctx.cast::<PyWalk>() };
+    // SAFETY: a map value, valid for the whole program run; only read.
+    let cfg = unsafe { &*walk.cfg };
+    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
+        return STOP;
+    };
+    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    let w = unsafe { &mut *scratch };
+    let Some(trace) = STACK_SCRATCH.get_ptr(0) else {
+        return STOP;
+    };
+    let slot = w.print_slot as usize;
+    w.print_slot += 1;
+    // SAFETY: a per-CPU map value, ours under the scratch claim.
+    let Some(&value) = (unsafe { &*trace }).frames.get(slot) else {
+        return STOP;
+    };
+    let Some(frame) = decode_python_frame(value) else {
+        return CONTINUE;
+    };
+    let printed = w.printed as usize;
+    if printed >= MAX_PYTHON_FRAMES {
+        return STOP;
+    }
+    // 8 to 256 bytes: a bound the verifier sees on the helper's register.
+    let size = 8 + (cfg.code_print.read.wrapping_sub(8) & (PY_CODE_PRINT_WORDS as u32 * 8 - 8));
+    // SAFETY: the helper writes at most `size` (≤ the buffer) bytes into
+    // this CPU's buffer, ours under the scratch claim, and reports a fault
+    // instead of taking it.
+    let err = unsafe {
+        generated::bpf_probe_read_user(
+            core::ptr::addr_of_mut!(w.code).cast(),
+            size,
+            frame.code as *const c_void,
+        )
+    };
+    let print = if err != 0 || cfg.code_print.read == 0 {
+        PY_NO_PRINT
+    } else {
+        py_code_print(&w.code, &cfg.code_print)
+    };
+    w.prints.prints[printed] = print;
+    w.prints.digest = py_prints_digest(w.prints.digest, print);
+    w.printed = printed as u64 + 1;
+    CONTINUE
 }
 
 /// The current thread's innermost interpreter frame, if it has a thread

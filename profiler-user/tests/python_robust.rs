@@ -17,11 +17,8 @@
 //!   restored named by its function and line;
 //! - code objects freed between their samples and their resolution
 //!   (tests/workloads/python_freed.py): named as they were or
-//!   `[python code freed]`, never as the decoys later made at their
-//!   addresses. Not covered, because not exact (see README, "Python
-//!   programs"): a code object freed and another made at its address
-//!   before the session first resolves a stack naming it is named as the
-//!   new one.
+//!   `[python code freed]`, never as the decoys made at their addresses,
+//!   whether after the session first read their stacks or before.
 
 mod common;
 
@@ -43,7 +40,7 @@ use allocprof::{
 use common::{DEBIAN_PYTHON, Proc, RATE, truth_and_sigma};
 use profiler_common::{
     NO_STACK, OVERFLOW_STACK,
-    python::{MAX_PYTHON_FRAMES, decode_python_frame, split_python},
+    python::{DEFAULT_PY_RECHECK_NS, MAX_PYTHON_FRAMES, decode_python_frame, split_python},
 };
 
 /// pyenv's CPython 3.10: it exports `_PyRuntime` but has no `Py_Version`
@@ -482,67 +479,123 @@ fn read_made(proc: &mut Proc) -> HashMap<u64, String> {
     }
 }
 
-/// Functions made at run time allocate, and are freed with their code
-/// objects before the session first resolves their stacks: each stack is
-/// named by its own function or `[python code freed]`, every byte is
-/// there. Decoys (code objects of other names) made at their addresses
-/// after that change nothing, however often the profile is built again.
-#[test]
-fn code_objects_freed_before_their_resolution_are_never_misnamed() {
-    common::require_bpf();
-    const FUNCTIONS: u64 = 32;
-    /// Blocks each function allocates (python_freed.py's COUNT).
-    const EACH: u64 = 16;
-    let mut cmd = Command::new(DEBIAN_PYTHON);
-    cmd.arg(workload("python_freed.py"))
-        .env("PYTHONMALLOC", "malloc");
-    let mut proc = Proc::spawn(cmd);
-    let pid = proc.pid();
-    common::wait_for_mapping(pid, "liballocprof.so");
-    let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
-    session.complete_profile().unwrap();
-    proc.send(&format!("make {FUNCTIONS}"));
-    let made = read_made(&mut proc);
-    let names: HashSet<&str> = made.values().map(String::as_str).collect();
-    assert_eq!(names.len(), FUNCTIONS as usize, "each its own code object");
+/// python_freed.py's 32 functions made, each allocating, and freed with
+/// their code objects, while attached.
+struct Freed {
+    proc: Proc,
+    session: Session,
+    pid: u32,
+    /// The first made functions' names, by their code objects' addresses.
+    made: HashMap<u64, String>,
+    /// Every made function's name.
+    names: HashSet<String>,
+    /// The line `make` calls them from.
+    call: u32,
+}
 
-    // The made functions' stacks: their caller is `make` where it calls
-    // them (the script's own code, alive); their innermost frame, the
-    // function's name and line or a marker.
-    let call = site_lines(&workload("python_freed.py"))["call"];
-    let of_made = |p: &ProcessProfile| -> Vec<(String, Option<u32>, f64)> {
-        p.stacks
-            .iter()
-            .filter_map(|s| {
-                let chain = python_chain(&s.frames);
-                let caller = chain.get(1)?;
-                if &*caller.function != "make" || line_of(caller) != Some(call) {
-                    return None;
-                }
-                // Never a decoy's name or file, in any of its frames.
-                for f in s.frames.iter() {
-                    assert!(
-                        !f.function.starts_with("decoy_")
-                            && f.location
-                                .as_deref()
-                                .is_none_or(|l| !l.starts_with("decoys.py")),
-                        "a decoy's name on a freed function's stack: {:?}",
-                        s.frames
-                    );
-                }
-                Some((
-                    chain[0].function.to_string(),
-                    line_of(chain[0]),
-                    s.totals.live_bytes,
-                ))
-            })
-            .collect()
-    };
-    let check = |profile: &Profile, bytes: bool| {
-        let sites = of_made(common::process(profile, pid));
+const FUNCTIONS: u64 = 32;
+/// Blocks each function allocates (python_freed.py's COUNT).
+const EACH: u64 = 16;
+
+/// A made function's site: its innermost frame's function (or a marker),
+/// line and live bytes.
+type MadeSite = (String, Option<u32>, f64);
+
+/// The made functions' stacks: their caller is `make` where it calls them
+/// at line `call` (the script's own code, alive). Never a decoy's name or
+/// file in any of their frames.
+fn made_sites(p: &ProcessProfile, call: u32) -> Vec<MadeSite> {
+    p.stacks
+        .iter()
+        .filter_map(|s| {
+            let chain = python_chain(&s.frames);
+            let caller = chain.get(1)?;
+            if &*caller.function != "make" || line_of(caller) != Some(call) {
+                return None;
+            }
+            for f in s.frames.iter() {
+                assert!(
+                    !f.function.starts_with("decoy_")
+                        && f.location
+                            .as_deref()
+                            .is_none_or(|l| !l.starts_with("decoys.py")),
+                    "a decoy's name on a freed function's stack: {:?}",
+                    s.frames
+                );
+            }
+            Some((
+                chain[0].function.to_string(),
+                line_of(chain[0]),
+                s.totals.live_bytes,
+            ))
+        })
+        .collect()
+}
+
+impl Freed {
+    fn start() -> Freed {
+        Freed::start_with(Limits::default())
+    }
+
+    fn start_with(limits: Limits) -> Freed {
+        common::require_bpf();
+        let mut cmd = Command::new(DEBIAN_PYTHON);
+        cmd.arg(workload("python_freed.py"))
+            .env("PYTHONMALLOC", "malloc");
+        let mut proc = Proc::spawn(cmd);
+        let pid = proc.pid();
+        common::wait_for_mapping(pid, "liballocprof.so");
+        let mut session = Session::start(Target::Pids(vec![Pid(pid)]), limits).unwrap();
+        session.complete_profile().unwrap();
+        proc.send(&format!("make {FUNCTIONS}"));
+        let made = read_made(&mut proc);
+        assert_eq!(made.len(), FUNCTIONS as usize, "each its own code object");
+        Freed {
+            proc,
+            session,
+            pid,
+            names: made.values().cloned().collect(),
+            made,
+            call: site_lines(&workload("python_freed.py"))["call"],
+        }
+    }
+
+    /// Makes decoys (code objects of other names, kept) at the freed ones'
+    /// addresses; returns how many sit where a freed one was.
+    fn decoys(&mut self) -> usize {
+        self.proc.send("decoys 400");
+        let reused: usize = self
+            .proc
+            .line()
+            .strip_prefix("decoys ")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            reused > 0,
+            "no decoy was made where a freed code object was: the test shows nothing"
+        );
+        reused
+    }
+
+    /// The first profile with the made functions' stacks in it.
+    fn first_profile(&mut self) -> Profile {
+        let (pid, call) = (self.pid, self.call);
+        profile_until(&mut self.session, |profile| {
+            profile
+                .processes
+                .iter()
+                .any(|p| p.key.pid.0 == pid && !made_sites(p, call).is_empty())
+        })
+    }
+
+    /// Each site named by its own function at its line, or freed; with
+    /// `bytes`, all the functions' live bytes within 4σ.
+    fn check(&self, profile: &Profile, bytes: bool) -> Vec<MadeSite> {
+        let sites = made_sites(common::process(profile, self.pid), self.call);
         for (function, line, _) in &sites {
             assert!(
-                function == FREED_MARKER || (names.contains(function.as_str()) && *line == Some(3)),
+                function == FREED_MARKER || (self.names.contains(function) && *line == Some(3)),
                 "{function} line {line:?}: {sites:?}"
             );
         }
@@ -553,39 +606,144 @@ fn code_objects_freed_before_their_resolution_are_never_misnamed() {
             "{live} live bytes of the freed functions, truth {truth} (σ {sigma}): {sites:?}"
         );
         sites
-    };
+    }
+
+    fn exit(mut self) {
+        self.proc.send("exit");
+        assert!(
+            self.proc.child.wait().unwrap().success(),
+            "the target crashed"
+        );
+    }
+}
+
+/// Functions made at run time allocate, and are freed with their code
+/// objects before the session first resolves their stacks: each stack is
+/// named by its own function or `[python code freed]`, every byte is
+/// there. Decoys (code objects of other names) made at their addresses
+/// after that change nothing, however often the profile is built again.
+#[test]
+fn code_objects_freed_before_their_resolution_are_never_misnamed() {
+    let mut freed = Freed::start();
     // Freed, nothing but other objects made since: the first resolution.
-    let profile = profile_until(&mut session, |profile| {
-        profile
-            .processes
-            .iter()
-            .any(|p| p.key.pid.0 == pid && !of_made(p).is_empty())
-    });
-    let first = check(&profile, true);
-    // Decoys at their addresses, then the profile again, twice.
-    proc.send("decoys 400");
-    let reused: usize = proc
-        .line()
-        .strip_prefix("decoys ")
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(
-        reused > 0,
-        "no decoy was made where a freed code object was: the test shows nothing"
-    );
+    let profile = freed.first_profile();
+    let first = freed.check(&profile, true);
+    freed.decoys();
     for _ in 0..2 {
-        let profile = session.complete_profile().unwrap();
+        let profile = freed.session.complete_profile().unwrap();
         // The same stacks, the same names and bytes: a stack is named once.
-        let mut again = check(&profile, false);
+        let mut again = freed.check(&profile, false);
         let mut first = first.clone();
-        let order = |a: &(String, Option<u32>, f64), b: &(String, Option<u32>, f64)| {
-            (&a.0, a.2).partial_cmp(&(&b.0, b.2)).unwrap()
-        };
+        let order = |a: &MadeSite, b: &MadeSite| (&a.0, a.2).partial_cmp(&(&b.0, b.2)).unwrap();
         again.sort_by(order);
         first.sort_by(order);
         assert_eq!(again, first, "names keep to their stacks");
     }
-    proc.send("exit");
-    assert!(proc.child.wait().unwrap().success());
+    freed.exit();
+}
+
+/// The same functions, freed, and decoys made at their addresses before
+/// the session first reads their stacks: the kernel's prints of the code
+/// objects at the samples tell the decoys apart. Every byte is there, no
+/// stack is named by a decoy, and a function whose address a decoy took is
+/// never named at all (its stacks are freed).
+#[test]
+fn code_objects_freed_and_reused_before_their_resolution_are_never_misnamed() {
+    let mut freed = Freed::start();
+    let reused = freed.decoys();
+    let profile = freed.first_profile();
+    let sites = freed.check(&profile, true);
+    let named: HashSet<&str> = sites
+        .iter()
+        .map(|(f, ..)| f.as_str())
+        .filter(|f| *f != FREED_MARKER)
+        .collect();
+    assert!(
+        named.len() as u64 <= FUNCTIONS - reused as u64,
+        "{reused} functions' code objects were taken by decoys, yet {} of {FUNCTIONS} are named: {sites:?}",
+        named.len()
+    );
+    eprintln!(
+        "{reused} addresses reused by decoys; {} functions named, {} sites freed",
+        named.len(),
+        sites.iter().filter(|(f, ..)| f == FREED_MARKER).count()
+    );
+    freed.exit();
+}
+
+/// The functions made again where the first ones were (the same template,
+/// names of the same length, the same file), called from the same line:
+/// stacks the same in every frame. Once the first are named, the second's
+/// samples are filed under their own names (the kernel prints a known
+/// stack's frames again when its last check is older than
+/// `--python-recheck`, here the default, waited out) or freed, never under
+/// the first's: the first functions' bytes are theirs alone.
+#[test]
+fn code_objects_made_again_in_the_same_stacks_never_take_the_first_names() {
+    made_again(
+        Limits::default(),
+        Duration::from_nanos(2 * DEFAULT_PY_RECHECK_NS),
+    );
+}
+
+/// The same with `--python-recheck 0`, made again at once: every sample
+/// checks its frames.
+#[test]
+fn with_every_sample_checked_code_objects_made_again_at_once_never_take_the_first_names() {
+    let limits = Limits {
+        py_recheck_ns: 0,
+        ..Limits::default()
+    };
+    made_again(limits, Duration::ZERO);
+}
+
+fn made_again(limits: Limits, pause: Duration) {
+    let mut freed = Freed::start_with(limits);
+    let profile = freed.first_profile();
+    let first: HashMap<String, u64> = freed
+        .made
+        .iter()
+        .map(|(address, name)| (name.clone(), *address))
+        .collect();
+    let named_first = freed.check(&profile, true);
+    assert!(
+        named_first.iter().any(|(f, ..)| first.contains_key(f)),
+        "the first functions are named: {named_first:?}"
+    );
+    std::thread::sleep(pause);
+    freed.proc.send(&format!("make {FUNCTIONS}"));
+    let second = read_made(&mut freed.proc);
+    let reused = second.keys().filter(|a| freed.made.contains_key(a)).count();
+    assert!(
+        reused > 0,
+        "no function made again where a first one was: the test shows nothing"
+    );
+    freed.names.extend(second.into_values());
+    let profile = profile_until(&mut freed.session, |profile| {
+        let sites = made_sites(common::process(profile, freed.pid), freed.call);
+        sites.iter().any(|(f, ..)| !first.contains_key(f))
+    });
+    let sites = freed.check(&profile, false);
+    let (truth, sigma) = truth_and_sigma(FUNCTIONS * EACH, SIZE, RATE);
+    let first_bytes: f64 = sites
+        .iter()
+        .filter(|(f, ..)| first.contains_key(f))
+        .map(|s| s.2)
+        .sum();
+    let all: f64 = sites.iter().map(|s| s.2).sum();
+    eprintln!(
+        "{reused} addresses made again; the first functions' sites {first_bytes} B, all {all} B"
+    );
+    // The first functions' named bytes are at most theirs (some may be
+    // freed); with the second's samples in their stacks they would double.
+    assert!(
+        first_bytes <= truth + 4.0 * sigma,
+        "the first functions' sites hold {first_bytes} B, theirs are {truth} (σ {sigma}): {sites:?}"
+    );
+    let (truth, sigma) = truth_and_sigma(2 * FUNCTIONS * EACH, SIZE, RATE);
+    assert!(
+        (all - truth).abs() <= 4.0 * sigma,
+        "{all} live bytes of both, truth {truth} (σ {sigma}): {sites:?}"
+    );
+    freed.exit();
 }

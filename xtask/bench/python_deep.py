@@ -1,6 +1,8 @@
 # `cargo xtask bench pipeline`'s Python row: N bytearrays allocated at the
-# bottom of DEPTH nested Python calls, run by CPython under liballocprof.so
-# with PYTHONMALLOC=malloc (every object a malloc) and a low ALLOCPROF_RATE.
+# bottom of DEPTH nested Python calls (`recursive`: one function calling
+# itself, the default; `distinct`: a function of its own per level), run by
+# CPython under liballocprof.so with PYTHONMALLOC=malloc (every object a
+# malloc) and a low ALLOCPROF_RATE.
 # Waits for a line on stdin before starting (so allocprof can attach), prints
 # `key value` lines then `end`, and waits for another line before exiting
 # (so the harness reads the kernel's statistics while allocprof is attached).
@@ -37,9 +39,28 @@ def deep(depth, n):
     return deep(depth - 1, n)
 
 
+def distinct(depth):
+    # `depth` functions of their own, each calling the next: every frame
+    # runs another code object (the `deep` chain runs one).
+    space = {"cost": cost}
+    callee = "cost"
+    for level in range(depth):
+        name = "level_%d" % level
+        exec("def %s(n):\n    return %s(n)\n" % (name, callee), space)
+        callee = name
+    return space[callee]
+
+
 n, depth = int(sys.argv[1]), int(sys.argv[2])
+shape = sys.argv[3] if len(sys.argv) > 3 else "recursive"
+if shape == "distinct":
+    # As many frames as `deep`'s chain: the lambda stands for its extra level.
+    top = distinct(depth)
+    run = lambda: top(n)  # noqa: E731
+else:
+    run = lambda: deep(depth, n)  # noqa: E731
 sys.stdin.readline()
-live = deep(depth, n)
+live = run()
 print("end", flush=True)
 sys.stdin.readline()
 # Without the interpreter's finalization, which would free them: the

@@ -25,7 +25,7 @@ use profiler_common::map_names as names;
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
     LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace, UnseenFree, UsdtSpec,
-    python::PyProcConfig,
+    python::{DEFAULT_PY_RECHECK_NS, PyProcConfig, PyStackPrints},
     unwind::{ProcUnwind, UnwindRow},
 };
 use thiserror::Error;
@@ -72,6 +72,9 @@ pub struct Limits {
     pub diagnostics: bool,
     /// Python frames in the stacks of CPython processes (`--python`).
     pub python: bool,
+    /// How long a Python stack's code-object prints are trusted before a
+    /// sample prints its frames again (`--python-recheck`; 0: every sample).
+    pub py_recheck_ns: u64,
 }
 
 impl Default for Limits {
@@ -88,6 +91,7 @@ impl Default for Limits {
             max_unwind_rows: 1 << 20,
             diagnostics: false,
             python: true,
+            py_recheck_ns: DEFAULT_PY_RECHECK_NS,
         }
     }
 }
@@ -168,6 +172,8 @@ pub struct Kernel {
     unwind_procs: HashMap<MapData, u32, ProcUnwind>,
     followed: HashMap<MapData, u32, u32>,
     py_procs: HashMap<MapData, u32, PyProcConfig>,
+    /// Per stack with Python frames: its code objects' prints at the sample.
+    py_stack_prints: HashMap<MapData, u64, PyStackPrints>,
     python: bool,
     max_unwind_rows: u32,
     /// With `Limits::diagnostics`: the reader of the programs' log ring and
@@ -229,6 +235,7 @@ impl Kernel {
             .override_global("AYA_LOG_LEVEL", &log_level, true)
             .map_max_entries(names::LIVE, limits.max_live_samples)
             .map_max_entries(names::STACKS, limits.max_stacks)
+            .map_max_entries(names::PY_STACK_PRINTS, limits.max_stacks)
             .map_max_entries(names::AGGS, limits.max_aggregates)
             .map_max_entries(names::PROCS, limits.max_processes)
             .map_max_entries(names::FOLLOWED, limits.max_processes)
@@ -242,6 +249,7 @@ impl Kernel {
             )
             .override_global("NEW_STACKS_BURST", &limits.new_stacks_burst, true)
             .override_global("MAX_EVENT_RATE", &limits.max_event_rate, true)
+            .override_global("PY_RECHECK_NS", &limits.py_recheck_ns, true)
             .override_global("TASK_TGID_OFFSET", &tgid_at, true)
             .override_global("FOLLOW_TREE", &follow_tree, true)
             .override_global("UNWIND_TABLES", &unwind_tables, true)
@@ -313,6 +321,8 @@ impl Kernel {
             .map_err(map_err(names::FOLLOWED))?;
         let py_procs = HashMap::try_from(take(&mut ebpf, names::PY_PROCS)?)
             .map_err(map_err(names::PY_PROCS))?;
+        let py_stack_prints = HashMap::try_from(take(&mut ebpf, names::PY_STACK_PRINTS)?)
+            .map_err(map_err(names::PY_STACK_PRINTS))?;
         let diagnostics = if limits.diagnostics {
             let lines = Diagnostics::default();
             let reader = aya_log::EbpfLogger::init_with_logger(&mut ebpf, lines.clone())
@@ -339,6 +349,7 @@ impl Kernel {
             unwind_procs,
             followed,
             py_procs,
+            py_stack_prints,
             python: limits.python,
             max_unwind_rows: limits.max_unwind_rows,
             diagnostics,
@@ -538,6 +549,16 @@ impl Kernel {
         Some(trace.frames[..len].to_vec())
     }
 
+    /// The prints the kernel took of a stack's Python frames' code objects
+    /// (see `profiler_common::python`), one per frame, as many as it has;
+    /// empty if none were filed.
+    pub fn stack_prints(&self, id: u64, frames: usize) -> Vec<u32> {
+        self.py_stack_prints.get(&id, 0).map_or_else(
+            |_| Vec::new(),
+            |p| p.prints[..frames.min(p.prints.len())].to_vec(),
+        )
+    }
+
     /// The ids in the stack table (a walk of its keys: for tests and
     /// diagnostics, not for every poll).
     pub fn stack_ids(&self) -> Vec<u64> {
@@ -554,7 +575,11 @@ impl Kernel {
     /// stacks, and an unsymbolized id could no longer be read.
     pub fn forget_stacks(&mut self, ids: &[u64]) -> usize {
         ids.iter()
-            .filter(|id| self.stacks.remove(id).is_ok())
+            .filter(|id| {
+                // A native stack has no prints: nothing to delete.
+                let _ = self.py_stack_prints.remove(id);
+                self.stacks.remove(id).is_ok()
+            })
             .count()
     }
 

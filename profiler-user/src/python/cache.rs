@@ -7,8 +7,12 @@
 //! again and must match the cached [`Fingerprint`] (type, size, the name,
 //! file and table objects it points to, first line), else the code is read
 //! anew; what no longer reads as a code object is shown as
-//! [`FREED_MARKER`], never under the name it had. A frame whose instruction
-//! index lies past its code's end did not run that code: also freed.
+//! [`FREED_MARKER`], never under the name it had. The kernel printed the
+//! same fields of each frame's code object when the stack was new
+//! (`profiler_common::python::py_code_print`): a frame whose object reads
+//! with another print ran code since freed (even if another was made at
+//! its address before the stack was first read), and is shown freed too.
+//! So is a frame whose instruction index lies past its code's end.
 //!
 //! The interpreter's code type is learnt from the first object whose type
 //! is named `"code"` (or given): every later object must have that type.
@@ -86,16 +90,21 @@ impl CodeCache {
     }
 
     /// The Python part of a kernel stack (after `PY_STACK_BEGIN`), each
-    /// frame resolved or a marker in its place, innermost first.
+    /// frame resolved or a marker in its place, innermost first. `prints`:
+    /// the kernel's prints of its frames' code objects, one per frame in
+    /// order (a frame without one is shown freed); `None` where no prints
+    /// were taken (the frames are then checked only against the cache).
     pub fn resolve(
         &mut self,
         memory: &dyn Memory,
         layout: Result<Layout, CodeError>,
         python: &[u64],
+        prints: Option<&[u32]>,
     ) -> Vec<PyItem> {
         // Each address is checked once per stack.
         let mut seen: HashMap<u64, Result<Arc<Code>, CodeError>> = HashMap::new();
         let mut items = Vec::with_capacity(python.len());
+        let mut prints = prints.map(|p| p.iter());
         for &value in python {
             if value == PY_TRUNCATED_FRAME {
                 items.push(PyItem {
@@ -114,12 +123,19 @@ impl CodeCache {
                     .clone(),
                 Err(e) => Err(e.clone()),
             };
+            // The print the kernel took of this frame's code, if it took any.
+            let sampled = prints.as_mut().map(|p| p.next().copied());
             let resolved = match code {
-                Ok(code) if frame.instr.is_none_or(|i| code.holds(i)) => Frame::python(
-                    &code.qualname,
-                    &code.filename,
-                    frame.instr.and_then(|i| code.line(i)),
-                ),
+                Ok(code)
+                    if frame.instr.is_none_or(|i| code.holds(i))
+                        && sampled.is_none_or(|p| p == Some(code.fingerprint.kernel_print)) =>
+                {
+                    Frame::python(
+                        &code.qualname,
+                        &code.filename,
+                        frame.instr.and_then(|i| code.line(i)),
+                    )
+                }
                 Ok(_) => Frame::python_marker(FREED_MARKER),
                 Err(CodeError::Blocked(_)) => Frame::python_marker(UNREADABLE_MARKER),
                 Err(CodeError::Unsupported(_) | CodeError::NoVersion) => {
@@ -194,7 +210,7 @@ impl CodeCache {
 mod tests {
     use std::{cell::Cell, collections::BTreeMap};
 
-    use profiler_common::python::encode_python_frame;
+    use profiler_common::python::{PY_NO_PRINT, encode_python_frame};
 
     use super::*;
     use crate::python::PyVersion;
@@ -311,7 +327,7 @@ mod tests {
             encode_python_frame(0x50_0000, 3, true),
             encode_python_frame(0x40_0000, 9, true),
         ];
-        let items = cache.resolve(&fake, layout(), &stack);
+        let items = cache.resolve(&fake, layout(), &stack, None);
         assert_eq!(
             names(&items),
             [
@@ -327,7 +343,7 @@ mod tests {
         assert_eq!(cache.len(), 2);
         // A new stack naming them: one header read each.
         fake.reads.set(0);
-        let again = cache.resolve(&fake, layout(), &stack[..2]);
+        let again = cache.resolve(&fake, layout(), &stack[..2], None);
         assert_eq!(names(&again), names(&items[..2]));
         assert_eq!(fake.reads.get(), 2);
     }
@@ -339,7 +355,7 @@ mod tests {
         let mut cache = CodeCache::default();
         let frame = [encode_python_frame(0x40_0000, 1, true)];
         assert_eq!(
-            names(&cache.resolve(&fake, layout(), &frame)),
+            names(&cache.resolve(&fake, layout(), &frame, None)),
             ["doomed /app/server.py:2"]
         );
         // Another code object at the same address (its own strings).
@@ -349,22 +365,65 @@ mod tests {
         fake.string(0x70_0000, "usurper");
         fake.regions.insert(0x40_0000, moved);
         assert_eq!(
-            names(&cache.resolve(&fake, layout(), &frame)),
+            names(&cache.resolve(&fake, layout(), &frame, None)),
             ["usurper /app/server.py:2"]
         );
         // An object of another type there: freed.
         fake.code(0x40_0000, OTHER_TYPE, "doomed", 1, 4);
         assert_eq!(
-            names(&cache.resolve(&fake, layout(), &frame)),
+            names(&cache.resolve(&fake, layout(), &frame, None)),
             [FREED_MARKER]
         );
         assert!(cache.is_empty());
         // Unmapped: freed too.
         fake.regions.remove(&0x40_0000);
         assert_eq!(
-            names(&cache.resolve(&fake, layout(), &frame)),
+            names(&cache.resolve(&fake, layout(), &frame, None)),
             [FREED_MARKER]
         );
+    }
+
+    /// The print the kernel would have taken of the code object at
+    /// `address` now.
+    fn print_of(fake: &Fake, address: u64) -> u32 {
+        code::read_fingerprint(fake, &layout().unwrap(), address, None)
+            .unwrap()
+            .kernel_print
+    }
+
+    #[test]
+    fn a_frame_is_named_only_if_its_code_has_the_print_of_the_sample() {
+        let mut fake = Fake::new();
+        fake.code(0x40_0000, TYPE, "doomed", 1, 4);
+        fake.code(0x50_0000, TYPE, "kept", 7, 4);
+        let sampled = [print_of(&fake, 0x40_0000), print_of(&fake, 0x50_0000)];
+        // Freed and another made at its address before the stack is read:
+        // its own strings, the same first line and size.
+        fake.code(0x40_0000, TYPE, "usurper", 1, 4);
+        let mut moved = fake.regions[&0x40_0000].clone();
+        put(&mut moved, 128, &0x70_0000u64.to_le_bytes());
+        fake.string(0x70_0000, "usurper");
+        fake.regions.insert(0x40_0000, moved);
+        let stack = [
+            encode_python_frame(0x40_0000, 1, false),
+            PY_TRUNCATED_FRAME,
+            encode_python_frame(0x50_0000, 0, true),
+        ];
+        let mut cache = CodeCache::default();
+        let items = cache.resolve(&fake, layout(), &stack, Some(&sampled));
+        assert_eq!(
+            names(&items),
+            [FREED_MARKER, TRUNCATED_MARKER, "kept /app/server.py:7"]
+        );
+        // The usurper itself, sampled now, is named (the cache holds it).
+        let now = [print_of(&fake, 0x40_0000)];
+        let items = cache.resolve(&fake, layout(), &stack[..1], Some(&now));
+        assert_eq!(names(&items), ["usurper /app/server.py:2"]);
+        // Unreadable at the sample, or no print filed: never named.
+        for prints in [&[PY_NO_PRINT, sampled[1]][..], &[]] {
+            let items = cache.resolve(&fake, layout(), &stack[2..], Some(prints));
+            assert_eq!(names(&items), [FREED_MARKER], "{prints:?}");
+        }
     }
 
     #[test]
@@ -379,7 +438,7 @@ mod tests {
             encode_python_frame(0x50_0000, 0, true),
         ];
         assert_eq!(
-            names(&cache.resolve(&fake, layout(), &stack)),
+            names(&cache.resolve(&fake, layout(), &stack, None)),
             [FREED_MARKER, "real /app/server.py:1"]
         );
         assert_eq!(cache.code_type, Some(TYPE));
@@ -395,15 +454,15 @@ mod tests {
             encode_python_frame(0x40_0000, -1, true),
             PY_TRUNCATED_FRAME,
         ];
-        let items = cache.resolve(&fake, layout(), &stack);
+        let items = cache.resolve(&fake, layout(), &stack, None);
         assert_eq!(
             names(&items),
             [FREED_MARKER, "f /app/server.py", TRUNCATED_MARKER]
         );
         assert!(items[2].entry, "the marker ends its run");
-        let unknown = cache.resolve(&fake, Err(CodeError::NoVersion), &stack[..1]);
+        let unknown = cache.resolve(&fake, Err(CodeError::NoVersion), &stack[..1], None);
         assert_eq!(names(&unknown), [UNSUPPORTED_MARKER]);
-        let gone = cache.resolve(&code::NoMemory, layout(), &stack[..1]);
+        let gone = cache.resolve(&code::NoMemory, layout(), &stack[..1], None);
         assert_eq!(names(&gone), [UNREADABLE_MARKER]);
     }
 
@@ -420,7 +479,7 @@ mod tests {
             entries: 3,
             bytes: 1 << 20,
         });
-        let items = cache.resolve(&fake, layout(), &stack);
+        let items = cache.resolve(&fake, layout(), &stack, None);
         assert_eq!(items.len(), 10);
         assert!(items.iter().all(|i| i.frame.location.is_some()));
         assert_eq!(cache.len(), 3);
@@ -429,7 +488,7 @@ mod tests {
             entries: 100,
             bytes: 2 * one + one / 2,
         });
-        cache.resolve(&fake, layout(), &stack);
+        cache.resolve(&fake, layout(), &stack, None);
         assert_eq!(cache.len(), 2);
         assert!(cache.bytes() <= 2 * one + one / 2);
     }
@@ -466,6 +525,7 @@ mod tests {
                 &fake,
                 layout(),
                 &[encode_python_frame(0x40_0000, (next() % 70) as i64, true)],
+                Some(&[next() as u32]),
             );
             assert_eq!(items.len(), 1);
         }

@@ -12,6 +12,7 @@
 //! `co_firstlineno` and the string headers, tested where pyenv has them
 //! (see `python/tests`).
 
+use profiler_common::python::{PY_CODE_PRINT_WORDS, PyCodePrint, py_code_print};
 use thiserror::Error;
 
 use super::{PyVersion, linetable};
@@ -134,6 +135,22 @@ impl Layout {
             _ => Err(CodeError::Unsupported(version)),
         }
     }
+
+    /// The words of a code object the kernel's print covers (see
+    /// `profiler_common::python::py_code_print`): the fields of the
+    /// [`Fingerprint`], each in a word no running code writes (3.11's
+    /// `co_firstlineno` shares its word with `co_nlocalsplus`, 3.12's with
+    /// `co_stacksize`). All within the header read here.
+    pub fn code_print(&self) -> PyCodePrint {
+        PyCodePrint::of_offsets(&[
+            OB_TYPE,
+            OB_SIZE,
+            self.code_firstlineno,
+            CODE_FILENAME,
+            CODE_QUALNAME,
+            CODE_LINETABLE,
+        ])
+    }
 }
 
 /// What identifies a code object at an address: its header's type, size,
@@ -149,6 +166,9 @@ pub struct Fingerprint {
     pub qualname: u64,
     pub linetable: u64,
     pub first_line: i32,
+    /// The kernel's digest of the same fields (`py_code_print`): a frame
+    /// whose print at the sample differs ran another code object.
+    pub kernel_print: u32,
 }
 
 /// A code object, read.
@@ -198,6 +218,10 @@ pub fn read_fingerprint(
         return Err(not_code("not an object's address"));
     }
     let header = memory.read(address, CODE_HEADER)?;
+    let mut words = [0u64; PY_CODE_PRINT_WORDS];
+    for (w, bytes) in words.iter_mut().zip(header.chunks_exact(8)) {
+        *w = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+    }
     let first_line = i32::from_le_bytes(
         header[layout.code_firstlineno..layout.code_firstlineno + 4]
             .try_into()
@@ -210,6 +234,7 @@ pub fn read_fingerprint(
         qualname: word(&header, CODE_QUALNAME),
         linetable: word(&header, CODE_LINETABLE),
         first_line,
+        kernel_print: py_code_print(&words, &layout.code_print()),
     };
     if code_type.is_some_and(|t| t != print.ob_type) {
         return Err(not_code("its type is not the interpreter's code type"));

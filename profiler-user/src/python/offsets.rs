@@ -5,10 +5,16 @@
 //! in `_PyRuntime`'s `_Py_DebugOffsets`, read by [`from_debug_offsets`].
 
 use profiler_common::python::{
-    PY_CODE_TAGGED, PY_ENTRY_BY_OWNER, PY_FRAME_WORDS, PY_NO_FIELD, PyProcConfig,
+    PY_CODE_TAGGED, PY_ENTRY_BY_OWNER, PY_FRAME_WORDS, PY_NO_FIELD, PyCodePrint, PyProcConfig,
 };
 
-use super::PyVersion;
+use super::{PyVersion, code::Layout};
+
+/// The code-object words the kernel prints (see `python::code::Layout`);
+/// none for a version whose code objects are not read.
+fn code_print(version: PyVersion) -> PyCodePrint {
+    Layout::for_version(version).map_or(PyCodePrint::default(), |layout| layout.code_print())
+}
 
 /// The offsets of a version without `_Py_DebugOffsets`; `None` for one
 /// allocprof has none for (before 3.11, or 3.13+ without its debug
@@ -32,7 +38,7 @@ pub fn for_version(version: PyVersion) -> Option<PyProcConfig> {
             frame_read: 72,
             code_adaptive: 184,
             flags: 0,
-            _pad: 0,
+            code_print: code_print(version),
             pidns_dev: 0,
             pidns_ino: 0,
         }),
@@ -57,7 +63,7 @@ pub fn for_version(version: PyVersion) -> Option<PyProcConfig> {
             frame_read: 72,
             code_adaptive: 192,
             flags: PY_ENTRY_BY_OWNER,
-            _pad: 0,
+            code_print: code_print(version),
             pidns_dev: 0,
             pidns_ino: 0,
         }),
@@ -160,7 +166,7 @@ pub fn from_debug_offsets(
         frame_read,
         code_adaptive: field(CODE, 9, "co_code_adaptive")?,
         flags: PY_ENTRY_BY_OWNER | if tagged { PY_CODE_TAGGED } else { 0 },
-        _pad: 0,
+        code_print: code_print(version),
         pidns_dev: 0,
         pidns_ino: 0,
     })
@@ -168,6 +174,8 @@ pub fn from_debug_offsets(
 
 #[cfg(test)]
 mod tests {
+    use profiler_common::python::PY_PRINT_END;
+
     use super::*;
 
     fn v(minor: u8) -> PyVersion {
@@ -189,6 +197,17 @@ mod tests {
             }
             assert!(c.frame_entry < c.frame_read);
             assert!(c.frame_read as usize <= PY_FRAME_WORDS * 8);
+            // The kernel reads what user space reads of a code object's
+            // header (up to co_linetable), the six fields' words only.
+            assert_eq!(
+                c.code_print
+                    .at
+                    .iter()
+                    .filter(|&&w| w != PY_PRINT_END)
+                    .count(),
+                6
+            );
+            assert_eq!(c.code_print.read, 136 + 8);
         }
     }
 
@@ -221,6 +240,14 @@ mod tests {
         );
         assert_eq!((c.frame_read, c.code_adaptive), (80, 200));
         assert_eq!(c.flags, PY_ENTRY_BY_OWNER);
+        assert_eq!(c.code_print.read, 136 + 8);
+        // 3.14: frames walked, code objects not read, nothing printed.
+        let mut words = debug_offsets_313();
+        words[8..16].copy_from_slice(&0x030e_00f0u64.to_le_bytes());
+        assert_eq!(
+            from_debug_offsets(&words, v(14)).unwrap().code_print.read,
+            0
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::{
     Incarnation, KernelPort, ProcessPort, Session, SymbolKey,
     record::{Symbols, Visit},
 };
-use profiler_common::python::split_python;
+use profiler_common::python::{decode_python_frame, split_python};
 
 use crate::ids::Pid;
 use crate::{
@@ -133,7 +133,11 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     continue;
                 }
             }
-            let addrs = match self.seeded_stack(Pid(key.pid), stack) {
+            // The ledger's stacks, taken inside the process, have no
+            // Python part: only the kernel's have prints.
+            let seeded = self.seeded_stack(Pid(key.pid), stack);
+            let from_kernel = seeded.is_none();
+            let addrs = match seeded {
                 Some(frames) => Some(frames.to_vec()),
                 None => self.kernel.stack(stack),
             };
@@ -144,7 +148,16 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             // The Python part is code objects, not addresses: resolved now,
             // while the process lives, before the native part is normalized.
             let (native, python) = split_python(&addrs);
-            let python = self.resolve_python(Pid(key.pid), python);
+            let prints = if from_kernel && !python.is_empty() {
+                let frames = python
+                    .iter()
+                    .filter(|&&v| decode_python_frame(v).is_some())
+                    .count();
+                Some(self.kernel.stack_prints(stack, frames))
+            } else {
+                None
+            };
+            let python = self.resolve_python(Pid(key.pid), python, prints.as_deref());
             let space = self.tracked[&Pid(key.pid)].image.space.as_ref();
             let frames: Vec<_> = native
                 .iter()
@@ -188,7 +201,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// The Python part of a stack of `pid`, resolved through its image's
     /// code cache (see `python::cache`).
-    fn resolve_python(&mut self, pid: Pid, python: &[u64]) -> Vec<PyItem> {
+    fn resolve_python(&mut self, pid: Pid, python: &[u64], prints: Option<&[u32]>) -> Vec<PyItem> {
         if python.is_empty() {
             return Vec::new();
         }
@@ -200,7 +213,10 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             .map_or(Err(CodeError::NoVersion), Layout::for_version);
         let memory = self.processes.python_memory(pid);
         let memory: &dyn Memory = memory.as_deref().unwrap_or(&NoMemory);
-        tracked.image.python_code.resolve(memory, layout, python)
+        tracked
+            .image
+            .python_code
+            .resolve(memory, layout, python, prints)
     }
 
     /// Takes in what the symbolizer has finished.

@@ -1,10 +1,14 @@
 //! `cargo xtask bench pipeline`'s Python row (issue 30; `--python` runs it
 //! alone): what walking a CPython thread's frames adds to a sampled
 //! allocation. Debian's `/usr/bin/python3` runs `xtask/bench/python_deep.py`
-//! (bytearrays allocated under 20 Python frames) under liballocprof.so with
+//! (bytearrays allocated under 20 Python frames: one function recursing,
+//! and a function per frame, each a code object to print) under
+//! liballocprof.so with
 //! `PYTHONMALLOC=malloc` and `ALLOCPROF_RATE=1`, attached by `allocprof
-//! --python on` and `--python off` in turn, round after round, with
-//! `kernel.bpf_stats_enabled` on in both. Per sampled allocation: the
+//! --python off`, `--python on` (known stacks' code objects re-checked at
+//! the default interval) and `--python on --python-recheck 0` (at every
+//! sample) in turn, round after round, with `kernel.bpf_stats_enabled` on
+//! in all. Per sampled allocation: the
 //! target's CPU time (user and system: the uprobe and the program run in
 //! its context; less inflated by other work on the shared cores than wall
 //! time, also shown) and the eBPF alloc program's own, medians; the
@@ -39,85 +43,150 @@ struct PyRun {
     kernel: f64,
 }
 
+/// How a run is attached.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// `--python off`.
+    Native,
+    /// `--python on`, the default re-check of a known stack's code objects.
+    Python,
+    /// `--python on --python-recheck 0`: every sample checks them.
+    PythonEverySample,
+}
+
+impl Walk {
+    const ALL: [Walk; 3] = [Walk::Native, Walk::Python, Walk::PythonEverySample];
+
+    fn label(self) -> &'static str {
+        match self {
+            Walk::Native => "native only (`--python off`)",
+            Walk::Python => "native + Python (`--python on`)",
+            Walk::PythonEverySample => {
+                "native + Python, every sample's code objects checked (`--python-recheck 0`)"
+            }
+        }
+    }
+
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Walk::Native => &["--python", "off"],
+            Walk::Python => &["--python", "on"],
+            Walk::PythonEverySample => &["--python", "on", "--python-recheck", "0"],
+        }
+    }
+}
+
+/// The Python stack's shape: the same function's frames, or a function of
+/// its own per frame (each its own code object to print).
+#[derive(Clone, Copy)]
+enum Shape {
+    Recursive,
+    Distinct,
+}
+
+impl Shape {
+    fn arg(self) -> &'static str {
+        match self {
+            Shape::Recursive => "recursive",
+            Shape::Distinct => "distinct",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Shape::Recursive => "one function, recursing",
+            Shape::Distinct => "a function per frame",
+        }
+    }
+}
+
 pub(crate) fn run(root: &Path, bench: &Bench) -> Result<()> {
     println!(
         "\n## Python: a sampled alloc under {FRAMES} Python frames ({PYTHON}, \
          PYTHONMALLOC=malloc, ALLOCPROF_RATE=1), median of {RUNS}"
     );
-    let (mut on, mut off) = (Vec::new(), Vec::new());
-    for round in 0..RUNS {
-        // Alternating which goes first, so neither always runs on a machine
-        // warmed (or loaded) by the other.
-        for python in if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        } {
-            let r = deep(root, bench, python)?;
-            if python { &mut on } else { &mut off }.push(r);
-        }
-    }
-    let median = |runs: &[PyRun], pick: fn(&PyRun) -> f64| {
-        medians(&runs.iter().map(|r| (pick(r), 0.0)).collect::<Vec<_>>()).0
-    };
-    let figures = |runs: &[PyRun]| {
-        (
-            median(runs, |r| r.cpu),
-            median(runs, |r| r.wall),
-            median(runs, |r| r.kernel),
-        )
-    };
-    let (off_cpu, off_wall, off_kernel) = figures(&off);
-    let (on_cpu, on_wall, on_kernel) = figures(&on);
     println!(
-        "| walk | target CPU ns per sampled alloc | target wall ns | eBPF alloc program µs per run |"
+        "| frames | walk | target CPU ns per sampled alloc | target wall ns | eBPF alloc program µs per run |"
     );
-    println!("|---|---|---|---|");
-    for (walk, cpu, wall, kernel) in [
-        (
-            "native only (`--python off`)",
-            off_cpu,
-            off_wall,
-            off_kernel,
-        ),
-        (
-            "native + Python (`--python on`)",
-            on_cpu,
-            on_wall,
-            on_kernel,
-        ),
-    ] {
-        println!("| {walk} | {cpu:.0} | {wall:.0} | {:.2} |", kernel / 1e3);
+    println!("|---|---|---|---|---|");
+    let mut added = Vec::new();
+    for shape in [Shape::Recursive, Shape::Distinct] {
+        let mut runs: Vec<Vec<PyRun>> = vec![Vec::new(); Walk::ALL.len()];
+        for round in 0..RUNS {
+            // Rotating which goes first, so none always runs on a machine
+            // warmed (or loaded) by the others.
+            for i in 0..Walk::ALL.len() {
+                let at = (i + round) % Walk::ALL.len();
+                runs[at].push(deep(root, bench, Walk::ALL[at], shape)?);
+            }
+        }
+        let median = |runs: &[PyRun], pick: fn(&PyRun) -> f64| {
+            medians(&runs.iter().map(|r| (pick(r), 0.0)).collect::<Vec<_>>()).0
+        };
+        // Per walk: target CPU, target wall, eBPF program (ns).
+        let figures: Vec<(f64, f64, f64)> = runs
+            .iter()
+            .map(|runs| {
+                (
+                    median(runs, |r| r.cpu),
+                    median(runs, |r| r.wall),
+                    median(runs, |r| r.kernel),
+                )
+            })
+            .collect();
+        for (walk, (cpu, wall, kernel)) in Walk::ALL.iter().zip(&figures) {
+            println!(
+                "| {} | {} | {cpu:.0} | {wall:.0} | {:.2} |",
+                shape.label(),
+                walk.label(),
+                kernel / 1e3
+            );
+        }
+        let (off_cpu, off_wall, off_kernel) = figures[0];
+        for (walk, (cpu, wall, kernel)) in Walk::ALL.iter().zip(&figures).skip(1) {
+            added.push((
+                shape,
+                *walk,
+                cpu - off_cpu,
+                kernel - off_kernel,
+                wall - off_wall,
+            ));
+        }
     }
     let verdict = |added: f64| {
         if added <= TARGET_US { "met" } else { "MISSED" }
     };
-    for (what, unit, added) in [
-        ("target CPU", "per sampled alloc", (on_cpu - off_cpu) / 1e3),
-        (
-            "eBPF alloc program",
-            "per run",
-            (on_kernel - off_kernel) / 1e3,
-        ),
-    ] {
+    for (shape, walk, cpu, kernel, wall) in added {
+        let name = match walk {
+            Walk::PythonEverySample => "Python walk, every sample checked",
+            _ => "Python walk",
+        };
+        for (what, unit, added) in [
+            ("target CPU", "per sampled alloc", cpu / 1e3),
+            ("eBPF alloc program", "per run", kernel / 1e3),
+        ] {
+            println!(
+                "{name} ({}), {what}: {added:+.2} µs {unit} (target ≤ +{TARGET_US} µs: {})",
+                shape.label(),
+                verdict(added)
+            );
+        }
         println!(
-            "Python walk, {what}: {added:+.2} µs {unit} (target ≤ +{TARGET_US} µs: {})",
-            verdict(added)
+            "({name} ({}), target wall time: {:+.2} µs per sampled alloc; it counts other work on the shared cores)",
+            shape.label(),
+            wall / 1e3
         );
     }
-    println!(
-        "(target wall time: {:+.2} µs per sampled alloc; it counts other work on the shared cores)",
-        (on_wall - off_wall) / 1e3
-    );
     Ok(())
 }
 
-/// One run of the script, attached with `--python on` or `off`.
-fn deep(root: &Path, bench: &Bench, python: bool) -> Result<PyRun> {
+/// One run of the script, its stack of `shape`, attached as `walk` says.
+fn deep(root: &Path, bench: &Bench, walk: Walk, shape: Shape) -> Result<PyRun> {
+    let python = walk != Walk::Native;
     let stats = BpfStats::enable();
     let mut w = Command::new(PYTHON)
         .arg(root.join(SCRIPT))
-        .args([STEPS, LEVELS])
+        .args([STEPS, LEVELS, shape.arg()])
         .env("PYTHONMALLOC", "malloc")
         .env("LD_PRELOAD", &bench.preload)
         .env("ALLOCPROF_RATE", "1")
@@ -128,7 +197,7 @@ fn deep(root: &Path, bench: &Bench, python: bool) -> Result<PyRun> {
     let profiler = attached(
         Command::new(&bench.allocprof)
             .args(["--pid", &w.id().to_string(), "--duration", "600s"])
-            .args(["--python", if python { "on" } else { "off" }])
+            .args(walk.args())
             .stdout(Stdio::piped()),
     )?;
     // Its files' unwind tables and its interpreter's offsets are loaded

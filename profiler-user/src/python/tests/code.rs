@@ -17,7 +17,7 @@ use crate::{
     python::{
         PyVersion,
         cache::{CodeCache, FREED_MARKER, TRUNCATED_MARKER},
-        code::{Layout, TargetReader, read_code},
+        code::{Layout, TargetReader, read_code, read_fingerprint},
         merge::{EVAL_FUNCTION, merge},
     },
     symbolize::{Frame, FrameKind},
@@ -136,12 +136,12 @@ fn code_objects_read_as_the_interpreter_has_them_and_freed_ones_are_never_named(
         // A figure for the report, not an assertion: what a stack's Python
         // part costs when its code objects are new, and when cached.
         let fresh = std::time::Instant::now();
-        let items = CodeCache::default().resolve(&reader, Ok(layout), &values);
+        let items = CodeCache::default().resolve(&reader, Ok(layout), &values, None);
         let fresh = fresh.elapsed();
         assert_eq!(items.len(), values.len());
-        let items = cache.resolve(&reader, Ok(layout), &values);
+        let items = cache.resolve(&reader, Ok(layout), &values, None);
         let cached = std::time::Instant::now();
-        cache.resolve(&reader, Ok(layout), &values);
+        cache.resolve(&reader, Ok(layout), &values, None);
         eprintln!(
             "{}: {} frames resolved in {fresh:?} (new code objects), {:?} (cached)",
             python.display(),
@@ -156,7 +156,7 @@ fn code_objects_read_as_the_interpreter_has_them_and_freed_ones_are_never_named(
         assert_eq!(cache.len(), functions.len());
         // An instruction past its code's end: that code did not run it.
         let past = encode_python_frame(values[0] & ((1 << 47) - 1), 5000, true);
-        let items = cache.resolve(&reader, Ok(layout), &[past, PY_TRUNCATED_FRAME]);
+        let items = cache.resolve(&reader, Ok(layout), &[past, PY_TRUNCATED_FRAME], None);
         assert_eq!(&*items[0].frame.function, FREED_MARKER);
         assert_eq!(&*items[1].frame.function, TRUNCATED_MARKER);
 
@@ -166,7 +166,10 @@ fn code_objects_read_as_the_interpreter_has_them_and_freed_ones_are_never_named(
             Frame::named(EVAL_FUNCTION),
             Frame::named("main"),
         ];
-        let merged = merge(native, cache.resolve(&reader, Ok(layout), &values[..2]));
+        let merged = merge(
+            native,
+            cache.resolve(&reader, Ok(layout), &values[..2], None),
+        );
         let names: Vec<&str> = merged.iter().map(|f| &*f.function).collect();
         assert_eq!(names, ["malloc", "plain", "Handler.handle_request", "main"]);
         assert_eq!(
@@ -187,6 +190,15 @@ fn code_objects_read_as_the_interpreter_has_them_and_freed_ones_are_never_named(
                 )
             })
             .collect();
+        // The prints the kernel would have taken of them at a sample.
+        let sampled: Vec<u32> = doomed
+            .iter()
+            .map(|(address, _)| {
+                read_fingerprint(&reader, &layout, *address, None)
+                    .unwrap()
+                    .kernel_print
+            })
+            .collect();
         script.say("free");
         let reused = script.line();
         let reused = reused["reused"].as_object().unwrap();
@@ -197,9 +209,18 @@ fn code_objects_read_as_the_interpreter_has_them_and_freed_ones_are_never_named(
             "{}: the script reused both addresses",
             python.display()
         );
-        for (address, name) in &doomed {
+        for ((address, name), print) in doomed.iter().zip(sampled) {
             let value = encode_python_frame(*address, 0, true);
-            let items = cache.resolve(&reader, Ok(layout), &[value]);
+            // A stack sampled before the free, first read now: freed,
+            // whatever a fresh cache finds at the address.
+            let items = CodeCache::default().resolve(&reader, Ok(layout), &[value], Some(&[print]));
+            assert_eq!(
+                &*items[0].frame.function,
+                FREED_MARKER,
+                "{}: {name} sampled, freed and allocated over",
+                python.display()
+            );
+            let items = cache.resolve(&reader, Ok(layout), &[value], None);
             let got = &*items[0].frame.function;
             assert_ne!(
                 got,

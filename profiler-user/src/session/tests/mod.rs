@@ -58,6 +58,8 @@ struct KernelState {
     live: Vec<(LiveKey, LiveSample)>,
     procs: BTreeMap<u32, ProcCounters>,
     stacks: HashMap<u64, Vec<u64>>,
+    /// The prints of stacks with Python frames (see `python_prints`).
+    prints: HashMap<u64, Vec<u32>>,
     drops: [u64; DROP_REASONS],
     events: Vec<ProcEvent>,
     attached: Vec<(FileId, Scope)>,
@@ -165,6 +167,16 @@ impl World {
     /// the stack `stack_id` (whose frames the kernel holds).
     fn sample(&self, pid: u32, stack_id: u64, frames: &[u64], size: u64) {
         self.sample_aged(pid, stack_id, frames, size, Duration::ZERO);
+    }
+
+    /// The kernel's prints of the code objects of stack `stack_id`'s
+    /// Python frames, as it files them when the stack is new.
+    fn python_prints(&self, stack_id: u64, prints: &[u32]) {
+        self.0
+            .borrow_mut()
+            .kernel
+            .prints
+            .insert(stack_id, prints.to_vec());
     }
 
     /// Time passes: the session's clock moves `d` on.
@@ -352,6 +364,12 @@ impl KernelPort for FakeKernel {
         let k = self.0.kernel();
         k.stack_reads.set(k.stack_reads.get() + 1);
         k.stacks.get(&id).cloned()
+    }
+
+    fn stack_prints(&self, id: u64, frames: usize) -> Vec<u32> {
+        let k = self.0.kernel();
+        let prints = k.prints.get(&id).map_or(&[][..], Vec::as_slice);
+        prints[..frames.min(prints.len())].to_vec()
     }
 
     fn forget_images(

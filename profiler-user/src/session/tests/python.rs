@@ -3,13 +3,21 @@
 //! objects), merged in place of the native eval frame, and shown by the
 //! exports.
 
-use profiler_common::python::{PY_STACK_BEGIN, encode_python_frame};
+use profiler_common::python::{
+    PY_CODE_PRINT_WORDS, PY_STACK_BEGIN, encode_python_frame, py_code_print,
+};
 
 use super::*;
 use crate::{
     output::export::{collapsed, json},
-    python::PyVersion,
+    python::{PyVersion, code::Layout},
     symbolize::FrameKind,
+};
+
+const PY_311: PyVersion = PyVersion {
+    major: 3,
+    minor: 11,
+    micro: 2,
 };
 
 /// The interpreter's eval function, as the symbolizer will name it from
@@ -55,6 +63,17 @@ impl Objects {
         self.place(&s)
     }
 
+    /// The print the kernel takes of the code object at `code`.
+    fn print(&self, code: u64) -> u32 {
+        let placed = self.0.iter().find(|w| w.as_ptr() as u64 == code).unwrap();
+        let mut words = [0u64; PY_CODE_PRINT_WORDS];
+        for (w, p) in words.iter_mut().zip(placed.iter()) {
+            *w = *p;
+        }
+        let layout = Layout::for_version(PY_311).unwrap();
+        py_code_print(&words, &layout.code_print())
+    }
+
     /// A code object whose instructions are one a line from `first`.
     fn code(&mut self, ty: u64, name: &str, file: &str, first: i32, units: u64) -> u64 {
         let (qualname, filename) = (self.string(name), self.string(file));
@@ -91,11 +110,7 @@ fn python_frames_take_the_place_of_the_eval_frame_in_every_export() {
     let world = World::default();
     world.spawn(100, "python3");
     let mut s = session(&world, Target::All);
-    s.track_pid(Pid(100)).python = Some(PyVersion {
-        major: 3,
-        minor: 11,
-        micro: 2,
-    });
+    s.track_pid(Pid(100)).python = Some(PY_311);
     // malloc's caller (alpha_site) ← the eval loop running handle_request
     // (line 42) called from serve (line 13, the entry frame) ← beta_site.
     world.sample(
@@ -111,6 +126,7 @@ fn python_frames_take_the_place_of_the_eval_frame_in_every_export() {
         ],
         1 << 20,
     );
+    world.python_prints(7, &[objects.print(handler), objects.print(serve)]);
     let p = s.complete_profile().unwrap();
     let live = only_image(&p, 100, ProcessState::Live);
     let stack = &live.stacks[0].frames;
