@@ -16,8 +16,8 @@ use profiler_common::{
     python::{
         MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PY_NO_FIELD,
         PY_NO_PRINT, PY_PRINTS_SEED, PY_RESERVED_SLOTS, PY_STACK_BEGIN, PY_TRUNCATED_FRAME,
-        PyFrameStep, PyProcConfig, PyStackPrints, decode_python_frame, py_code_print,
-        py_frame_step, py_mark_entry, py_moved_stack, py_plausible, py_prints_digest,
+        PyFrameStep, PyProcConfig, decode_python_frame, py_code_print, py_frame_step,
+        py_mark_entry, py_moved_stack, py_plausible, py_prints_digest,
     },
     unwind::DEPTH_CUT_FRAME,
 };
@@ -225,7 +225,7 @@ pub fn file_prints(pid: u32, stack_id: u64, len: usize) -> bool {
     // SAFETY: a helper without arguments.
     entry.checked_ns = unsafe { bpf_ktime_get_ns() };
     entry.moved_to = 0;
-    PY_STACK_PRINTS.insert(&stack_id, entry, 0).is_ok()
+    PY_STACK_PRINTS.insert(stack_id, entry, 0).is_ok()
 }
 
 /// The stack a sample of the known stack `stack` (of `len` frames in
@@ -243,7 +243,7 @@ pub fn current_stack(pid: u32, stack: u64, len: usize) -> u64 {
     // write the same values (see below).
     let entry = unsafe { &mut *entry };
     let (target, checked) = match entry.moved_to {
-        0 => (stack, entry as *mut PyStackPrints),
+        0 => (stack, core::ptr::from_mut(&mut *entry)),
         moved => match PY_STACK_PRINTS.get_ptr_mut(moved) {
             Some(checked) => (moved, checked),
             None => return moved, // to be filed by the caller
