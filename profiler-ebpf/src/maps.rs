@@ -155,10 +155,16 @@ pub struct PyScratch {
     /// The start of the code object being printed.
     pub code: [u64; PY_CODE_PRINT_WORDS],
     /// A new stack's prints, filed so far: `printed` of them; the stack
-    /// slot looked at next is `print_slot`.
+    /// slot looked at next is `print_slot`; the last code object printed
+    /// (0: none yet) and its print.
     pub prints: PyStackPrints,
     pub printed: u64,
     pub print_slot: u64,
+    pub print_code: u64,
+    pub last_print: u64,
+    /// The slot after this sample's `PY_STACK_BEGIN` (its first Python
+    /// frame's), as the walk filed it.
+    pub begin: u64,
 }
 
 /// Exit and exec of processes, so that user space cleans up and rescans.

@@ -87,6 +87,7 @@ pub fn append(pid: u32, len: usize) -> usize {
         (*scratch).end = (len + 1 + frames) as u64;
         (*scratch).last = NO_FRAME;
         (*scratch).cut = 0;
+        (*scratch).begin = (len + 1) as u64;
     }
     let mut walk = PyWalk { cfg };
     // Shims (3.12+) take loop steps but no slot: twice the frames.
@@ -279,10 +280,23 @@ pub fn current_stack(pid: u32, stack: u64, len: usize) -> u64 {
 fn print_frames(pid: u32, len: usize) -> Option<*mut PyScratch> {
     let cfg = PY_PROCS.get_ptr(pid)?;
     let scratch = PY_SCRATCH.get_ptr_mut(0)?;
+    let trace = STACK_SCRATCH.get_ptr(0)?;
+    // From this sample's first Python frame, where the walk says it is
+    // (the native part holds none); from the start if that slot is not one
+    // after `PY_STACK_BEGIN` (no walk this sample: a native stack).
     // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+    let begin = unsafe { (*scratch).begin } as usize;
+    // SAFETY: as above.
+    let marked = unsafe { &*trace }
+        .frames
+        .get(begin.wrapping_sub(1))
+        .is_some_and(|&f| f == PY_STACK_BEGIN);
+    let start = if marked && begin <= len { begin } else { 0 };
+    // SAFETY: as above.
     unsafe {
         (*scratch).printed = 0;
-        (*scratch).print_slot = 0;
+        (*scratch).print_slot = start as u64;
+        (*scratch).print_code = 0;
         (*scratch).prints.digest = PY_PRINTS_SEED;
     }
     let mut walk = PyWalk { cfg };
@@ -290,7 +304,7 @@ fn print_frames(pid: u32, len: usize) -> Option<*mut PyScratch> {
     // `walk` outlives the call.
     unsafe {
         generated::bpf_loop(
-            len.min(MAX_STACK_DEPTH) as u32,
+            (len.min(MAX_STACK_DEPTH) - start.min(len)) as u32,
             print_step as *mut c_void,
             (&raw mut walk).cast(),
             0,
@@ -328,22 +342,31 @@ extern "C" fn print_step(_index: u64, ctx: *mut c_void) -> i64 {
     if printed >= MAX_PYTHON_FRAMES {
         return STOP;
     }
-    // 8 to 256 bytes: a bound the verifier sees on the helper's register.
-    let size = 8 + (cfg.code_print.read.wrapping_sub(8) & (PY_CODE_PRINT_WORDS as u32 * 8 - 8));
-    // SAFETY: the helper writes at most `size` (≤ the buffer) bytes into
-    // this CPU's buffer, ours under the scratch claim, and reports a fault
-    // instead of taking it.
-    let err = unsafe {
-        generated::bpf_probe_read_user(
-            core::ptr::addr_of_mut!(w.code).cast(),
-            size,
-            frame.code as *const c_void,
-        )
-    };
-    let print = if err != 0 || cfg.code_print.read == 0 {
-        PY_NO_PRINT
+    // A frame running the code of the one before (recursion) takes its
+    // print again, without a read.
+    let print = if frame.code == w.print_code {
+        w.last_print as u32
     } else {
-        py_code_print(&w.code, &cfg.code_print)
+        // 8 to 256 bytes: a bound the verifier sees on the helper's register.
+        let size = 8 + (cfg.code_print.read.wrapping_sub(8) & (PY_CODE_PRINT_WORDS as u32 * 8 - 8));
+        // SAFETY: the helper writes at most `size` (≤ the buffer) bytes
+        // into this CPU's buffer, ours under the scratch claim, and reports
+        // a fault instead of taking it.
+        let err = unsafe {
+            generated::bpf_probe_read_user(
+                core::ptr::addr_of_mut!(w.code).cast(),
+                size,
+                frame.code as *const c_void,
+            )
+        };
+        let print = if err != 0 || cfg.code_print.read == 0 {
+            PY_NO_PRINT
+        } else {
+            py_code_print(&w.code, &cfg.code_print)
+        };
+        w.print_code = frame.code;
+        w.last_print = u64::from(print);
+        print
     };
     w.prints.prints[printed] = print;
     w.prints.digest = py_prints_digest(w.prints.digest, print);
