@@ -550,13 +550,13 @@ impl Kernel {
     }
 
     /// The prints the kernel took of a stack's Python frames' code objects
-    /// (see `profiler_common::python`), one per frame, as many as it has;
-    /// empty if none were filed.
-    pub fn stack_prints(&self, id: u64, frames: usize) -> Vec<u32> {
-        self.py_stack_prints.get(&id, 0).map_or_else(
-            |_| Vec::new(),
-            |p| p.prints[..frames.min(p.prints.len())].to_vec(),
-        )
+    /// (see `profiler_common::python`), in frame order: the first as many
+    /// as the stack has Python frames are theirs, the rest are not read.
+    /// Empty if none were filed.
+    pub fn stack_prints(&self, id: u64) -> Vec<u32> {
+        self.py_stack_prints
+            .get(&id, 0)
+            .map_or_else(|_| Vec::new(), |p| p.prints.to_vec())
     }
 
     /// The ids in the stack table (a walk of its keys: for tests and

@@ -92,8 +92,9 @@ impl CodeCache {
     /// The Python part of a kernel stack (after `PY_STACK_BEGIN`), each
     /// frame resolved or a marker in its place, innermost first. `prints`:
     /// the kernel's prints of its frames' code objects, one per frame in
-    /// order (a frame without one is shown freed); `None` where no prints
-    /// were taken (the frames are then checked only against the cache).
+    /// order, any past the last frame unread (a frame without one is shown
+    /// freed); `None` where no prints were taken (the frames are then
+    /// checked only against the cache).
     pub fn resolve(
         &mut self,
         memory: &dyn Memory,

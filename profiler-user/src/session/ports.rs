@@ -53,9 +53,9 @@ pub trait KernelPort {
     fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError>;
     /// A stack's frames, innermost first.
     fn stack(&self, id: u64) -> Option<Vec<u64>>;
-    /// The kernel's prints of the code objects of a stack's `frames` Python
-    /// frames (see [`Kernel::stack_prints`]).
-    fn stack_prints(&self, id: u64, frames: usize) -> Vec<u32>;
+    /// The kernel's prints of the code objects of a stack's Python frames
+    /// (see [`Kernel::stack_prints`]).
+    fn stack_prints(&self, id: u64) -> Vec<u32>;
     /// Deletes the kernel state of retired images (see [`Kernel::forget_images`]).
     fn forget_images(
         &mut self,
@@ -237,8 +237,8 @@ impl KernelPort for Kernel {
         Kernel::stack(self, id)
     }
 
-    fn stack_prints(&self, id: u64, frames: usize) -> Vec<u32> {
-        Kernel::stack_prints(self, id, frames)
+    fn stack_prints(&self, id: u64) -> Vec<u32> {
+        Kernel::stack_prints(self, id)
     }
 
     fn forget_images(

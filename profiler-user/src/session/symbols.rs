@@ -14,7 +14,7 @@ use super::{
     Incarnation, KernelPort, ProcessPort, Session, SymbolKey,
     record::{Symbols, Visit},
 };
-use profiler_common::python::{decode_python_frame, split_python};
+use profiler_common::python::split_python;
 
 use crate::ids::Pid;
 use crate::{
@@ -133,11 +133,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     continue;
                 }
             }
-            // The ledger's stacks, taken inside the process, have no
-            // Python part: only the kernel's have prints.
-            let seeded = self.seeded_stack(Pid(key.pid), stack);
-            let from_kernel = seeded.is_none();
-            let addrs = match seeded {
+            let addrs = match self.seeded_stack(Pid(key.pid), stack) {
                 Some(frames) => Some(frames.to_vec()),
                 None => self.kernel.stack(stack),
             };
@@ -148,15 +144,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             // The Python part is code objects, not addresses: resolved now,
             // while the process lives, before the native part is normalized.
             let (native, python) = split_python(&addrs);
-            let prints = if from_kernel && !python.is_empty() {
-                let frames = python
-                    .iter()
-                    .filter(|&&v| decode_python_frame(v).is_some())
-                    .count();
-                Some(self.kernel.stack_prints(stack, frames))
-            } else {
-                None
-            };
+            // Only the kernel's stacks have a Python part (the ledger's,
+            // taken inside the process, have none), and with it prints.
+            let prints = (!python.is_empty()).then(|| self.kernel.stack_prints(stack));
             let python = self.resolve_python(Pid(key.pid), python, prints.as_deref());
             let space = self.tracked[&Pid(key.pid)].image.space.as_ref();
             let frames: Vec<_> = native

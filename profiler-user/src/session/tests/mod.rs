@@ -366,10 +366,8 @@ impl KernelPort for FakeKernel {
         k.stacks.get(&id).cloned()
     }
 
-    fn stack_prints(&self, id: u64, frames: usize) -> Vec<u32> {
-        let k = self.0.kernel();
-        let prints = k.prints.get(&id).map_or(&[][..], Vec::as_slice);
-        prints[..frames.min(prints.len())].to_vec()
+    fn stack_prints(&self, id: u64) -> Vec<u32> {
+        self.0.kernel().prints.get(&id).cloned().unwrap_or_default()
     }
 
     fn forget_images(
