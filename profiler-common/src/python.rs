@@ -26,12 +26,13 @@
 //! The same code object and instruction give the same value, so the stack
 //! hash tells Python stacks apart by function and line for free.
 //!
-//! A code object may be freed and another made at its address before user
-//! space reads it. So when a stack is new, the kernel also files, by stack
-//! id, a print of each Python frame's code object as it was at the sample
-//! ([`PyStackPrints`], [`py_code_print`]): user space names a frame only if
-//! the object it reads has the same print. Only new stacks pay for it (one
-//! read per frame); a known stack's samples cost nothing more.
+//! A code object may be freed and another made at its address, before user
+//! space reads it or while the same frames keep running. So the walk also
+//! takes a print of each Python frame's code object ([`py_code_print`]:
+//! one more read per frame, none for a frame running the same code as the
+//! one before): the stack's id covers their digest, and a new stack files
+//! them by its id ([`PyStackPrints`]); user space names a frame only if the
+//! object it reads has the same print.
 
 /// Separates a stack's native frames from its Python frames.
 pub const PY_STACK_BEGIN: u64 = 0xffff_ffff_ffff_ffa0;
@@ -162,6 +163,11 @@ pub const PY_FRAME_OWNED_BY_CSTACK: u64 = 3;
 
 /// Words of a frame the kernel reads at once, at most (a power of two).
 pub const PY_FRAME_WORDS: usize = 16;
+/// Words the kernel reads at once from a thread's frames: the frame it is at
+/// and what lies below it in the same page. 3.11+ pushes a thread's frames
+/// contiguously in its data stack, so the frames it returns to are mostly in
+/// that block already (a power of two, at least `PY_FRAME_WORDS`).
+pub const PY_BLOCK_WORDS: usize = 512;
 /// Python frames a walk files at most (within the stack's 127 slots).
 pub const MAX_PYTHON_FRAMES: usize = 96;
 /// Slots a process with Python frames keeps free of native frames, so a
@@ -179,34 +185,17 @@ pub const PY_CODE_PRINT_WORDS: usize = 32;
 pub const PY_NO_PRINT: u32 = 0;
 
 /// The prints of a stack's Python frames' code objects, in the order of the
-/// frames in the stack (markers take none), as the kernel read them when the
-/// stack was new (`PY_STACK_PRINTS`, by stack id).
-///
-/// A stack the same in every frame may later run code objects made where
-/// freed ones were. So a sample of a known stack re-prints its frames when
-/// the last check is older than the re-check interval (`PY_RECHECK_NS`,
-/// [`DEFAULT_PY_RECHECK_NS`] unless set; 0: every sample); frames that print
-/// otherwise are filed under another stack id from then on
-/// ([`py_moved_stack`], kept in `moved_to`), with prints of their own.
+/// frames in the stack (markers take none), as the walk took them
+/// (`PY_STACK_PRINTS`, by stack id, for user space), and their digest,
+/// which the stack's id covers with its frames: the same frames running
+/// other code objects (one made where a freed one was) are another stack.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PyStackPrints {
-    /// When the frames were last printed alike (kernel clock, ns).
-    pub checked_ns: u64,
-    /// The stack this one's samples go to since its frames printed
-    /// otherwise; 0: this one.
-    pub moved_to: u64,
-    /// [`py_prints_digest`] of `prints`.
+    /// [`py_prints_digest`] of `prints`, from [`PY_PRINTS_SEED`].
     pub digest: u64,
     pub prints: [u32; MAX_PYTHON_FRAMES],
 }
-
-/// How long a stack's prints are trusted before a sample re-prints them,
-/// by default (`--python-recheck`). Samples of a code object made at a
-/// freed one's address, in a stack the same in every frame, within this
-/// long of the stack's last check are filed under the old code's name;
-/// after it, under their own.
-pub const DEFAULT_PY_RECHECK_NS: u64 = 250_000_000;
 
 /// The digest of a stack's prints, one print at a time from
 /// [`PY_PRINTS_SEED`].
@@ -217,13 +206,6 @@ pub fn py_prints_digest(digest: u64, print: u32) -> u64 {
 
 pub const PY_PRINTS_SEED: u64 = 0x8422_2325_cbf2_9ce4;
 
-/// The id a stack's samples move to when its frames print as `digest`
-/// (the stack's own id is `stack`): the same frames, other code objects.
-#[inline(always)]
-pub fn py_moved_stack(stack: u64, digest: u64) -> u64 {
-    crate::stack_id(crate::stack_hash_step(stack, digest))
-}
-
 /// Whether a stack whose last frame is `last` has a Python part: it ends
 /// in a Python frame or the walk's truncation marker.
 #[inline(always)]
@@ -233,7 +215,7 @@ pub fn py_ends_stack(last: u64) -> bool {
 
 /// The words of a code object's start its print covers, by index (a
 /// list, not a mask: the kernel hashes only these, a few instructions
-/// each).
+/// each, without a branch).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyCodePrint {
@@ -241,21 +223,21 @@ pub struct PyCodePrint {
     /// most `8 * PY_CODE_PRINT_WORDS`; 0: no prints (code objects of this
     /// version are not read).
     pub read: u32,
-    /// The words' indexes (below `PY_CODE_PRINT_WORDS`), the first
-    /// [`PY_PRINT_END`] ending the list.
+    /// The words' indexes (below `PY_CODE_PRINT_WORDS`); fewer words than
+    /// slots repeat the last.
     pub at: [u8; 8],
 }
-
-/// Ends [`PyCodePrint::at`].
-pub const PY_PRINT_END: u8 = u8::MAX;
 
 impl PyCodePrint {
     /// The print of the words at these byte offsets (at most 8, each
     /// within the first `PY_CODE_PRINT_WORDS` words).
     pub fn of_offsets(offsets: &[usize]) -> PyCodePrint {
-        let mut at = [PY_PRINT_END; 8];
+        let mut at = [0; 8];
         let mut read = 0;
-        for (slot, offset) in at.iter_mut().zip(offsets) {
+        for (i, slot) in at.iter_mut().enumerate() {
+            let Some(offset) = offsets.get(i).or(offsets.last()) else {
+                break;
+            };
             let word = offset / 8;
             assert!(
                 word < PY_CODE_PRINT_WORDS,
@@ -264,7 +246,16 @@ impl PyCodePrint {
             *slot = word as u8;
             read = read.max(8 * (word as u32 + 1));
         }
+        assert!(offsets.len() <= at.len(), "more words than a print covers");
         PyCodePrint { read, at }
+    }
+
+    /// The distinct words covered, in order.
+    pub fn words(&self) -> impl Iterator<Item = usize> + '_ {
+        let at = &self.at;
+        (0..at.len())
+            .filter(move |&i| self.read != 0 && (i == 0 || at[i] != at[i - 1]))
+            .map(move |i| usize::from(at[i]))
     }
 }
 
@@ -274,17 +265,17 @@ impl PyCodePrint {
 /// location-table objects it points to). Never [`PY_NO_PRINT`].
 #[inline(always)]
 pub fn py_code_print(code: &[u64; PY_CODE_PRINT_WORDS], print: &PyCodePrint) -> u32 {
+    // Every slot, a word repeated or not: no branch per word; a product
+    // per slot, independent of the others (no chain of multiplications).
     let mut h: u64 = 0x243f_6a88_85a3_08d3;
-    let mut i = 0;
-    while i < print.at.len() {
-        let word = print.at[i] as usize;
-        if word >= PY_CODE_PRINT_WORDS {
-            break;
-        }
-        h = (h ^ code[word]).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        h ^= h >> 29;
-        i += 1;
+    for (slot, &word) in print.at.iter().enumerate() {
+        let value = code[usize::from(word) & (PY_CODE_PRINT_WORDS - 1)];
+        h = h.wrapping_add(
+            (value ^ (slot as u64).wrapping_mul(0xa076_1d64_78bd_642f))
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
     }
+    h = (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     match (h >> 32) as u32 ^ h as u32 {
         PY_NO_PRINT => 1,
         print => print,
@@ -311,26 +302,34 @@ pub fn py_plausible(addr: u64) -> bool {
     addr != 0 && addr & 7 == 0 && addr < (1 << 47)
 }
 
+/// The word at byte `offset` (within `PY_FRAME_WORDS` words) of the frame
+/// starting at word `at` of `words`; the index wraps, never out of bounds
+/// (`N` is a power of two).
 #[inline(always)]
-fn frame_word(words: &[u64; PY_FRAME_WORDS], offset: u32) -> u64 {
-    words[(offset >> 3) as usize & (PY_FRAME_WORDS - 1)]
+fn frame_word<const N: usize>(words: &[u64; N], at: usize, offset: u32) -> u64 {
+    words[(at + ((offset >> 3) as usize & (PY_FRAME_WORDS - 1))) & (N - 1)]
 }
 
-/// Decodes one `_PyInterpreterFrame` from its first words, as read from the
-/// target (hostile: any value may come): its code object, the index of its
-/// instruction (`(instr − (code + co_code_adaptive)) / 2`, −1 before the
-/// first, unknown if implausible), and whether it is an entry frame.
+/// Decodes one `_PyInterpreterFrame` from its first words, at word `at` of
+/// what was read from the target (hostile: any value may come): its code
+/// object, the index of its instruction (`(instr − (code +
+/// co_code_adaptive)) / 2`, −1 before the first, unknown if implausible),
+/// and whether it is an entry frame. `N` is a power of two.
 #[inline(always)]
-pub fn py_frame_step(cfg: &PyProcConfig, words: &[u64; PY_FRAME_WORDS]) -> PyFrameStep {
+pub fn py_frame_step<const N: usize>(
+    cfg: &PyProcConfig,
+    words: &[u64; N],
+    at: usize,
+) -> PyFrameStep {
     // An implausible `previous` (a chain scribbled over) is handed on: the
     // frame itself is good, and the walker cuts after it.
-    let previous = frame_word(words, cfg.frame_previous);
-    let flag = (frame_word(words, cfg.frame_entry) >> ((cfg.frame_entry & 7) * 8)) & 0xff;
+    let previous = frame_word(words, at, cfg.frame_previous);
+    let flag = (frame_word(words, at, cfg.frame_entry) >> ((cfg.frame_entry & 7) * 8)) & 0xff;
     let by_owner = cfg.flags & PY_ENTRY_BY_OWNER != 0;
     if by_owner && flag == PY_FRAME_OWNED_BY_CSTACK {
         return PyFrameStep::Shim { previous };
     }
-    let mut code = frame_word(words, cfg.frame_code);
+    let mut code = frame_word(words, at, cfg.frame_code);
     if cfg.flags & PY_CODE_TAGGED != 0 {
         code &= !7;
     }
@@ -338,7 +337,7 @@ pub fn py_frame_step(cfg: &PyProcConfig, words: &[u64; PY_FRAME_WORDS]) -> PyFra
         return PyFrameStep::Bad;
     }
     let first = code.wrapping_add(u64::from(cfg.code_adaptive));
-    let instr = frame_word(words, cfg.frame_instr);
+    let instr = frame_word(words, at, cfg.frame_instr);
     // Arithmetic shift: one code unit before the first instruction is −1.
     let index = (instr.wrapping_sub(first) as i64) >> 1;
     let entry = !by_owner && flag != 0;
@@ -446,6 +445,7 @@ mod tests {
         let step = py_frame_step(
             &cfg,
             &frame_311(code, 0x7f00_0000_2000, first + 2 * 7, true),
+            0,
         );
         assert_eq!(
             step,
@@ -456,7 +456,7 @@ mod tests {
         );
         // Before the first instruction: unknown; not an entry.
         let PyFrameStep::Frame { value, previous } =
-            py_frame_step(&cfg, &frame_311(code, 0, first - 2, false))
+            py_frame_step(&cfg, &frame_311(code, 0, first - 2, false), 0)
         else {
             panic!("a frame");
         };
@@ -466,12 +466,47 @@ mod tests {
     }
 
     #[test]
+    fn frames_decode_where_a_block_holds_them() {
+        // Two frames read at once: the innermost at word 40, the one it
+        // returns to at word 3 (lower, as a data stack holds them).
+        let cfg = config_311();
+        let (outer, inner) = (0x7f00_0000_1000, 0x7f00_0000_5000);
+        let mut block = [0u64; PY_BLOCK_WORDS];
+        block[3..3 + PY_FRAME_WORDS].copy_from_slice(&frame_311(outer, 0, outer + 184, true));
+        block[40..40 + PY_FRAME_WORDS].copy_from_slice(&frame_311(
+            inner,
+            0x7f00_0000_0018,
+            inner + 184 + 6,
+            false,
+        ));
+        let step = |at| match py_frame_step(&cfg, &block, at) {
+            PyFrameStep::Frame { value, previous } => (decode_python_frame(value), previous),
+            other => panic!("{other:?} at {at}"),
+        };
+        let (frame, previous) = step(40);
+        let frame = frame.unwrap();
+        assert_eq!(
+            (frame.code, frame.instr, frame.entry),
+            (inner, Some(3), false)
+        );
+        assert_eq!(previous, 0x7f00_0000_0018);
+        let frame = step(3).0.unwrap();
+        assert_eq!(
+            (frame.code, frame.instr, frame.entry),
+            (outer, Some(0), true)
+        );
+        // A frame at the block's end wraps to its start: garbage, never a
+        // read out of bounds.
+        let _ = py_frame_step(&cfg, &block, PY_BLOCK_WORDS - 1);
+    }
+
+    #[test]
     fn implausible_frames_are_refused() {
         let cfg = config_311();
         let code = 0x7f00_0000_1000;
         for code in [0, code + 3, 1 << 50] {
             assert_eq!(
-                py_frame_step(&cfg, &frame_311(code, 0, code, false)),
+                py_frame_step(&cfg, &frame_311(code, 0, code, false), 0),
                 PyFrameStep::Bad,
                 "{code:#x}"
             );
@@ -480,7 +515,7 @@ mod tests {
         // walker cuts after it (the previous is not plausible).
         for previous in [0x7f00_0000_2001, 0xffff_8000_0000_0000] {
             let PyFrameStep::Frame { value, previous: p } =
-                py_frame_step(&cfg, &frame_311(code, previous, code, false))
+                py_frame_step(&cfg, &frame_311(code, previous, code, false), 0)
             else {
                 panic!("a frame with previous {previous:#x}");
             };
@@ -489,7 +524,8 @@ mod tests {
             assert!(!py_plausible(p));
         }
         // A far-off instruction pointer is only an unknown instruction.
-        let PyFrameStep::Frame { value, .. } = py_frame_step(&cfg, &frame_311(code, 0, 0, false))
+        let PyFrameStep::Frame { value, .. } =
+            py_frame_step(&cfg, &frame_311(code, 0, 0, false), 0)
         else {
             panic!("a frame");
         };
@@ -497,16 +533,11 @@ mod tests {
     }
 
     #[test]
-    fn moved_stacks_are_their_prints() {
-        let (a, b) = (
-            py_prints_digest(PY_PRINTS_SEED, 7),
-            py_prints_digest(PY_PRINTS_SEED, 8),
-        );
+    fn prints_digest_in_order() {
+        let a = py_prints_digest(py_prints_digest(PY_PRINTS_SEED, 7), 8);
+        let b = py_prints_digest(py_prints_digest(PY_PRINTS_SEED, 8), 7);
         assert_ne!(a, b);
-        let stack = 0x1234_5678_9abc;
-        assert_ne!(py_moved_stack(stack, a), stack);
-        assert_ne!(py_moved_stack(stack, a), py_moved_stack(stack, b));
-        assert_eq!(py_moved_stack(stack, a), py_moved_stack(stack, a));
+        assert_ne!(a, py_prints_digest(py_prints_digest(PY_PRINTS_SEED, 7), 9));
         assert!(py_ends_stack(encode_python_frame(0x1000, 1, false)));
         assert!(py_ends_stack(PY_TRUNCATED_FRAME));
         assert!(!py_ends_stack(PY_STACK_BEGIN));
@@ -520,7 +551,8 @@ mod tests {
             *w = 0x7f00_0000_0000 + i as u64 * 8;
         }
         let words = PyCodePrint::of_offsets(&[8, 16, 72, 112, 128, 136]);
-        assert_eq!(words.at, [1, 2, 9, 14, 16, 17, PY_PRINT_END, PY_PRINT_END]);
+        assert_eq!(words.at, [1, 2, 9, 14, 16, 17, 17, 17]);
+        assert!(words.words().eq([1, 2, 9, 14, 16, 17]));
         assert_eq!(words.read, 18 * 8);
         let print = py_code_print(&code, &words);
         assert_ne!(print, PY_NO_PRINT);
@@ -536,6 +568,7 @@ mod tests {
             assert_ne!(py_code_print(&other, &words), print, "word {i}");
         }
         assert_eq!(PyCodePrint::of_offsets(&[]).read, 0);
+        assert_eq!(PyCodePrint::of_offsets(&[]).words().count(), 0);
     }
 
     #[test]
@@ -557,13 +590,13 @@ mod tests {
         w[7] = 0x7f00_0000_1000 + 192;
         w[8] = PY_FRAME_OWNED_BY_CSTACK << 48;
         assert_eq!(
-            py_frame_step(&cfg, &w),
+            py_frame_step(&cfg, &w, 0),
             PyFrameStep::Shim {
                 previous: 0x7f00_0000_3000
             }
         );
         w[8] = 0; // owned by the thread: a frame, never an entry by itself
-        let PyFrameStep::Frame { value, .. } = py_frame_step(&cfg, &w) else {
+        let PyFrameStep::Frame { value, .. } = py_frame_step(&cfg, &w, 0) else {
             panic!("a frame");
         };
         let frame = decode_python_frame(value).unwrap();

@@ -9,9 +9,7 @@ use aya_ebpf::{
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
     LiveSample, ProcCounters, StackAgg, StackTrace, UsdtSpec,
-    python::{
-        DEFAULT_PY_RECHECK_NS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PyProcConfig, PyStackPrints,
-    },
+    python::{PY_BLOCK_WORDS, PY_CODE_PRINT_WORDS, PyProcConfig, PyStackPrints},
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -137,10 +135,15 @@ pub static PY_SCRATCH: PerCpuArray<PyScratch> = PerCpuArray::with_max_entries(1,
 
 /// What [`PY_SCRATCH`] holds: the loops' changing state (in a map, not on
 /// the stack, so the verifier checks each callback once) and the copy of
-/// the interpreter frame being read.
+/// the interpreter frames being read.
 #[repr(C)]
 pub struct PyScratch {
-    pub words: [u64; PY_FRAME_WORDS],
+    /// The thread's memory at `block_at..block_end`, read at once: the
+    /// frame being read and what lies below it in its page (see
+    /// `PY_BLOCK_WORDS`). Empty (`block_at == block_end`) at a walk's start.
+    pub block: [u64; PY_BLOCK_WORDS],
+    pub block_at: u64,
+    pub block_end: u64,
     /// The next frame (or thread state) to read; 0: none.
     pub frame: u64,
     /// Frames in the trace so far: the next slot.
@@ -154,17 +157,12 @@ pub struct PyScratch {
     pub cut: u64,
     /// The start of the code object being printed.
     pub code: [u64; PY_CODE_PRINT_WORDS],
-    /// A new stack's prints, filed so far: `printed` of them; the stack
-    /// slot looked at next is `print_slot`; the last code object printed
-    /// (0: none yet) and its print.
+    /// The walk's prints of its frames' code objects so far: `printed` of
+    /// them; the last code object printed (0: none yet) and its print.
     pub prints: PyStackPrints,
     pub printed: u64,
-    pub print_slot: u64,
     pub print_code: u64,
     pub last_print: u64,
-    /// The slot after this sample's `PY_STACK_BEGIN` (its first Python
-    /// frame's), as the walk filed it.
-    pub begin: u64,
 }
 
 /// Exit and exec of processes, so that user space cleans up and rescans.
@@ -199,12 +197,6 @@ pub static NEW_STACKS_BURST: u64 = DEFAULT_NEW_STACKS_BURST;
 /// `profiler_common::thin_step`); 0 keeps every event.
 #[unsafe(no_mangle)]
 pub static MAX_EVENT_RATE: u64 = 0;
-
-/// Set by user space at load time (`--python-recheck`): how long a Python
-/// stack's code-object prints are trusted before a sample prints its frames
-/// again (see `python::current_stack`); 0: at every sample.
-#[unsafe(no_mangle)]
-pub static PY_RECHECK_NS: u64 = DEFAULT_PY_RECHECK_NS;
 
 /// Set by user space when profiling system-wide: report every exec, not only
 /// those of processes already tracked.
@@ -258,12 +250,6 @@ pub fn new_stacks_burst() -> u64 {
 pub fn max_event_rate() -> u64 {
     // SAFETY: as above.
     unsafe { core::ptr::read_volatile(&MAX_EVENT_RATE) }
-}
-
-#[inline(always)]
-pub fn py_recheck_ns() -> u64 {
-    // SAFETY: as above.
-    unsafe { core::ptr::read_volatile(&PY_RECHECK_NS) }
 }
 
 #[inline(always)]

@@ -415,39 +415,36 @@ fn take_stack_claimed(
         }
         hash = stack_hash_step(hash, trace.frames[i]);
     }
-    // Frames past `len` are left over from earlier stacks: user space reads
-    // only `len` of them, so clearing them would be wasted work.
-    let hash = stack_id(hash);
     // Settled again: each way out of the loop bounds `len` otherwise, and
     // what follows would be verified once per way.
     let len = settle(parked, len);
+    // A stack with a Python part is also the code objects its frames ran
+    // (their prints, taken by the walk): the same frames running a code
+    // object made where a freed one was are another stack.
+    let last = trace.frames.get(len.wrapping_sub(1)).copied().unwrap_or(0);
+    let python = py_ends_stack(last);
+    if python {
+        hash = stack_hash_step(hash, crate::python::prints_digest());
+    }
+    // Frames past `len` are left over from earlier stacks: user space reads
+    // only `len` of them, so clearing them would be wasted work.
+    let hash = stack_id(hash);
     // Most stacks are seen before: a lockless lookup is cheaper than an
     // insert that fails with EEXIST under the bucket lock. A known stack
     // always resolves, whatever the budget.
-    let id = if STACKS.get_ptr(hash).is_some() {
-        // A Python stack's frames may run other code objects by now.
-        let last = trace.frames.get(len.wrapping_sub(1)).copied().unwrap_or(0);
-        if !py_ends_stack(last) {
-            return Ok(hash);
-        }
-        let id = crate::python::current_stack(pid, hash, len);
-        if id == hash || STACKS.get_ptr(id).is_some() {
-            return Ok(id);
-        }
-        id
-    } else {
-        hash
-    };
+    if STACKS.get_ptr(hash).is_some() {
+        return Ok(hash);
+    }
     take_new_stack_budget(pid)?;
     // Before the stack: user space names its Python frames only by them.
-    if !crate::python::file_prints(pid, id, len) {
+    if python && !crate::python::file_prints(hash) {
         return Err(DropReason::StackMapFull);
     }
     // By reference: a StackTrace copied onto the 512-byte BPF stack won't fit.
     let trace: &StackTrace = trace;
-    match STACKS.insert(id, trace, u64::from(BPF_NOEXIST)) {
-        Ok(()) => Ok(id),
-        Err(e) if e == -EEXIST => Ok(id),
+    match STACKS.insert(hash, trace, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Ok(hash),
+        Err(e) if e == -EEXIST => Ok(hash),
         Err(_) => Err(DropReason::StackMapFull),
     }
 }

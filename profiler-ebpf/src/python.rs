@@ -3,7 +3,7 @@
 //! CPython (`PY_PROCS`), find the thread's own thread state by its native
 //! thread id (never the GIL holder's; in the process's own pid namespace,
 //! a container's included), then walk its interpreter frames
-//! innermost first, one user read per frame, bounded in depth. What the
+//! innermost first, one user read per block of frames, bounded in depth. What the
 //! frames mean is decided by `profiler_common::py_frame_step`, host-tested.
 
 use aya_ebpf::{
@@ -12,19 +12,18 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated},
 };
 use profiler_common::{
-    MAX_STACK_DEPTH,
+    MAX_STACK_DEPTH, StackTrace,
     python::{
-        MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS, PY_NO_FIELD,
-        PY_NO_PRINT, PY_PRINTS_SEED, PY_RESERVED_SLOTS, PY_STACK_BEGIN, PY_TRUNCATED_FRAME,
-        PyFrameStep, PyProcConfig, decode_python_frame, py_code_print, py_frame_step,
-        py_mark_entry, py_moved_stack, py_plausible, py_prints_digest,
+        MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_BLOCK_WORDS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS,
+        PY_NO_FIELD, PY_NO_PRINT, PY_PRINTS_SEED, PY_RESERVED_SLOTS, PY_STACK_BEGIN,
+        PY_TRUNCATED_FRAME, PyFrameStep, PyProcConfig, decode_python_frame, py_code_print,
+        py_frame_step, py_mark_entry, py_plausible, py_prints_digest,
     },
     unwind::DEPTH_CUT_FRAME,
 };
 
 use crate::maps::{
     PY_PROCS, PY_SCRATCH, PY_STACK_PRINTS, PY_THREADS, PyScratch, PyThread, STACK_SCRATCH,
-    py_recheck_ns,
 };
 
 /// How long a thread found without a thread state stays so before it is
@@ -87,9 +86,18 @@ pub fn append(pid: u32, len: usize) -> usize {
         (*scratch).end = (len + 1 + frames) as u64;
         (*scratch).last = NO_FRAME;
         (*scratch).cut = 0;
-        (*scratch).begin = (len + 1) as u64;
+        // Another thread's memory, maybe another process's.
+        (*scratch).block_at = 0;
+        (*scratch).block_end = 0;
+        (*scratch).printed = 0;
+        (*scratch).print_code = 0;
+        (*scratch).prints.digest = PY_PRINTS_SEED;
     }
-    let mut walk = PyWalk { cfg };
+    let mut walk = PyWalk {
+        cfg,
+        scratch,
+        trace: core::ptr::from_mut(trace),
+    };
     // Shims (3.12+) take loop steps but no slot: twice the frames.
     // SAFETY: the callback is a BPF subprogram taking (index, &mut PyWalk);
     // `walk` outlives the call.
@@ -126,10 +134,13 @@ pub fn append(pid: u32, len: usize) -> usize {
 /// `PyScratch::last` before any frame is filed.
 const NO_FRAME: u64 = u64::MAX;
 
-/// What the walk's callbacks see on the stack: only what does not change.
+/// What the walk's callbacks see on the stack: only what does not change
+/// (the maps' values, looked up once per walk, not once per frame).
 #[repr(C)]
 struct PyWalk {
     cfg: *const PyProcConfig,
+    scratch: *mut PyScratch,
+    trace: *mut StackTrace,
 }
 
 #[inline(never)]
@@ -138,11 +149,8 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
     let walk = unsafe { &*ctx.cast::<PyWalk>() };
     // SAFETY: a map value, valid for the whole program run; only read.
     let cfg = unsafe { &*walk.cfg };
-    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
-        return STOP;
-    };
     // SAFETY: this CPU's scratch, ours under the stack scratch claim.
-    let w = unsafe { &mut *scratch };
+    let w = unsafe { &mut *walk.scratch };
     let at = w.frame;
     if at == 0 {
         return STOP;
@@ -151,32 +159,13 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
         w.cut = 1;
         return STOP;
     }
-    // 8 to 128 bytes, whatever the entry says (user space writes a
-    // multiple of 8 in that range): a bound the verifier sees on the very
-    // register the helper takes.
-    let size = 8 + (cfg.frame_read.wrapping_sub(8) & (PY_FRAME_WORDS as u32 * 8 - 8));
-    // One read per frame: its header, into this CPU's copy.
-    // SAFETY: the helper writes at most `size` (≤ the buffer) bytes into
-    // this CPU's buffer, ours under the scratch claim, and reports a fault
-    // instead of taking it.
-    let err = unsafe {
-        generated::bpf_probe_read_user(
-            core::ptr::addr_of_mut!(w.words).cast(),
-            size,
-            at as *const c_void,
-        )
-    };
-    if err != 0 {
-        w.cut = 1;
-        return STOP;
-    }
-    let Some(trace) = STACK_SCRATCH.get_ptr_mut(0) else {
+    let Some(word) = frame_in_block(cfg, w, at) else {
         w.cut = 1;
         return STOP;
     };
     // SAFETY: a per-CPU map value, ours under the scratch claim.
-    let trace = unsafe { &mut *trace };
-    let previous = match py_frame_step(cfg, &w.words) {
+    let trace = unsafe { &mut *walk.trace };
+    let previous = match py_frame_step(cfg, &w.block, word) {
         PyFrameStep::Frame { value, previous } => {
             let slot = w.len as usize;
             if slot >= MAX_STACK_DEPTH {
@@ -186,6 +175,9 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
             trace.frames[slot] = value;
             w.last = slot as u64;
             w.len = slot as u64 + 1;
+            if let Some(frame) = decode_python_frame(value) {
+                print_code(cfg, w, frame.code);
+            }
             previous
         }
         PyFrameStep::Shim { previous } => {
@@ -211,140 +203,86 @@ extern "C" fn frame_step(_index: u64, ctx: *mut c_void) -> i64 {
     if previous == 0 { STOP } else { CONTINUE }
 }
 
-/// For a new stack of `len` frames in `STACK_SCRATCH`: files the prints of
-/// the code objects its Python frames run, read now, under `stack_id` in
-/// `PY_STACK_PRINTS` (see `profiler_common::python`). False if they could
-/// not be filed: the stack must not be either, or user space would name
-/// its frames unchecked.
-#[inline(never)]
-pub fn file_prints(pid: u32, stack_id: u64, len: usize) -> bool {
-    let Some(scratch) = print_frames(pid, len) else {
-        return true; // no Python frame, or not a CPython process
-    };
-    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
-    let entry = unsafe { &mut (*scratch).prints };
-    // SAFETY: a helper without arguments.
-    entry.checked_ns = unsafe { bpf_ktime_get_ns() };
-    entry.moved_to = 0;
-    PY_STACK_PRINTS.insert(stack_id, entry, 0).is_ok()
-}
-
-/// The stack a sample of the known stack `stack` (of `len` frames in
-/// `STACK_SCRATCH`) goes to: itself, or the one its samples moved to when
-/// its frames last printed otherwise. Re-prints the frames when that
-/// stack's last check is older than `PY_RECHECK_NS` (0: always); if they print
-/// otherwise now, they move to a stack of their own, which the caller files
-/// if it is not known yet.
-#[inline(never)]
-pub fn current_stack(pid: u32, stack: u64, len: usize) -> u64 {
-    let Some(entry) = PY_STACK_PRINTS.get_ptr_mut(stack) else {
-        return stack; // no Python frame
-    };
-    // SAFETY: a map value, valid for the whole program run; racing CPUs
-    // write the same values (see below).
-    let entry = unsafe { &mut *entry };
-    let (target, checked) = match entry.moved_to {
-        0 => (stack, core::ptr::from_mut(&mut *entry)),
-        moved => match PY_STACK_PRINTS.get_ptr_mut(moved) {
-            Some(checked) => (moved, checked),
-            None => return moved, // to be filed by the caller
-        },
-    };
-    // SAFETY: as above.
-    let checked = unsafe { &mut *checked };
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(checked.checked_ns) < py_recheck_ns() {
-        return target;
-    }
-    let Some(scratch) = print_frames(pid, len) else {
-        return target;
-    };
-    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
-    let digest = unsafe { (*scratch).prints.digest };
-    if digest == checked.digest {
-        checked.checked_ns = now;
-        return target;
-    }
-    // Other code objects in the same frames: their own stack from now on
-    // (the same id on every CPU that sees them).
-    let moved = py_moved_stack(stack, digest);
-    entry.moved_to = moved;
-    moved
-}
-
-/// Prints the code objects of the Python frames among the `len` frames of
-/// `STACK_SCRATCH` into this CPU's `PyScratch::prints`; the scratch if the
-/// process is CPython and the stack has Python frames.
+/// The word of `PyScratch::block` where the frame at `at` starts, reading
+/// the block first unless the frame is in it already: one read per page of
+/// frames, mostly, not one per frame (see `PY_BLOCK_WORDS`). None if the
+/// frame cannot be read.
 #[inline(always)]
-fn print_frames(pid: u32, len: usize) -> Option<*mut PyScratch> {
-    let cfg = PY_PROCS.get_ptr(pid)?;
-    let scratch = PY_SCRATCH.get_ptr_mut(0)?;
-    let trace = STACK_SCRATCH.get_ptr(0)?;
-    // From this sample's first Python frame, where the walk says it is
-    // (the native part holds none); from the start if that slot is not one
-    // after `PY_STACK_BEGIN` (no walk this sample: a native stack).
-    // SAFETY: this CPU's scratch, ours under the stack scratch claim.
-    let begin = unsafe { (*scratch).begin } as usize;
-    // SAFETY: as above.
-    let marked = unsafe { &*trace }
-        .frames
-        .get(begin.wrapping_sub(1))
-        .is_some_and(|&f| f == PY_STACK_BEGIN);
-    let start = if marked && begin <= len { begin } else { 0 };
-    // SAFETY: as above.
-    unsafe {
-        (*scratch).printed = 0;
-        (*scratch).print_slot = start as u64;
-        (*scratch).print_code = 0;
-        (*scratch).prints.digest = PY_PRINTS_SEED;
+fn frame_in_block(cfg: &PyProcConfig, w: &mut PyScratch, at: u64) -> Option<usize> {
+    // 8 to 128 bytes, whatever the entry says (user space writes a
+    // multiple of 8 in that range).
+    let size = 8 + u64::from(cfg.frame_read.wrapping_sub(8) & (PY_FRAME_WORDS as u32 * 8 - 8));
+    let end = at.wrapping_add(size);
+    if at < w.block_at || end > w.block_end {
+        // Down to the block's size below the frame's end, not past the
+        // start of the frame's page: that page is mapped if the frame is.
+        let from = end
+            .saturating_sub(PY_BLOCK_BYTES)
+            .max(at & !(PAGE_BYTES - 1));
+        // `at` and `from` are aligned (`py_plausible`, checked by the
+        // caller): a multiple of 8 from 8 to the block's size, a bound the
+        // verifier sees on the very register the helper takes.
+        let len = 8 + (end.wrapping_sub(from).wrapping_sub(8) & (PY_BLOCK_BYTES - 8));
+        // SAFETY: the helper writes at most `len` (≤ the buffer) bytes into
+        // this CPU's buffer, ours under the scratch claim, and reports a
+        // fault instead of taking it.
+        let err = unsafe {
+            generated::bpf_probe_read_user(
+                core::ptr::addr_of_mut!(w.block).cast(),
+                len as u32,
+                from as *const c_void,
+            )
+        };
+        if err != 0 {
+            w.block_end = w.block_at;
+            return None;
+        }
+        w.block_at = from;
+        w.block_end = from.wrapping_add(len);
     }
-    let mut walk = PyWalk { cfg };
-    // SAFETY: the callback is a BPF subprogram taking (index, &mut PyWalk);
-    // `walk` outlives the call.
-    unsafe {
-        generated::bpf_loop(
-            (len.min(MAX_STACK_DEPTH) - start.min(len)) as u32,
-            print_step as *mut c_void,
-            (&raw mut walk).cast(),
-            0,
-        )
-    };
-    // SAFETY: as above.
-    (unsafe { (*scratch).printed } != 0).then_some(scratch)
+    Some((at.wrapping_sub(w.block_at) / 8) as usize)
 }
 
-/// One slot of the new stack: a Python frame gets its code object's print.
+const PY_BLOCK_BYTES: u64 = PY_BLOCK_WORDS as u64 * 8;
+/// The smallest page: a frame's page is mapped up to the frame.
+const PAGE_BYTES: u64 = 4096;
+
+/// The digest of the prints the walk just took (see `append`).
+#[inline(always)]
+pub fn prints_digest() -> u64 {
+    match PY_SCRATCH.get_ptr(0) {
+        // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+        Some(scratch) => unsafe { (*scratch).prints.digest },
+        None => PY_PRINTS_SEED,
+    }
+}
+
+/// For a new stack whose Python part the walk just filed: files its code
+/// objects' prints under `stack_id` in `PY_STACK_PRINTS` (see
+/// `profiler_common::python`). False if they could not be filed: the stack
+/// must not be either, or user space would name its frames unchecked.
 #[inline(never)]
-extern "C" fn print_step(_index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `file_prints` passed its own `PyWalk` as the loop's context.
-    let walk = unsafe { &*ctx.cast::<PyWalk>() };
-    // SAFETY: a map value, valid for the whole program run; only read.
-    let cfg = unsafe { &*walk.cfg };
-    let Some(scratch) = PY_SCRATCH.get_ptr_mut(0) else {
-        return STOP;
+pub fn file_prints(stack_id: u64) -> bool {
+    let Some(scratch) = PY_SCRATCH.get_ptr(0) else {
+        return false;
     };
     // SAFETY: this CPU's scratch, ours under the stack scratch claim.
-    let w = unsafe { &mut *scratch };
-    let Some(trace) = STACK_SCRATCH.get_ptr(0) else {
-        return STOP;
-    };
-    let slot = w.print_slot as usize;
-    w.print_slot += 1;
-    // SAFETY: a per-CPU map value, ours under the scratch claim.
-    let Some(&value) = (unsafe { &*trace }).frames.get(slot) else {
-        return STOP;
-    };
-    let Some(frame) = decode_python_frame(value) else {
-        return CONTINUE;
-    };
+    let scratch = unsafe { &*scratch };
+    // By reference: the prints copied onto the 512-byte BPF stack won't fit.
+    let prints = &scratch.prints;
+    scratch.printed == 0 || PY_STACK_PRINTS.insert(stack_id, prints, 0).is_ok()
+}
+
+/// The print of the code object at `code` (see `py_code_print`), into the
+/// scratch's prints; the frame before ran the same code (recursion), its
+/// print is taken again without a read.
+#[inline(always)]
+fn print_code(cfg: &PyProcConfig, w: &mut PyScratch, code: u64) {
     let printed = w.printed as usize;
     if printed >= MAX_PYTHON_FRAMES {
-        return STOP;
+        return;
     }
-    // A frame running the code of the one before (recursion) takes its
-    // print again, without a read.
-    let print = if frame.code == w.print_code {
+    let print = if code == w.print_code {
         w.last_print as u32
     } else {
         // 8 to 256 bytes: a bound the verifier sees on the helper's register.
@@ -356,7 +294,7 @@ extern "C" fn print_step(_index: u64, ctx: *mut c_void) -> i64 {
             generated::bpf_probe_read_user(
                 core::ptr::addr_of_mut!(w.code).cast(),
                 size,
-                frame.code as *const c_void,
+                code as *const c_void,
             )
         };
         let print = if err != 0 || cfg.code_print.read == 0 {
@@ -364,56 +302,100 @@ extern "C" fn print_step(_index: u64, ctx: *mut c_void) -> i64 {
         } else {
             py_code_print(&w.code, &cfg.code_print)
         };
-        w.print_code = frame.code;
+        w.print_code = code;
         w.last_print = u64::from(print);
         print
     };
     w.prints.prints[printed] = print;
     w.prints.digest = py_prints_digest(w.prints.digest, print);
     w.printed = printed as u64 + 1;
-    CONTINUE
 }
 
 /// The current thread's innermost interpreter frame, if it has a thread
 /// state with one.
 #[inline(always)]
 fn current_frame(cfg: &PyProcConfig, scratch: *mut PyScratch) -> Option<u64> {
-    let tstate = thread_state(cfg, scratch)?;
-    let holder = if cfg.tstate_cframe == PY_NO_FIELD {
-        tstate
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = thread_id(cfg, pid_tgid)?;
+    // SAFETY: copied out at once.
+    let hint = unsafe { PY_THREADS.get(pid_tgid) }.copied();
+    let holder_at = if cfg.tstate_cframe == PY_NO_FIELD {
+        cfg.current_frame
     } else {
-        plausible(read_word(
-            tstate.wrapping_add(u64::from(cfg.tstate_cframe)),
-        )?)?
+        cfg.tstate_cframe
     };
+    if let Some(hint) = hint.filter(|hint| hint.tstate != 0) {
+        // The common case: the thread's state as last found, checked by its
+        // thread id, read at once with the field that leads to the frame
+        // (unreadable or another thread's by now: looked for again below).
+        // SAFETY: this CPU's scratch, ours under the stack scratch claim.
+        let w = unsafe { &mut *scratch };
+        if let Some((id, holder)) = read_two(w, hint.tstate, cfg.tstate_native_thread_id, holder_at)
+            && id == tid
+        {
+            return frame_of(cfg, holder);
+        }
+    }
+    let tstate = thread_state(cfg, scratch, pid_tgid, tid, hint)?;
+    frame_of(cfg, read_word(tstate.wrapping_add(u64::from(holder_at)))?)
+}
+
+/// The frame from the thread state's field `holder_at` points to: the
+/// frame itself (3.13+), or the `_PyCFrame` holding it.
+#[inline(always)]
+fn frame_of(cfg: &PyProcConfig, holder: u64) -> Option<u64> {
+    let holder = plausible(holder)?;
+    if cfg.tstate_cframe == PY_NO_FIELD {
+        return Some(holder);
+    }
     plausible(read_word(
         holder.wrapping_add(u64::from(cfg.current_frame)),
     )?)
 }
 
-/// The current thread's `PyThreadState`: from the per-thread hint, checked
-/// by reading its native thread id back, else by a bounded walk of the
-/// interpreter's thread list.
+/// The words at byte offsets `a` and `b` of the object at `at`, in one read
+/// (into `PyScratch::block`, free before the frame walk) of what lies
+/// between them: at most `PY_BLOCK_BYTES`, else garbage, never out of
+/// bounds.
 #[inline(always)]
-fn thread_state(cfg: &PyProcConfig, scratch: *mut PyScratch) -> Option<u64> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = thread_id(cfg, pid_tgid)?;
-    // SAFETY: copied out at once.
-    let hint = unsafe { PY_THREADS.get(pid_tgid) }.copied();
+fn read_two(w: &mut PyScratch, at: u64, a: u32, b: u32) -> Option<(u64, u64)> {
+    let (a, b) = (u64::from(a & !7), u64::from(b & !7));
+    let from = a.min(b);
+    let len = 8 + ((a.max(b) - from) & (PY_BLOCK_BYTES - 8));
+    // SAFETY: the helper writes at most `len` (≤ the buffer) bytes into this
+    // CPU's buffer, ours under the scratch claim, and reports a fault
+    // instead of taking it.
+    let err = unsafe {
+        generated::bpf_probe_read_user(
+            core::ptr::addr_of_mut!(w.block).cast(),
+            len as u32,
+            at.wrapping_add(from) as *const c_void,
+        )
+    };
+    if err != 0 {
+        return None;
+    }
+    let word = |offset: u64| w.block[((offset - from) / 8) as usize & (PY_BLOCK_WORDS - 1)];
+    Some((word(a), word(b)))
+}
+
+/// The current thread's `PyThreadState` when the hint is missing or stale:
+/// by a bounded walk of the interpreter's thread list (a thread found
+/// without one is not looked for again for a while).
+#[inline(always)]
+fn thread_state(
+    cfg: &PyProcConfig,
+    scratch: *mut PyScratch,
+    pid_tgid: u64,
+    tid: u64,
+    hint: Option<PyThread>,
+) -> Option<u64> {
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(hint) = hint {
-        if hint.tstate == 0 {
-            if now.wrapping_sub(hint.checked_ns) < NO_THREAD_STATE_NS {
-                return None;
-            }
-        } else if read_word(
-            hint.tstate
-                .wrapping_add(u64::from(cfg.tstate_native_thread_id)),
-        ) == Some(tid)
-        {
-            return Some(hint.tstate);
-        }
+    if hint.is_some_and(|hint| {
+        hint.tstate == 0 && now.wrapping_sub(hint.checked_ns) < NO_THREAD_STATE_NS
+    }) {
+        return None;
     }
     let interp = plausible(read_word(
         cfg.runtime

@@ -136,15 +136,6 @@ pub struct TargetArgs {
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub python: Switch,
 
-    /// How long the kernel trusts a Python stack's code objects before a
-    /// sample checks them again (e.g. 250ms, 1s; 0: at every sample). A
-    /// code object made where a freed one was, running in a stack the same
-    /// in every frame, is named as the freed one until that check; 0 never
-    /// misnames it, at about one more memory read per Python frame for
-    /// every sample.
-    #[arg(long, value_name = "D", default_value = "250ms", value_parser = parse_recheck)]
-    pub python_recheck: Duration,
-
     /// Memory allocprof keeps for processes that exited or exec'ed (their
     /// figures and symbolized stacks, estimated); past it the oldest are no
     /// longer shown.
@@ -214,7 +205,6 @@ impl TargetArgs {
             max_unwind_rows: self.max_unwind_rows,
             diagnostics: self.verbose,
             python: self.python == Switch::On,
-            py_recheck_ns: u64::try_from(self.python_recheck.as_nanos()).unwrap_or(u64::MAX),
             ..Limits::default()
         }
     }
@@ -497,15 +487,6 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .filter(|&n| n > 0)
         .and_then(|n| n.checked_mul(1 << shift))
         .ok_or_else(|| format!("{s}: not a size (examples: 64MiB, 512M, 1G)"))
-}
-
-/// `--python-recheck`: a duration, or 0.
-fn parse_recheck(s: &str) -> Result<Duration, String> {
-    if s.trim() == "0" {
-        Ok(Duration::ZERO)
-    } else {
-        parse_duration(s)
-    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

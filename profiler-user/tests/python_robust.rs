@@ -40,7 +40,7 @@ use allocprof::{
 use common::{DEBIAN_PYTHON, Proc, RATE, truth_and_sigma};
 use profiler_common::{
     NO_STACK, OVERFLOW_STACK,
-    python::{DEFAULT_PY_RECHECK_NS, MAX_PYTHON_FRAMES, decode_python_frame, split_python},
+    python::{MAX_PYTHON_FRAMES, decode_python_frame, split_python},
 };
 
 /// pyenv's CPython 3.10: it exports `_PyRuntime` but has no `Py_Version`
@@ -534,10 +534,6 @@ fn made_sites(p: &ProcessProfile, call: u32) -> Vec<MadeSite> {
 
 impl Freed {
     fn start() -> Freed {
-        Freed::start_with(Limits::default())
-    }
-
-    fn start_with(limits: Limits) -> Freed {
         common::require_bpf();
         let mut cmd = Command::new(DEBIAN_PYTHON);
         cmd.arg(workload("python_freed.py"))
@@ -545,7 +541,7 @@ impl Freed {
         let mut proc = Proc::spawn(cmd);
         let pid = proc.pid();
         common::wait_for_mapping(pid, "liballocprof.so");
-        let mut session = Session::start(Target::Pids(vec![Pid(pid)]), limits).unwrap();
+        let mut session = Session::start(Target::Pids(vec![Pid(pid)]), Limits::default()).unwrap();
         session.complete_profile().unwrap();
         proc.send(&format!("make {FUNCTIONS}"));
         let made = read_made(&mut proc);
@@ -675,33 +671,15 @@ fn code_objects_freed_and_reused_before_their_resolution_are_never_misnamed() {
 }
 
 /// The functions made again where the first ones were (the same template,
-/// names of the same length, the same file), called from the same line:
-/// stacks the same in every frame. Once the first are named, the second's
-/// samples are filed under their own names (the kernel prints a known
-/// stack's frames again when its last check is older than
-/// `--python-recheck`, here the default, waited out) or freed, never under
-/// the first's: the first functions' bytes are theirs alone.
+/// names of the same length, the same file) as soon as the first are
+/// named, called from the same line: the same frames in every stack. The
+/// kernel's stack ids cover the code objects' prints, so the second's
+/// samples are filed under stacks of their own, named by their functions
+/// or freed, never under the first's: the first functions' bytes are
+/// theirs alone.
 #[test]
-fn code_objects_made_again_in_the_same_stacks_never_take_the_first_names() {
-    made_again(
-        Limits::default(),
-        Duration::from_nanos(2 * DEFAULT_PY_RECHECK_NS),
-    );
-}
-
-/// The same with `--python-recheck 0`, made again at once: every sample
-/// checks its frames.
-#[test]
-fn with_every_sample_checked_code_objects_made_again_at_once_never_take_the_first_names() {
-    let limits = Limits {
-        py_recheck_ns: 0,
-        ..Limits::default()
-    };
-    made_again(limits, Duration::ZERO);
-}
-
-fn made_again(limits: Limits, pause: Duration) {
-    let mut freed = Freed::start_with(limits);
+fn code_objects_made_again_in_the_same_frames_never_take_the_first_names() {
+    let mut freed = Freed::start();
     let profile = freed.first_profile();
     let first: HashMap<String, u64> = freed
         .made
@@ -713,7 +691,6 @@ fn made_again(limits: Limits, pause: Duration) {
         named_first.iter().any(|(f, ..)| first.contains_key(f)),
         "the first functions are named: {named_first:?}"
     );
-    std::thread::sleep(pause);
     freed.proc.send(&format!("make {FUNCTIONS}"));
     let second = read_made(&mut freed.proc);
     let reused = second.keys().filter(|a| freed.made.contains_key(a)).count();

@@ -5,7 +5,8 @@
 //! the stacks a session files carry `PY_STACK_BEGIN` and then the
 //! allocating thread's own frames, innermost first, as the script's code
 //! objects (`id()` is the address), at the instructions of the lines that
-//! allocate or call; a malloc made without the GIL (ctypes) while another
+//! allocate or call, a recursion over several pages of the thread's data
+//! stack (the kernel reads frames a block at a time) included; a malloc made without the GIL (ctypes) while another
 //! thread spins in Python gets its own thread's frames; `--python off`
 //! files none.
 
@@ -177,6 +178,43 @@ fn nested_calls_and_recursion(python: &Path) {
     script.proc.send("exit");
 }
 
+/// A recursion 70 frames deep, each frame large with locals: over several
+/// pages of the thread's data stack and past its first chunk, where the
+/// kernel's block reads of frames begin anew. Every frame is there, in
+/// order, at its line.
+fn a_recursion_over_pages_of_the_data_stack(python: &Path) {
+    common::require_bpf();
+    let mut script = Script::start(python);
+    let session = attach(script.pid(), Limits::default());
+    script.proc.send("deep");
+    script.proc.expect("done");
+
+    let leaf = script.code("leaf");
+    let stacks = stacks_of(&session, script.pid());
+    let at_leaf: Vec<&PyStack> = stacks
+        .iter()
+        .filter(|s| s.frames.first().is_some_and(|f| f.code == leaf))
+        .collect();
+    let samples: u64 = at_leaf.iter().map(|s| s.samples).sum();
+    assert!(
+        samples >= 20,
+        "{samples} samples at leaf of 40 allocations of 256 KiB"
+    );
+    for stack in &at_leaf {
+        let f = &stack.frames;
+        assert!(!stack.truncated, "{f:?}");
+        assert_eq!(f.len(), 73, "leaf, wide ×70, deep_outer, <module>: {f:?}");
+        script.check(&f[0], "leaf", f);
+        script.check(&f[1], "wide_leaf", f);
+        for frame in &f[2..71] {
+            script.check(frame, "wide_self", f);
+        }
+        script.check(&f[71], "deep_outer", f);
+        assert_eq!(f[72].code, script.code("module"), "{f:?}");
+    }
+    script.proc.send("exit");
+}
+
 /// A thread mallocs through ctypes (the GIL released) while another spins
 /// in Python holding it: its samples carry its own frames, never the
 /// spinner's.
@@ -239,6 +277,16 @@ fn debian_python_nested_calls_and_recursion() {
 #[test]
 fn pyenv_python_nested_calls_and_recursion() {
     nested_calls_and_recursion(&path_python());
+}
+
+#[test]
+fn debian_python_recursion_over_pages_of_the_data_stack() {
+    a_recursion_over_pages_of_the_data_stack(Path::new(DEBIAN_PYTHON));
+}
+
+#[test]
+fn pyenv_python_recursion_over_pages_of_the_data_stack() {
+    a_recursion_over_pages_of_the_data_stack(&path_python());
 }
 
 #[test]

@@ -25,7 +25,7 @@ use profiler_common::map_names as names;
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
     LiveSample, ProcCounters, ProcEvent, StackAgg, StackTrace, UnseenFree, UsdtSpec,
-    python::{DEFAULT_PY_RECHECK_NS, PyProcConfig, PyStackPrints},
+    python::{PyProcConfig, PyStackPrints},
     unwind::{ProcUnwind, UnwindRow},
 };
 use thiserror::Error;
@@ -72,9 +72,6 @@ pub struct Limits {
     pub diagnostics: bool,
     /// Python frames in the stacks of CPython processes (`--python`).
     pub python: bool,
-    /// How long a Python stack's code-object prints are trusted before a
-    /// sample prints its frames again (`--python-recheck`; 0: every sample).
-    pub py_recheck_ns: u64,
 }
 
 impl Default for Limits {
@@ -91,7 +88,6 @@ impl Default for Limits {
             max_unwind_rows: 1 << 20,
             diagnostics: false,
             python: true,
-            py_recheck_ns: DEFAULT_PY_RECHECK_NS,
         }
     }
 }
@@ -249,7 +245,6 @@ impl Kernel {
             )
             .override_global("NEW_STACKS_BURST", &limits.new_stacks_burst, true)
             .override_global("MAX_EVENT_RATE", &limits.max_event_rate, true)
-            .override_global("PY_RECHECK_NS", &limits.py_recheck_ns, true)
             .override_global("TASK_TGID_OFFSET", &tgid_at, true)
             .override_global("FOLLOW_TREE", &follow_tree, true)
             .override_global("UNWIND_TABLES", &unwind_tables, true)

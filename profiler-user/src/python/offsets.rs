@@ -174,7 +174,6 @@ pub fn from_debug_offsets(
 
 #[cfg(test)]
 mod tests {
-    use profiler_common::python::PY_PRINT_END;
 
     use super::*;
 
@@ -199,14 +198,7 @@ mod tests {
             assert!(c.frame_read as usize <= PY_FRAME_WORDS * 8);
             // The kernel reads what user space reads of a code object's
             // header (up to co_linetable), the six fields' words only.
-            assert_eq!(
-                c.code_print
-                    .at
-                    .iter()
-                    .filter(|&&w| w != PY_PRINT_END)
-                    .count(),
-                6
-            );
+            assert_eq!(c.code_print.words().count(), 6);
             assert_eq!(c.code_print.read, 136 + 8);
         }
     }

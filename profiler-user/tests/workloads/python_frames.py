@@ -1,6 +1,7 @@
 """Allocation sites at known Python functions and lines, for
 tests/python_walk.rs: nested calls and recursion allocating large
-bytearrays, and a thread that allocates through ctypes (a malloc made
+bytearrays, a recursion deeper than a page of the thread's data stack
+(its frames large with locals), and a thread that allocates through ctypes (a malloc made
 without the GIL) while another thread spins in Python holding it.
 
 Prints, for each function, the address of its code object (id() is the
@@ -47,6 +48,25 @@ def outer():
         recurse(3)  # outer-call
 
 
+DEEP = 70
+
+
+def wide(depth):
+    # Sixteen locals: about 230 bytes a frame, 16 KiB for the recursion,
+    # over several pages of the data stack and past its first chunk.
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = depth  # noqa: F841
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = depth  # noqa: F841
+    if depth == 0:
+        leaf()  # wide-leaf
+    else:
+        wide(depth - 1)  # wide-self
+
+
+def deep_outer():
+    for _ in range(ROUNDS):
+        wide(DEEP - 1)  # deep-call
+
+
 def gil_free_alloc(stop):
     while not stop.is_set():
         KEEP.append(LIBC.malloc(SIZE))  # ctypes-malloc
@@ -82,6 +102,9 @@ describe("leaf", leaf, "leaf-alloc")
 describe("recurse_leaf", recurse, "recurse-leaf")
 describe("recurse_self", recurse, "recurse-self")
 describe("outer", outer, "outer-call")
+describe("wide_leaf", wide, "wide-leaf")
+describe("wide_self", wide, "wide-self")
+describe("deep_outer", deep_outer, "deep-call")
 describe("gil_free_alloc", gil_free_alloc, "ctypes-malloc")
 describe("spin", spin)
 print("module", id(MODULE), flush=True)
@@ -90,6 +113,9 @@ for command in sys.stdin:
     command = command.strip()
     if command == "nested":
         outer()  # module-call
+        print("done", flush=True)
+    elif command == "deep":
+        deep_outer()  # module-call
         print("done", flush=True)
     elif command == "threads":
         print("started", flush=True)

@@ -2,13 +2,11 @@
 //! alone): what walking a CPython thread's frames adds to a sampled
 //! allocation. Debian's `/usr/bin/python3` runs `xtask/bench/python_deep.py`
 //! (bytearrays allocated under 20 Python frames: one function recursing,
-//! and a function per frame, each a code object to print) under
-//! liballocprof.so with
-//! `PYTHONMALLOC=malloc` and `ALLOCPROF_RATE=1`, attached by `allocprof
-//! --python off`, `--python on` (known stacks' code objects re-checked at
-//! the default interval) and `--python on --python-recheck 0` (at every
-//! sample) in turn, round after round, with `kernel.bpf_stats_enabled` on
-//! in all. Per sampled allocation: the
+//! and a function per frame, each a code object the walk prints) under
+//! liballocprof.so with `PYTHONMALLOC=malloc` and `ALLOCPROF_RATE=1`,
+//! attached by `allocprof --python off` and `--python on` in turn, round
+//! after round, with `kernel.bpf_stats_enabled` on in both. Per sampled
+//! allocation: the
 //! target's CPU time (user and system: the uprobe and the program run in
 //! its context; less inflated by other work on the shared cores than wall
 //! time, also shown) and the eBPF alloc program's own, medians; the
@@ -23,7 +21,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{Bench, BpfStats, RUNS, attached, medians, start, stop, value};
+use super::{Bench, BpfStats, attached, medians, start, stop, value};
 
 pub(crate) const PYTHON: &str = "/usr/bin/python3";
 const SCRIPT: &str = "xtask/bench/python_deep.py";
@@ -31,6 +29,9 @@ const STEPS: &str = "20000";
 /// `deep`'s levels: with `<module>` and `cost`, 20 Python frames.
 const LEVELS: &str = "17";
 const FRAMES: usize = 20;
+/// Rounds of every walk and shape: more than the other rows' runs, as the
+/// figures compared differ by tenths of a µs.
+const RUNS: usize = 9;
 /// The target for the walk, µs per sampled allocation.
 const TARGET_US: f64 = 1.5;
 
@@ -48,22 +49,17 @@ struct PyRun {
 enum Walk {
     /// `--python off`.
     Native,
-    /// `--python on`, the default re-check of a known stack's code objects.
+    /// `--python on`: every frame's code object printed too.
     Python,
-    /// `--python on --python-recheck 0`: every sample checks them.
-    PythonEverySample,
 }
 
 impl Walk {
-    const ALL: [Walk; 3] = [Walk::Native, Walk::Python, Walk::PythonEverySample];
+    const ALL: [Walk; 2] = [Walk::Native, Walk::Python];
 
     fn label(self) -> &'static str {
         match self {
             Walk::Native => "native only (`--python off`)",
             Walk::Python => "native + Python (`--python on`)",
-            Walk::PythonEverySample => {
-                "native + Python, every sample's code objects checked (`--python-recheck 0`)"
-            }
         }
     }
 
@@ -71,7 +67,6 @@ impl Walk {
         match self {
             Walk::Native => &["--python", "off"],
             Walk::Python => &["--python", "on"],
-            Walk::PythonEverySample => &["--python", "on", "--python-recheck", "0"],
         }
     }
 }
@@ -143,24 +138,15 @@ pub(crate) fn run(root: &Path, bench: &Bench) -> Result<()> {
             );
         }
         let (off_cpu, off_wall, off_kernel) = figures[0];
-        for (walk, (cpu, wall, kernel)) in Walk::ALL.iter().zip(&figures).skip(1) {
-            added.push((
-                shape,
-                *walk,
-                cpu - off_cpu,
-                kernel - off_kernel,
-                wall - off_wall,
-            ));
+        for (cpu, wall, kernel) in figures.iter().skip(1) {
+            added.push((shape, cpu - off_cpu, kernel - off_kernel, wall - off_wall));
         }
     }
     let verdict = |added: f64| {
         if added <= TARGET_US { "met" } else { "MISSED" }
     };
-    for (shape, walk, cpu, kernel, wall) in added {
-        let name = match walk {
-            Walk::PythonEverySample => "Python walk, every sample checked",
-            _ => "Python walk",
-        };
+    for (shape, cpu, kernel, wall) in added {
+        let name = "Python walk";
         for (what, unit, added) in [
             ("target CPU", "per sampled alloc", cpu / 1e3),
             ("eBPF alloc program", "per run", kernel / 1e3),
