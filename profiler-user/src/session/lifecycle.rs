@@ -13,7 +13,7 @@ use profiler_common::{
 };
 
 use super::{
-    Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, RESCAN_EVERY, Session, Target,
+    Incarnation, KernelPort, ProcessPort, RESCAN_AFTER_EXEC, Session, Target, rescan_period,
 };
 use crate::{
     ids::{HostPid, Pid, Tid},
@@ -469,7 +469,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
 
     /// Whether a tracked process's maps may have changed since its last
     /// scan: never scanned with probes, its code size changed or is unknown,
-    /// stacks of it fell outside its maps, or [`RESCAN_EVERY`] passed.
+    /// stacks of it fell outside its maps, or its [`rescan_period`] passed.
     pub(super) fn rescan_due(&self, pid: Pid) -> bool {
         let Some(tracked) = self.tracked.get(&pid) else {
             return true;
@@ -479,7 +479,7 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         };
         tracked.image.space.is_none()
             || size.is_none()
-            || at.elapsed() >= RESCAN_EVERY
+            || at.elapsed() >= rescan_period(pid)
             || !tracked.symbols.unresolved.is_empty()
             || self.processes.code_size(pid) != size
     }

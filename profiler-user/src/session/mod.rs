@@ -67,8 +67,25 @@ const RESCAN_AFTER_EXEC: [Duration; 4] = [
 const FULL_SCAN_EVERY: Duration = Duration::from_secs(5);
 /// A tracked process is rescanned at a sweep only when its code size
 /// changed (a dlopen or dlclose), some of its stacks fell outside its known
-/// maps (then at once), or this long has passed.
+/// maps (then at once), or this long has passed (and its share of
+/// `RESCAN_SPREAD`, see [`rescan_period`]).
 const RESCAN_EVERY: Duration = Duration::from_secs(60);
+/// Each process waits up to this much longer than `RESCAN_EVERY`, an amount
+/// of its own.
+const RESCAN_SPREAD: Duration = Duration::from_secs(30);
+
+/// How long after its last scan a tracked process is rescanned when nothing
+/// else called for it: `RESCAN_EVERY` plus a share of `RESCAN_SPREAD` fixed
+/// by its pid. Processes scanned together (an agent starting on a host of
+/// hundreds) then come due at different sweeps, and with periods of their
+/// own they stay apart, so no sweep rescans them all at once.
+fn rescan_period(pid: Pid) -> Duration {
+    let spread = RESCAN_SPREAD.as_millis() as u64;
+    // The pid's bits mixed (Fibonacci hashing), so consecutive pids fall
+    // far apart.
+    let share = (u64::from(pid.0).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % spread;
+    RESCAN_EVERY + Duration::from_millis(share)
+}
 /// How often every tracked process is looked at (alive? its code size?):
 /// between sweeps, exits come as kernel events and a dlopen shows as stacks
 /// outside the known maps, so a refresh costs what changed, not one /proc

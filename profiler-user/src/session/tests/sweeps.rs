@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::super::FULL_SCAN_EVERY;
+use super::super::{FULL_SCAN_EVERY, RESCAN_EVERY, RESCAN_SPREAD, rescan_period};
 use super::*;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -102,4 +102,27 @@ fn a_full_scan_reads_again_only_processes_without_probes_that_changed() {
     full_scan(&mut s);
     assert_eq!(world.scans_of(300), scans + 1);
     assert!(s.is_attached(Pid(300), probe_file_id(2)));
+}
+
+/// A thousand processes scanned together come due for their periodic
+/// rescan spread over the sweeps of `RESCAN_SPREAD`, not all at one.
+#[test]
+fn processes_scanned_together_come_due_at_different_sweeps() {
+    let sweeps = (RESCAN_SPREAD.as_secs() / FULL_SCAN_EVERY.as_secs()) as usize;
+    let mut per_sweep = vec![0usize; sweeps];
+    for pid in 1000..2000 {
+        let period = rescan_period(Pid(pid));
+        assert!(
+            (RESCAN_EVERY..RESCAN_EVERY + RESCAN_SPREAD).contains(&period),
+            "pid {pid}: {period:?}"
+        );
+        let late = (period - RESCAN_EVERY).as_secs() / FULL_SCAN_EVERY.as_secs();
+        per_sweep[late as usize] += 1;
+    }
+    // About 1000 / 6 each; none near all of them.
+    assert!(
+        per_sweep.iter().all(|&n| (100..=250).contains(&n)),
+        "{per_sweep:?}"
+    );
+    assert_eq!(rescan_period(Pid(1234)), rescan_period(Pid(1234)));
 }
