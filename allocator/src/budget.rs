@@ -22,7 +22,7 @@
 //! explicit rate is an explicit cost choice (tests and users asking for
 //! `ALLOCPROF_RATE=1` get every allocation).
 
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use profiler_common::{MAX_WEIGHT, thin_factor_for, thin_step};
 
@@ -203,11 +203,24 @@ pub(crate) fn apply(weight: u64, draw: u64) -> u64 {
     }
 }
 
-/// In a fork child (single-threaded, or on its first slow path): a fresh
-/// window and count, so the child's figures are its own.
-pub(crate) fn forget_in_fork_child() {
-    WINDOW.reset();
-    crate::backend_stats::reset_thinning();
+/// The process the budget was last made fresh for (0: none yet).
+static FRESH_FOR: AtomicU32 = AtomicU32::new(0);
+
+/// In fork child `pid` (from the atfork handler, single-threaded, and from
+/// the child's first slow path, which also covers forks that bypass the
+/// handler): a fresh window and count, so the child's figures are its own.
+/// Once per child: the second call would wipe what threads the child
+/// started meanwhile had counted.
+pub(crate) fn forget_in_fork_child(pid: u32) {
+    if first_for(&FRESH_FOR, pid) {
+        WINDOW.reset();
+        crate::backend_stats::reset_thinning();
+    }
+}
+
+/// Whether `pid` is not the one `fresh_for` last held (it holds `pid` now).
+fn first_for(fresh_for: &AtomicU32, pid: u32) -> bool {
+    fresh_for.swap(pid, Relaxed) != pid
 }
 
 fn warn_malformed() {
@@ -267,6 +280,17 @@ mod tests {
     /// The window with an injected clock: a steady 200k sampled/s against
     /// 16k/s settles at factor 16 (12.5k/s kept), a burst raises it within
     /// its window, a pause forgets it.
+    #[test]
+    fn a_fork_child_s_budget_is_made_fresh_once() {
+        let fresh_for = AtomicU32::new(0);
+        // The handler, then the child's first slow path: once.
+        assert!(first_for(&fresh_for, 4242));
+        assert!(!first_for(&fresh_for, 4242));
+        // Its own child: once again.
+        assert!(first_for(&fresh_for, 4243));
+        assert!(!first_for(&fresh_for, 4243));
+    }
+
     #[test]
     fn the_window_holds_a_busy_process_near_its_budget() {
         let w = Window::new();

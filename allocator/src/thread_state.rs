@@ -212,7 +212,7 @@ fn resolve_inner(size: usize) -> u64 {
             if (*st).initialised != 0 {
                 // A fork child (also one whose fork bypassed the atfork
                 // handlers): its budget's window and count start afresh.
-                crate::budget::forget_in_fork_child();
+                crate::budget::forget_in_fork_child(pid as u32);
             }
             let rate = rate::current();
             (*st).sampler = Sampler::new(seed(st as usize, pid), rate);
@@ -249,8 +249,9 @@ unsafe extern "C" fn rearm_in_fork_child() {
     // SAFETY: `st` is this (the only) thread's TLS block; a plain store, as
     // on the fast path.
     unsafe { (*st).sampler.remaining = 0 };
-    // A fresh budget window: relaxed stores, nothing that can block.
-    crate::budget::forget_in_fork_child();
+    // A fresh budget window: relaxed stores and at most getpid, nothing
+    // that can block.
+    crate::budget::forget_in_fork_child(current_pid() as u32);
 }
 
 /// Registers [`rearm_in_fork_child`] at load time (registration may take
