@@ -30,7 +30,7 @@
 
 use std::{
     cell::OnceCell,
-    collections::{HashMap, hash_map::Entry},
+    collections::{HashMap, HashSet, hash_map::Entry},
     sync::Arc,
 };
 
@@ -43,7 +43,7 @@ use profiler_common::{
 use super::{KernelPort, ProcessPort, Session};
 use crate::ids::{HostPid, Pid};
 use crate::{
-    kernel::{KernelSnapshot, Limits},
+    kernel::{KernelError, KernelSnapshot, Limits},
     model::stats::Totals,
     process::ledger::{CUT_FRAME, LedgerEntry, LedgerStatus, ReadError},
 };
@@ -356,8 +356,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             .iter()
             .filter_map(|(&pid, t)| Some((pid, t.image.ledger.as_ref()?)))
     }
-    /// Reads the ledger of every followed process image not read yet.
-    pub(super) fn read_ledgers(&mut self, snapshot: &KernelSnapshot) {
+    /// Reads the ledger of every followed process image not read yet;
+    /// whether there was one.
+    pub(super) fn read_ledgers(&mut self, snapshot: &KernelSnapshot) -> bool {
         let mut due: Vec<(Pid, u32, u64)> = self
             .tracked
             .iter()
@@ -373,9 +374,33 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             .filter(|&(pid, generation, _)| self.ledger_status(pid, generation).is_none())
             .collect();
         due.sort_unstable();
+        let read = !due.is_empty();
         for (pid, generation, kernel_live) in due {
             self.read_ledger(pid, generation, kernel_live);
         }
+        read
+    }
+
+    /// The kernel's maps read again (see `Session::read`), for the
+    /// processes of `older` and those followed now: one `track` retired
+    /// (gone, taken out of `older`) stays out.
+    pub(super) fn snapshot_after(
+        &mut self,
+        older: &KernelSnapshot,
+        with_live: bool,
+    ) -> Result<KernelSnapshot, KernelError> {
+        let mut fresh = self.snapshot(with_live)?;
+        let pids: HashSet<u32> = older
+            .processes
+            .keys()
+            .copied()
+            .chain(older.aggregates.iter().map(|(k, _)| k.pid))
+            .chain(self.tracked.keys().map(|pid| pid.0))
+            .collect();
+        fresh.processes.retain(|pid, _| pids.contains(pid));
+        fresh.aggregates.retain(|(k, _)| pids.contains(&k.pid));
+        fresh.live.retain(|(k, _)| pids.contains(&k.pid));
+        Ok(fresh)
     }
 
     fn read_ledger(&mut self, pid: Pid, generation: u32, kernel_live: u64) {

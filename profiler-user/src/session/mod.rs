@@ -474,12 +474,18 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
                     .is_none_or(|at| at.elapsed() >= LIVE_READ_INTERVAL));
         if with_live {
             self.live_read_at = Some(Instant::now());
+            // Before the snapshot: a seed whose block was freed after it
+            // would be gone while the block that replaced it is not in it.
+            self.check_all_seeds();
         }
         let mut snapshot = self.snapshot(with_live)?;
         self.track(&mut snapshot);
-        self.read_ledgers(&snapshot);
-        if with_live {
-            self.check_all_seeds();
+        if self.read_ledgers(&snapshot) {
+            // Those ledgers' seeds are what lived at their read, less what
+            // was freed since: the kernel is read again, after them, or the
+            // blocks allocated meanwhile would be in neither (a churning
+            // process's heap halved at its first profile).
+            snapshot = self.snapshot_after(&snapshot, with_live)?;
         }
         // Only the processes whose stacks may have changed are looked at
         // for new ones; a tick, which builds nothing, adds only their seeds.

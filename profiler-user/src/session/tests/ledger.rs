@@ -31,6 +31,7 @@ fn give_ledger(world: &World, pid: u32, records: Vec<LedgerEntry>) {
     world.process(pid).ledger = Some(FakeLedger {
         live: records,
         seqs,
+        replaced_while_read: Vec::new(),
     });
 }
 
@@ -154,6 +155,44 @@ fn a_seed_leaves_when_its_free_is_reported_or_its_record_moves() {
         .insert(0x10_0000 + 0x2000, 4);
     let profile = session.complete_profile().unwrap();
     assert_eq!(live_of(&profile, 10).0, RATE as f64);
+    assert_eq!(profile.processes[0].ledger.unwrap().retired, 2);
+}
+
+/// Blocks the process replaces while its ledger is read: the seeds of the
+/// freed ones leave, and the blocks that replaced them are in the profile
+/// (the kernel is read after the ledger, not only before it).
+#[test]
+fn blocks_replaced_while_the_ledger_is_read_are_in_the_profile() {
+    let world = World::default();
+    let mut session = session(&world, Target::All);
+    // Found by the refresh that builds the profile: its ledger is read
+    // between that refresh's two readings of the kernel.
+    world.spawn(10, "service");
+    let alpha = [address_in(alpha_site)];
+    give_ledger(
+        &world,
+        10,
+        (1..=4)
+            .map(|i| record(i * 0x1000, 100, 1, &alpha))
+            .collect(),
+    );
+    world
+        .process(10)
+        .ledger
+        .as_mut()
+        .unwrap()
+        .replaced_while_read = vec![
+        (0x1000, 7, alpha.to_vec(), 100),
+        (0x2000, 7, alpha.to_vec(), 100),
+    ];
+    session.sweep_every = Duration::ZERO;
+    session.full_scan_every = Duration::ZERO;
+    let profile = session.refresh().unwrap();
+    // Two seeds left, two kernel samples: four blocks, as the process holds.
+    assert_eq!(
+        live_of(&profile, 10),
+        (4.0 * RATE as f64, 2.0 * RATE as f64)
+    );
     assert_eq!(profile.processes[0].ledger.unwrap().retired, 2);
 }
 

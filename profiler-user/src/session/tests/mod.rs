@@ -98,6 +98,10 @@ struct FakeProcess {
 struct FakeLedger {
     live: Vec<crate::process::ledger::LedgerEntry>,
     seqs: HashMap<u64, u64>,
+    /// Blocks the process frees while its ledger is read (by pointer),
+    /// each replaced at once by a block the kernel samples (stack id,
+    /// frames, size).
+    replaced_while_read: Vec<(u64, u64, Vec<u64>, u64)>,
 }
 
 struct WorldState {
@@ -550,6 +554,18 @@ impl ProcessPort for FakeProcesses {
         };
         let ledger = ledger.ok_or(std::io::Error::from(std::io::ErrorKind::NotFound))?;
         ledger.live.into_iter().for_each(live);
+        // The read copied them live; the process goes on meanwhile.
+        for (ptr, stack_id, frames, size) in ledger.replaced_while_read {
+            {
+                let mut w = self.world.0.borrow_mut();
+                w.kernel.unseen.push((pid, ptr));
+                let l = w.processes.get_mut(&pid).unwrap().ledger.as_mut().unwrap();
+                l.live.retain(|e| e.record.ptr != ptr);
+                *l.seqs.entry(0x10_0000 + ptr).or_default() += 2;
+                l.replaced_while_read.clear();
+            }
+            self.world.sample(pid, stack_id, &frames, size);
+        }
         Ok(crate::process::ledger::LedgerRead::default())
     }
 
