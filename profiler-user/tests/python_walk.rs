@@ -128,6 +128,25 @@ fn attach(pid: u32, limits: Limits) -> Session {
     Session::start(Target::Pids(vec![Pid(pid)]), limits).unwrap()
 }
 
+/// Runs `scenario` (40 rounds of 256 KiB allocated by `leaf`) and returns
+/// the process's stacks whose innermost Python frame is `leaf`: at least 20
+/// samples (each allocation sampled at a 64 KiB rate).
+fn run_to_leaf(script: &mut Script, session: &Session, scenario: &str) -> Vec<PyStack> {
+    script.proc.send(scenario);
+    script.proc.expect("done");
+    let leaf = script.code("leaf");
+    let at_leaf: Vec<PyStack> = stacks_of(session, script.pid())
+        .into_iter()
+        .filter(|s| s.frames.first().is_some_and(|f| f.code == leaf))
+        .collect();
+    let samples: u64 = at_leaf.iter().map(|s| s.samples).sum();
+    assert!(
+        samples >= 20,
+        "{scenario}: {samples} samples at leaf of 40 allocations of 256 KiB"
+    );
+    at_leaf
+}
+
 /// Nested calls and recursion: `<module>` → outer → recurse ×4 → leaf →
 /// bytearray, 40 rounds of 256 KiB (each sampled at a 64 KiB rate).
 fn nested_calls_and_recursion(python: &Path) {
@@ -143,20 +162,7 @@ fn nested_calls_and_recursion(python: &Path) {
         python.display(),
         session.warnings
     );
-    script.proc.send("nested");
-    script.proc.expect("done");
-
-    let leaf = script.code("leaf");
-    let stacks = stacks_of(&session, script.pid());
-    let at_leaf: Vec<&PyStack> = stacks
-        .iter()
-        .filter(|s| s.frames.first().is_some_and(|f| f.code == leaf))
-        .collect();
-    let samples: u64 = at_leaf.iter().map(|s| s.samples).sum();
-    assert!(
-        samples >= 20,
-        "{samples} samples at leaf of 40 allocations of 256 KiB"
-    );
+    let at_leaf = run_to_leaf(&mut script, &session, "nested");
     for stack in &at_leaf {
         let f = &stack.frames;
         assert!(!stack.truncated, "{f:?}");
@@ -186,20 +192,7 @@ fn a_recursion_over_pages_of_the_data_stack(python: &Path) {
     common::require_bpf();
     let mut script = Script::start(python);
     let session = attach(script.pid(), Limits::default());
-    script.proc.send("deep");
-    script.proc.expect("done");
-
-    let leaf = script.code("leaf");
-    let stacks = stacks_of(&session, script.pid());
-    let at_leaf: Vec<&PyStack> = stacks
-        .iter()
-        .filter(|s| s.frames.first().is_some_and(|f| f.code == leaf))
-        .collect();
-    let samples: u64 = at_leaf.iter().map(|s| s.samples).sum();
-    assert!(
-        samples >= 20,
-        "{samples} samples at leaf of 40 allocations of 256 KiB"
-    );
+    let at_leaf = run_to_leaf(&mut script, &session, "deep");
     for stack in &at_leaf {
         let f = &stack.frames;
         assert!(!stack.truncated, "{f:?}");
