@@ -554,15 +554,20 @@ impl ProcessPort for FakeProcesses {
         };
         let ledger = ledger.ok_or(std::io::Error::from(std::io::ErrorKind::NotFound))?;
         ledger.live.into_iter().for_each(live);
-        // The read copied them live; the process goes on meanwhile.
+        // The read copied them live; the process goes on meanwhile (once).
+        if let Some(l) = self.world.process(pid).ledger.as_mut() {
+            l.replaced_while_read.clear();
+        }
         for (ptr, stack_id, frames, size) in ledger.replaced_while_read {
             {
                 let mut w = self.world.0.borrow_mut();
                 w.kernel.unseen.push((pid, ptr));
                 let l = w.processes.get_mut(&pid).unwrap().ledger.as_mut().unwrap();
-                l.live.retain(|e| e.record.ptr != ptr);
-                *l.seqs.entry(0x10_0000 + ptr).or_default() += 2;
-                l.replaced_while_read.clear();
+                // Freed: its record leaves the live ones, its sequence moves.
+                if let Some(at) = l.live.iter().position(|e| e.record.ptr == ptr) {
+                    let address = l.live.remove(at).address;
+                    *l.seqs.entry(address).or_default() += 2;
+                }
             }
             self.world.sample(pid, stack_id, &frames, size);
         }
