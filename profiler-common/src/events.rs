@@ -21,6 +21,9 @@ pub struct UnseenFree {
     pub pid: u32,
     pub _pad: u32,
     pub ptr: u64,
+    /// When the free ran (`bpf_ktime_get_ns`, `CLOCK_MONOTONIC`): user
+    /// space retires the seed in the snapshots read after it, not before.
+    pub time_ns: u64,
 }
 
 pub const PROC_EVENT_EXIT: u32 = 1;
@@ -38,5 +41,6 @@ mod tests {
     #[test]
     fn layout_has_no_implicit_padding() {
         assert_eq!(size_of::<ProcEvent>(), 16);
+        assert_eq!(size_of::<UnseenFree>(), 24);
     }
 }

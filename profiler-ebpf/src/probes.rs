@@ -255,7 +255,14 @@ fn try_free(ctx: &ProbeContext, pid: u32) -> Result<(), DropReason> {
         if unsafe { SEEDED_PIDS.get(pid) }.is_some() {
             // Perhaps a block from before attach: user space decides. Lost
             // when the ring is full (user space's ledger check catches it).
-            let _ = UNSEEN_FREES.output::<UnseenFree>(&UnseenFree { pid, _pad: 0, ptr }, 0);
+            let free = UnseenFree {
+                pid,
+                _pad: 0,
+                ptr,
+                // SAFETY: a helper without arguments.
+                time_ns: unsafe { bpf_ktime_get_ns() },
+            };
+            let _ = UNSEEN_FREES.output::<UnseenFree>(&free, 0);
             return Ok(());
         }
         // Under back-pressure most frees are of events not kept: expected.

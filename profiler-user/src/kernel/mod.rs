@@ -148,6 +148,10 @@ pub struct KernelSnapshot {
     pub processes: BTreeMap<u32, ProcCounters>,
     /// Drops summed over CPUs, by `DropReason`.
     pub drops: [u64; DROP_REASONS],
+    /// `CLOCK_MONOTONIC` (ns) right before the aggregates were read: a
+    /// block freed before it is not in them (the seeds' cut, see
+    /// `Session::retire_unseen_frees`).
+    pub taken_ns: u64,
 }
 
 pub struct Kernel {
@@ -499,6 +503,7 @@ impl Kernel {
     pub fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
         let mut snap = KernelSnapshot {
             live_read: with_live,
+            taken_ns: crate::model::age::monotonic_now_ns(),
             ..KernelSnapshot::default()
         };
         // In batches where the kernel has them (5.6+): a few syscalls per
@@ -724,15 +729,15 @@ impl Kernel {
     }
 
     /// The frees without a live sample of watched processes since the last
-    /// call, as (host pid, pointer).
-    pub(crate) fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
+    /// call (host pids).
+    pub(crate) fn unseen_frees(&mut self) -> Vec<UnseenFree> {
         let mut frees = Vec::new();
         while let Some(item) = self.unseen_frees.next() {
             if item.len() >= size_of::<UnseenFree>() {
                 // SAFETY: UnseenFree is plain data; the length was checked.
                 let f: UnseenFree =
                     unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<UnseenFree>()) };
-                frees.push((HostPid(f.pid), f.ptr));
+                frees.push(f);
             }
         }
         frees

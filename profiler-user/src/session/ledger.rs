@@ -5,7 +5,10 @@
 //! lives until its block is freed:
 //!
 //! * the kernel reports the frees of a seeded process that find no live
-//!   sample (`UNSEEN_FREES`), and the seed at that pointer goes;
+//!   sample (`UNSEEN_FREES`), and the seed at that pointer goes with the
+//!   first snapshot of the kernel's maps taken after the free (each
+//!   profile is then one moment's heap: a seed and the block that replaced
+//!   it are never both in it);
 //! * a record whose sequence moved since it was read was freed (perhaps
 //!   reused): checked right after seeding and with every read of the live
 //!   samples, which also catches frees the full ring buffer lost.
@@ -425,8 +428,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             }
         }
         self.track_pid(pid).image.ledger = Some(image);
-        // Frees reported while it was read, then records rewritten since.
-        self.retire_unseen_frees();
+        // Records rewritten since they were read (the frees reported
+        // meanwhile are retired with the snapshot taken after it).
         self.check_seeds(pid);
     }
 
@@ -531,11 +534,34 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         }
     }
 
-    /// Retires the seeds the kernel's unseen frees name.
+    /// Retires the seeds the kernel's unseen frees name, those freed up to
+    /// the seeds' cut (the last snapshot): a seed freed after it stays in
+    /// that snapshot's profile until the next snapshot, for the block that
+    /// replaced it is not in the aggregates either. Frees of no seed are
+    /// forgotten: a seed never comes after its free's report (see
+    /// `read_ledger`: the kernel sees every block allocated after the
+    /// watch, which only an older ledger could have seeded).
+    ///
+    /// Retiring a seed at its report instead counted, in every profile,
+    /// both the seeds freed between the reports' drain and the
+    /// snapshot and their replacements, in the snapshot: a churning
+    /// process's heap up to half again too large at its first profiles
+    /// when the session waited a few milliseconds on a loaded host.
     pub(super) fn retire_unseen_frees(&mut self) {
-        for (host, ptr) in self.kernel.unseen_frees() {
-            if let Some(pid) = self.pids.local(host) {
-                self.retire_seed(pid, ptr);
+        let mut pending = std::mem::take(&mut self.unseen_pending);
+        pending.extend(self.kernel.unseen_frees());
+        pending.retain(|f| {
+            self.pids.local(HostPid(f.pid)).is_some_and(|pid| {
+                self.ledger(pid)
+                    .is_some_and(|i| i.seeds.contains_key(&f.ptr))
+            })
+        });
+        let cut = self.seeds_cut_ns;
+        let (due, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|f| f.time_ns <= cut);
+        self.unseen_pending = later;
+        for f in due {
+            if let Some(pid) = self.pids.local(HostPid(f.pid)) {
+                self.retire_seed(pid, f.ptr);
             }
         }
     }

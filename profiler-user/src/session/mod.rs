@@ -235,6 +235,10 @@ pub struct Session<K: KernelPort = Kernel, P: ProcessPort = Procfs> {
     unwind: UnwindTables,
     /// The caps seeds share with the kernel (see `ledger.rs`).
     seed_limits: ledger::SeedLimits,
+    /// The seeds' cut: when the kernel's last snapshot was taken. Unseen
+    /// frees of seeds after it wait for the next (see `ledger.rs`).
+    seeds_cut_ns: u64,
+    unseen_pending: Vec<profiler_common::UnseenFree>,
     /// What each executable file a process mapped says about CPython
     /// (see `python.rs`), and the files whose refusal was said.
     python_files: HashMap<FileId, crate::python::discover::Inspection>,
@@ -341,6 +345,8 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
             full_scan_every: FULL_SCAN_EVERY,
             started: Instant::now(),
             seed_limits: ledger::SeedLimits::default(),
+            seeds_cut_ns: 0,
+            unseen_pending: Vec::new(),
             python_files: HashMap::new(),
             python_warned: HashSet::new(),
             stacks: Default::default(),

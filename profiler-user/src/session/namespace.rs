@@ -15,20 +15,22 @@ use crate::{
 impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// The kernel's maps, with host pids turned into ours; processes we
     /// cannot see (outside our pid namespace) or not recognised yet are left
-    /// out.
+    /// out. The seeds freed before it was taken are retired (see
+    /// [`Session::retire_unseen_frees`]).
     pub(super) fn snapshot(&mut self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
         let mut snapshot = self.kernel.snapshot(with_live)?;
-        if self.pids.is_identity() {
-            return Ok(snapshot);
+        if !self.pids.is_identity() {
+            self.recognise(&snapshot);
+            let pids = &self.pids;
+            localize(&mut snapshot.aggregates, pids, |k| &mut k.pid);
+            localize(&mut snapshot.live, pids, |k| &mut k.pid);
+            snapshot.processes = std::mem::take(&mut snapshot.processes)
+                .into_iter()
+                .filter_map(|(host, state)| Some((pids.local(HostPid(host))?.0, state)))
+                .collect();
         }
-        self.recognise(&snapshot);
-        let pids = &self.pids;
-        localize(&mut snapshot.aggregates, pids, |k| &mut k.pid);
-        localize(&mut snapshot.live, pids, |k| &mut k.pid);
-        snapshot.processes = std::mem::take(&mut snapshot.processes)
-            .into_iter()
-            .filter_map(|(host, state)| Some((pids.local(HostPid(host))?.0, state)))
-            .collect();
+        self.seeds_cut_ns = snapshot.taken_ns;
+        self.retire_unseen_frees();
         Ok(snapshot)
     }
 

@@ -5,7 +5,7 @@
 //! with fakes, without root (see `session/tests/`).
 
 use profiler_common::{
-    AggKey, ProcCounters, ProcEvent,
+    AggKey, ProcCounters, ProcEvent, UnseenFree,
     python::PyProcConfig,
     unwind::{ProcUnwind, UnwindRow},
 };
@@ -94,8 +94,8 @@ pub trait KernelPort {
     }
     fn unwatch_unseen_frees(&mut self, _pid: HostPid) {}
     /// Frees of watched processes that found no live sample since the last
-    /// call, as (pid, pointer).
-    fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
+    /// call (host pids).
+    fn unseen_frees(&mut self) -> Vec<UnseenFree> {
         Vec::new()
     }
     /// Follows process `pid` in the kernel, of the tree rooted at `root`
@@ -294,7 +294,7 @@ impl KernelPort for Kernel {
         Kernel::unwatch_unseen_frees(self, pid);
     }
 
-    fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
+    fn unseen_frees(&mut self) -> Vec<UnseenFree> {
         Kernel::unseen_frees(self)
     }
 

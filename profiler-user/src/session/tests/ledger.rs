@@ -31,7 +31,7 @@ fn give_ledger(world: &World, pid: u32, records: Vec<LedgerEntry>) {
     world.process(pid).ledger = Some(FakeLedger {
         live: records,
         seqs,
-        replaced_while_read: Vec::new(),
+        ..FakeLedger::default()
     });
 }
 
@@ -145,7 +145,7 @@ fn a_seed_leaves_when_its_free_is_reported_or_its_record_moves() {
     );
     // The kernel reports the free of one; another's record was rewritten
     // (freed, its free lost).
-    world.0.borrow_mut().kernel.unseen.push((10, 0x1000));
+    world.unseen_free(10, 0x1000);
     world
         .process(10)
         .ledger
@@ -194,6 +194,71 @@ fn blocks_replaced_while_the_ledger_is_read_are_in_the_profile() {
         (4.0 * RATE as f64, 2.0 * RATE as f64)
     );
     assert_eq!(profile.processes[0].ledger.unwrap().retired, 2);
+}
+
+/// A process with four seeded blocks of 100 bytes, profiled once.
+fn seeded_four(world: &World) -> Session<FakeKernel, FakeProcesses> {
+    world.spawn(10, "service");
+    let alpha = [address_in(alpha_site)];
+    give_ledger(
+        world,
+        10,
+        (1..=4)
+            .map(|i| record(i * 0x1000, 100, 1, &alpha))
+            .collect(),
+    );
+    let mut session = session(world, Target::Pids(vec![Pid(10)]));
+    let profile = session.complete_profile().unwrap();
+    assert_eq!(
+        live_of(&profile, 10),
+        (4.0 * RATE as f64, 4.0 * RATE as f64)
+    );
+    session
+}
+
+fn two_replaced() -> Vec<Replacement> {
+    let alpha = [address_in(alpha_site)];
+    vec![
+        (0x1000, 7, alpha.to_vec(), 100),
+        (0x2000, 7, alpha.to_vec(), 100),
+    ]
+}
+
+/// Blocks freed after the seeds' sequences were checked and before the
+/// kernel's maps were read: their replacements are in the snapshot, so
+/// their seeds must not be (a churning process's heap was half again too
+/// large when the session was slow between the two).
+#[test]
+fn seeds_freed_between_their_check_and_the_snapshot_are_counted_once() {
+    let world = World::default();
+    let mut session = seeded_four(&world);
+    world.ledger(10).unwrap().replaced_after_check = two_replaced();
+    let profile = session.complete_profile().unwrap();
+    assert_eq!(
+        live_of(&profile, 10),
+        (4.0 * RATE as f64, 2.0 * RATE as f64)
+    );
+    assert_eq!(profile.processes[0].ledger.unwrap().retired, 2);
+}
+
+/// Blocks freed after the kernel's maps were read: their replacements are
+/// not in that snapshot, so their seeds still are; the next one has the
+/// replacements instead.
+#[test]
+fn seeds_freed_after_the_snapshot_stay_in_its_profile() {
+    let world = World::default();
+    let mut session = seeded_four(&world);
+    world.ledger(10).unwrap().replaced_after_snapshot = two_replaced();
+    let profile = session.refresh().unwrap();
+    assert_eq!(
+        live_of(&profile, 10),
+        (4.0 * RATE as f64, 4.0 * RATE as f64)
+    );
+    let profile = session.refresh().unwrap();
+    assert_eq!(
+        live_of(&profile, 10),
+        (4.0 * RATE as f64, 2.0 * RATE as f64)
+    );
 }
 
 #[test]

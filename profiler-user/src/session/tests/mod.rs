@@ -18,7 +18,7 @@ use std::{
 
 use profiler_common::{
     AggKey, DROP_REASONS, DropReason, LiveKey, LiveSample, PROC_EVENT_EXEC, PROC_EVENT_EXIT,
-    PROC_EVENT_OOM, ProcCounters, ProcEvent, SampleDelta, StackAgg, UsdtSpec,
+    PROC_EVENT_OOM, ProcCounters, ProcEvent, SampleDelta, StackAgg, UnseenFree, UsdtSpec,
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -69,7 +69,7 @@ struct KernelState {
     unwind_cleared: Vec<u32>,
     /// Processes whose unseen frees are reported, and those reported.
     watched: std::collections::HashSet<u32>,
-    unseen: Vec<(u32, u64)>,
+    unseen: Vec<UnseenFree>,
     /// How many times the session read a stack's frames.
     stack_reads: std::cell::Cell<usize>,
 }
@@ -98,11 +98,18 @@ struct FakeProcess {
 struct FakeLedger {
     live: Vec<crate::process::ledger::LedgerEntry>,
     seqs: HashMap<u64, u64>,
-    /// Blocks the process frees while its ledger is read (by pointer),
-    /// each replaced at once by a block the kernel samples (stack id,
-    /// frames, size).
-    replaced_while_read: Vec<(u64, u64, Vec<u64>, u64)>,
+    /// Blocks the process frees while its ledger is read, each replaced at
+    /// once by a block the kernel samples.
+    replaced_while_read: Vec<Replacement>,
+    /// The same, right after the session read its records' sequences.
+    replaced_after_check: Vec<Replacement>,
+    /// The same, right after the kernel's maps were read (1 ns later).
+    replaced_after_snapshot: Vec<Replacement>,
 }
+
+/// A block freed (by pointer) and the one the kernel samples in its place
+/// (stack id, frames, size).
+type Replacement = (u64, u64, Vec<u64>, u64);
 
 struct WorldState {
     kernel: KernelState,
@@ -125,6 +132,18 @@ impl Default for WorldState {
             scans: Vec::new(),
             clock_ns: BOOTED_FOR.as_nanos() as u64,
         }
+    }
+}
+
+impl WorldState {
+    fn unseen_free(&mut self, pid: u32, ptr: u64) {
+        let time_ns = self.clock_ns;
+        self.kernel.unseen.push(UnseenFree {
+            pid,
+            _pad: 0,
+            ptr,
+            time_ns,
+        });
     }
 }
 
@@ -181,6 +200,53 @@ impl World {
             .kernel
             .prints
             .insert(stack_id, prints.to_vec());
+    }
+
+    /// `pid`'s ledger, if it is there and has one.
+    fn ledger(&self, pid: u32) -> Option<std::cell::RefMut<'_, FakeLedger>> {
+        std::cell::RefMut::filter_map(self.0.borrow_mut(), |w| {
+            w.processes.get_mut(&pid)?.ledger.as_mut()
+        })
+        .ok()
+    }
+
+    /// The process frees the blocks `which` of its ledger names (once):
+    /// the kernel reports each free (it saw no allocation), the record
+    /// leaves the live ones and its sequence moves, and the block that
+    /// replaces it is the kernel's sample.
+    fn replace(&self, pid: u32, which: fn(&mut FakeLedger) -> &mut Vec<Replacement>) {
+        let blocks = match self.ledger(pid) {
+            Some(mut l) => std::mem::take(which(&mut l)),
+            None => return,
+        };
+        for (ptr, stack_id, frames, size) in blocks {
+            {
+                let mut w = self.0.borrow_mut();
+                w.unseen_free(pid, ptr);
+                let l = w.processes.get_mut(&pid).unwrap().ledger.as_mut().unwrap();
+                if let Some(at) = l.live.iter().position(|e| e.record.ptr == ptr) {
+                    let address = l.live.remove(at).address;
+                    *l.seqs.entry(address).or_default() += 2;
+                }
+            }
+            self.sample(pid, stack_id, &frames, size);
+        }
+    }
+
+    /// [`World::replace`] a nanosecond from now.
+    fn replace_later(&self, pid: u32, which: fn(&mut FakeLedger) -> &mut Vec<Replacement>) {
+        let due = self
+            .ledger(pid)
+            .is_some_and(|mut l| !which(&mut l).is_empty());
+        if due {
+            self.pass(Duration::from_nanos(1));
+            self.replace(pid, which);
+        }
+    }
+
+    /// The kernel reports a free of `pid` that found no live sample, now.
+    fn unseen_free(&self, pid: u32, ptr: u64) {
+        self.0.borrow_mut().unseen_free(pid, ptr);
     }
 
     /// Time passes: the session's clock moves `d` on.
@@ -351,7 +417,7 @@ impl KernelPort for FakeKernel {
 
     fn snapshot(&self, with_live: bool) -> Result<KernelSnapshot, KernelError> {
         let k = self.0.kernel();
-        Ok(KernelSnapshot {
+        let snapshot = KernelSnapshot {
             aggregates: k.aggregates.iter().map(|(k, v)| (*k, *v)).collect(),
             live: if with_live {
                 k.live.clone()
@@ -361,7 +427,15 @@ impl KernelPort for FakeKernel {
             live_read: with_live,
             processes: k.procs.clone(),
             drops: k.drops,
-        })
+            taken_ns: self.0.0.borrow().clock_ns,
+        };
+        drop(k);
+        let pids: Vec<u32> = self.0.0.borrow().processes.keys().copied().collect();
+        for pid in pids {
+            self.0
+                .replace_later(pid, |l| &mut l.replaced_after_snapshot);
+        }
+        Ok(snapshot)
     }
 
     fn stack(&self, id: u64) -> Option<Vec<u64>> {
@@ -433,11 +507,8 @@ impl KernelPort for FakeKernel {
         self.0.0.borrow_mut().kernel.watched.remove(&pid);
     }
 
-    fn unseen_frees(&mut self) -> Vec<(HostPid, u64)> {
+    fn unseen_frees(&mut self) -> Vec<UnseenFree> {
         std::mem::take(&mut self.0.0.borrow_mut().kernel.unseen)
-            .into_iter()
-            .map(|(pid, ptr)| (HostPid(pid), ptr))
-            .collect()
     }
 
     fn has_live_sample(&self, HostPid(pid): HostPid, ptr: u64) -> bool {
@@ -554,33 +625,22 @@ impl ProcessPort for FakeProcesses {
         };
         let ledger = ledger.ok_or(std::io::Error::from(std::io::ErrorKind::NotFound))?;
         ledger.live.into_iter().for_each(live);
-        // The read copied them live; the process goes on meanwhile (once).
-        if let Some(l) = self.world.process(pid).ledger.as_mut() {
-            l.replaced_while_read.clear();
-        }
-        for (ptr, stack_id, frames, size) in ledger.replaced_while_read {
-            {
-                let mut w = self.world.0.borrow_mut();
-                w.kernel.unseen.push((pid, ptr));
-                let l = w.processes.get_mut(&pid).unwrap().ledger.as_mut().unwrap();
-                // Freed: its record leaves the live ones, its sequence moves.
-                if let Some(at) = l.live.iter().position(|e| e.record.ptr == ptr) {
-                    let address = l.live.remove(at).address;
-                    *l.seqs.entry(address).or_default() += 2;
-                }
-            }
-            self.world.sample(pid, stack_id, &frames, size);
-        }
+        // The read copied them live; the process goes on meanwhile.
+        self.world.replace(pid, |l| &mut l.replaced_while_read);
         Ok(crate::process::ledger::LedgerRead::default())
     }
 
     fn ledger_sequences(&self, Pid(pid): Pid, addresses: &[u64]) -> Vec<Option<u64>> {
-        let w = self.world.0.borrow();
-        let ledger = w.processes.get(&pid).and_then(|p| p.ledger.as_ref());
-        addresses
-            .iter()
-            .map(|a| ledger.and_then(|l| l.seqs.get(a).copied()))
-            .collect()
+        let seqs = {
+            let w = self.world.0.borrow();
+            let ledger = w.processes.get(&pid).and_then(|p| p.ledger.as_ref());
+            addresses
+                .iter()
+                .map(|a| ledger.and_then(|l| l.seqs.get(a).copied()))
+                .collect()
+        };
+        self.world.replace(pid, |l| &mut l.replaced_after_check);
+        seqs
     }
 }
 
