@@ -47,7 +47,11 @@ struct Sizes {
 }
 
 const FULL: Sizes = Sizes {
-    churn: 30_000_000,
+    // About 2 s with mimalloc, as long as the real programs: at 0.4 s the
+    // attached ratio was mostly allocprof's start-up (symbolizing libc's
+    // debug info, ≈ 30 ms of its CPU on the same 2 cores) and the rounds'
+    // spread (±6%, the CPU clock's 10 ms ticks), not the per-sample cost.
+    churn: 150_000_000,
     python: 300_000,
     rows: 1_000_000,
     functions: 400,
