@@ -298,10 +298,13 @@ fn the_walk_matches_libgccs_and_reaches_the_threads_start() {
     assert_eq!(libgcc.last(), Some(&0));
     assert_eq!(ours, libgcc[from..libgcc.len() - 1], "ours vs libgcc's");
     assert_eq!(end, End::Bottom, "{ours:x?}");
+    // The five recursive calls return into `both_walks` (its code is under
+    // 1 KiB, release or debug: the call site lies 0x355 bytes in a debug
+    // build).
     let f = both_walks as *const () as usize;
     assert!(
-        ours.iter().filter(|&&a| a > f && a < f + 512).count() >= 5,
-        "{ours:x?}"
+        ours.iter().filter(|&&a| a > f && a < f + 1024).count() >= 5,
+        "{ours:x?} (both_walks at {f:#x})"
     );
 }
 
