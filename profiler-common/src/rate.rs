@@ -17,6 +17,17 @@ pub enum RateError {
 /// Parse `123`, `512k`, `4m`, `1g` (binary multiples, case-insensitive;
 /// `4kb`/`4KiB` are rejected: keep the grammar small and strict).
 pub fn parse_rate(s: &[u8]) -> Result<u64, RateError> {
+    let rate = parse_scaled(s, &[(b'k', 1 << 10), (b'm', 1 << 20), (b'g', 1 << 30)])?;
+    if rate > i64::MAX as u64 {
+        return Err(RateError::Overflow);
+    }
+    Ok(rate)
+}
+
+/// A decimal count, surrounding whitespace allowed, followed by at most
+/// one of `units`' letters (case-insensitive) that multiplies it: the
+/// grammar of every `ALLOCPROF_*` number.
+pub fn parse_scaled(s: &[u8], units: &[(u8, u64)]) -> Result<u64, RateError> {
     let s = trim(s);
     if s.is_empty() {
         return Err(RateError::Empty);
@@ -35,18 +46,16 @@ pub fn parse_rate(s: &[u8]) -> Result<u64, RateError> {
             .and_then(|v| v.checked_add(u64::from(b - b'0')))
             .ok_or(RateError::Overflow)?;
     }
-    let shift = match &s[digits_end..] {
-        [] => 0,
-        [b'k' | b'K'] => 10,
-        [b'm' | b'M'] => 20,
-        [b'g' | b'G'] => 30,
+    let multiplier = match &s[digits_end..] {
+        [] => 1,
+        [unit] => units
+            .iter()
+            .find(|(u, _)| u.eq_ignore_ascii_case(unit))
+            .map(|&(_, m)| m)
+            .ok_or(RateError::BadSuffix)?,
         _ => return Err(RateError::BadSuffix),
     };
-    let scaled = value << shift;
-    if scaled >> shift != value || scaled > i64::MAX as u64 {
-        return Err(RateError::Overflow);
-    }
-    Ok(scaled)
+    value.checked_mul(multiplier).ok_or(RateError::Overflow)
 }
 
 fn trim(mut s: &[u8]) -> &[u8] {
