@@ -251,9 +251,6 @@ mod tests {
         assert_eq!(budget_from(Some(b"lots"), Some(b"4k")), (0, true));
     }
 
-    /// The window with an injected clock: a steady 200k sampled/s against
-    /// 16k/s settles at factor 16 (12.5k/s kept), a burst raises it within
-    /// its window, a pause forgets it.
     #[test]
     fn a_fork_child_s_budget_is_made_fresh_once() {
         let fresh_for = AtomicU32::new(0);
@@ -265,6 +262,9 @@ mod tests {
         assert!(!first_for(&fresh_for, 4243));
     }
 
+    /// The window with an injected clock: a steady 200k sampled/s against
+    /// 16k/s settles at factor 16 (12.5k/s kept), a burst raises it within
+    /// its window, a pause forgets it.
     #[test]
     fn the_window_holds_a_busy_process_near_its_budget() {
         let w = Window::new();
