@@ -289,6 +289,7 @@ mod tests {
             put(&mut bytes, 16, &(2 * units).to_le_bytes());
             self.regions.insert(table, bytes);
             let mut code = vec![0u8; 200];
+            put(&mut code, 0, &1u64.to_le_bytes()); // alive: one reference
             put(&mut code, 8, &ty.to_le_bytes());
             put(&mut code, 16, &units.to_le_bytes());
             put(&mut code, 72, &first.to_le_bytes());
@@ -382,6 +383,92 @@ mod tests {
             names(&cache.resolve(&fake, layout(), &frame, None)),
             [FREED_MARKER]
         );
+    }
+
+    /// What a freed block holds where its reference count was: the
+    /// allocator's free-list link (a pointer into its page) or 0.
+    const FREE_LINKS: [u64; 2] = [0x7f12_3456_7890, 0];
+
+    /// A code object freed before a stack naming it is read keeps its
+    /// header but for its first word; what it points to may be reused.
+    #[test]
+    fn code_freed_with_its_header_intact_is_never_named() {
+        for link in FREE_LINKS {
+            let mut fake = Fake::new();
+            fake.code(0x40_0000, TYPE, "doomed", 1, 4);
+            let sampled = [print_of(&fake, 0x40_0000)];
+            let frame = [encode_python_frame(0x40_0000, 1, true)];
+            let mut cache = CodeCache::default();
+            assert_eq!(
+                names(&cache.resolve(&fake, layout(), &frame, Some(&sampled))),
+                ["doomed /app/server.py:2"]
+            );
+            let mut freed = fake.regions[&0x40_0000].clone();
+            put(&mut freed, 0, &link.to_le_bytes());
+            fake.regions.insert(0x40_0000, freed);
+            // Cached, then freed; and first read once freed.
+            assert_eq!(
+                names(&cache.resolve(&fake, layout(), &frame, Some(&sampled))),
+                [FREED_MARKER],
+                "{link:#x}"
+            );
+            assert!(cache.is_empty());
+            assert_eq!(
+                names(&CodeCache::default().resolve(&fake, layout(), &frame, Some(&sampled))),
+                [FREED_MARKER],
+                "{link:#x}"
+            );
+        }
+    }
+
+    /// Memory whose code object at `code` is freed once its header has
+    /// been read `alive_reads` times.
+    struct FreedWhileRead {
+        fake: Fake,
+        code: u64,
+        alive_reads: usize,
+        header_reads: Cell<usize>,
+        link: u64,
+    }
+
+    impl Memory for FreedWhileRead {
+        fn read(&self, address: u64, len: usize) -> Result<Vec<u8>, CodeError> {
+            let mut bytes = self.fake.read(address, len)?;
+            if address == self.code {
+                self.header_reads.set(self.header_reads.get() + 1);
+                if self.header_reads.get() > self.alive_reads {
+                    bytes[..8].copy_from_slice(&self.link.to_le_bytes());
+                }
+            }
+            Ok(bytes)
+        }
+    }
+
+    /// Freed while its name, file and table were read: they may be
+    /// another object's by then.
+    #[test]
+    fn code_freed_while_it_is_read_is_never_named() {
+        for link in FREE_LINKS {
+            let mut fake = Fake::new();
+            fake.code(0x40_0000, TYPE, "doomed", 1, 4);
+            let sampled = [print_of(&fake, 0x40_0000)];
+            let memory = FreedWhileRead {
+                fake,
+                code: 0x40_0000,
+                alive_reads: 1,
+                header_reads: Cell::new(0),
+                link,
+            };
+            let frame = [encode_python_frame(0x40_0000, 1, true)];
+            let mut cache = CodeCache::default();
+            cache.set_code_type(TYPE);
+            assert_eq!(
+                names(&cache.resolve(&memory, layout(), &frame, Some(&sampled))),
+                [FREED_MARKER],
+                "{link:#x}"
+            );
+            assert!(cache.is_empty());
+        }
     }
 
     /// The print the kernel would have taken of the code object at

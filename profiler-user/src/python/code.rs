@@ -25,6 +25,9 @@ pub const MAX_LINE_TABLE: usize = 64 << 10;
 /// The most code units a code object is believed to have (its size is
 /// only checked against the frame's instruction index).
 pub const MAX_CODE_UNITS: u64 = 1 << 24;
+/// The largest reference count a live object holds in 3.11–3.13 on 64-bit
+/// (3.12's and 3.13's immortal objects hold exactly this).
+const MAX_REFCOUNT: u64 = u32::MAX as u64;
 
 /// Why a code object was not read.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
@@ -106,6 +109,7 @@ pub struct Layout {
 }
 
 // The same in every version supported.
+const OB_REFCNT: usize = 0;
 const OB_TYPE: usize = 8;
 const OB_SIZE: usize = 16;
 const CODE_FILENAME: usize = 112;
@@ -239,6 +243,14 @@ pub fn read_fingerprint(
     if code_type.is_some_and(|t| t != print.ob_type) {
         return Err(not_code("its type is not the interpreter's code type"));
     }
+    // A freed block's first word is its allocator's free-list link, a
+    // pointer or 0, and mimalloc and pymalloc write nothing else: the rest
+    // of a freed code object's header, print included, still reads as it
+    // was, while the objects it points to may be freed and reused.
+    let refcount = word(&header, OB_REFCNT);
+    if refcount == 0 || refcount > MAX_REFCOUNT {
+        return Err(not_code("freed: its reference count is no count"));
+    }
     if !plausible_pointer(print.ob_type) {
         return Err(not_code("no type"));
     }
@@ -257,7 +269,9 @@ pub fn read_fingerprint(
     Ok(print)
 }
 
-/// The code object at `address`, whole.
+/// The code object at `address`, whole: alive before its name, file and
+/// table are read and after, so they were its own while they were read (a
+/// live code object holds them).
 pub fn read_code(
     memory: &dyn Memory,
     layout: &Layout,
@@ -265,12 +279,19 @@ pub fn read_code(
     code_type: Option<u64>,
 ) -> Result<Code, CodeError> {
     let fingerprint = read_fingerprint(memory, layout, address, code_type)?;
-    Ok(Code {
+    let code = Code {
         qualname: read_string(memory, layout, fingerprint.qualname)?,
         filename: read_string(memory, layout, fingerprint.filename)?,
         linetable: read_bytes_object(memory, fingerprint.linetable)?,
         fingerprint,
-    })
+    };
+    if read_fingerprint(memory, layout, address, code_type)? != fingerprint {
+        return Err(CodeError::NotCode {
+            at: address,
+            why: "freed or changed while it was read",
+        });
+    }
+    Ok(code)
 }
 
 /// The C string of the type at `type_address`'s `tp_name`, up to 32 bytes:

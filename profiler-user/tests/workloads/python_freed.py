@@ -12,6 +12,8 @@ Commands, one per line on stdin:
              COUNT blocks of SIZE (kept) on line 3, then all freed ->
              "made", then per function its name and its code object's
              address, then "end"
+  keep N     the same, the functions kept alive until `free`
+  free       frees the functions kept -> "freed"
   decoys M   M decoy code objects (decoy_0000.., file decoys.py), kept ->
              "decoys K": K of them sit where a freed code object was
   exit       exits"""
@@ -25,13 +27,15 @@ COUNT = 16
 KEEP = []
 DECOYS = []
 FREED = {}
+# (globals, weak references to the code objects) of functions kept alive.
+KEPT = []
 SOURCE = """def {name}(keep):
     for _ in range({count}):
         keep.append(bytearray({size}))
 """
 
 
-def make(first, n):
+def make(first, n, keep):
     names = [f"fn_{i:04d}" for i in range(first, first + n)]
     space = {}
     for name in names:
@@ -41,13 +45,22 @@ def make(first, n):
     for name in names:
         space[name](KEEP)  # site: call
         FREED[name] = id(space[name].__code__)
-    # The functions and their globals hold each other: the collector frees them.
+    KEPT.append((space, codes))
     del space
+    if not keep:
+        free()
+    return names
+
+
+def free():
+    # A comprehension's names go with it: no loop variable holds a globals.
+    codes = {name: code for _, kept in KEPT for name, code in kept.items()}
+    KEPT.clear()
+    # The functions and their globals hold each other: the collector frees them.
     gc.collect()
     alive = [name for name, code in codes.items() if code() is not None]
     if alive:
         raise SystemExit(f"code objects outlived their functions: {alive}")
-    return names
 
 
 def main():
@@ -55,12 +68,15 @@ def main():
         words = line.split()
         if words[0] == "exit":
             return
-        if words[0] == "make":
-            names = make(len(FREED), int(words[1]))
+        if words[0] in ("make", "keep"):
+            names = make(len(FREED), int(words[1]), words[0] == "keep")
             print("made", flush=True)
             for name in names:
                 print(name, FREED[name], flush=True)
             print("end", flush=True)
+        elif words[0] == "free":
+            free()
+            print("freed", flush=True)
         elif words[0] == "decoys":
             for i in range(len(DECOYS), len(DECOYS) + int(words[1])):
                 name = f"decoy_{i:04d}"

@@ -17,7 +17,7 @@ use crate::{
     python::{
         PyVersion,
         cache::{CodeCache, FREED_MARKER, TRUNCATED_MARKER},
-        code::{Layout, TargetReader, read_code, read_fingerprint},
+        code::{Layout, Memory, TargetReader, read_code, read_fingerprint},
         merge::{EVAL_FUNCTION, merge},
     },
     symbolize::{Frame, FrameKind},
@@ -179,6 +179,39 @@ fn code_objects_read_as_the_interpreter_has_them_and_freed_ones_are_never_named(
                 stack[0].1.rsplit(':').next().unwrap()
             )
         );
+
+        // A function made by exec, freed, nothing allocated since: its
+        // header is as it was but for the allocator's free-list link in its
+        // first word, its print still the sampled one. Freed all the same.
+        let quiet = &functions[functions.len() - 3];
+        let address = quiet["address"].as_u64().unwrap();
+        let header = |reader: &TargetReader| reader.read(address, 144).unwrap();
+        let before = header(&reader);
+        let print = read_fingerprint(&reader, &layout, address, None)
+            .unwrap()
+            .kernel_print;
+        script.say("quiet");
+        script.line();
+        let after = header(&reader);
+        assert_eq!(
+            before[8..],
+            after[8..],
+            "{}: the freed code object's header kept all but its first word: \
+             the test shows nothing",
+            python.display()
+        );
+        let value = encode_python_frame(address, 0, true);
+        for items in [
+            CodeCache::default().resolve(&reader, Ok(layout), &[value], Some(&[print])),
+            cache.resolve(&reader, Ok(layout), &[value], None),
+        ] {
+            assert_eq!(
+                &*items[0].frame.function,
+                FREED_MARKER,
+                "{}: doomed_quiet freed",
+                python.display()
+            );
+        }
 
         // The two functions made by exec, freed and allocated over.
         let doomed: Vec<(u64, String)> = functions[functions.len() - 2..]

@@ -1,8 +1,9 @@
 # Prints the code objects of known functions (address, qualname, file, first
-# line, the line of each instruction), then, told to, frees two functions
-# made by exec and allocates over their code objects (bytes objects and
-# another function's code), saying which took each address.
-import json, sys
+# line, the line of each instruction); told to, frees a function made by
+# exec and allocates nothing ("quiet"); then, told to, frees two more and
+# allocates over their code objects (bytes objects and another function's
+# code), saying which took each address.
+import gc, json, sys
 
 
 def plain(a):
@@ -51,20 +52,28 @@ def made(name):
     return ns[name]
 
 
+doomed_quiet = made("doomed_quiet")
 doomed_bytes = made("doomed_bytes")
 doomed_code = made("doomed_code")
 functions = [plain, Handler.handle_request, Handler().handle_request(3), grüße, long_body,
-             doomed_bytes, doomed_code]
+             doomed_quiet, doomed_bytes, doomed_code]
 print(json.dumps({
     "version": list(sys.version_info[:3]),
     "functions": [describe(f) for f in functions],
 }), flush=True)
 
+assert sys.stdin.readline().strip() == "quiet"
+functions = None
+# The function and its globals hold each other: the collector frees them.
+del doomed_quiet
+gc.collect()
+print(json.dumps({"quiet": True}), flush=True)
+
 assert sys.stdin.readline().strip() == "free"
 targets = {id(doomed_bytes.__code__): "bytes", id(doomed_code.__code__): "code"}
 size = sys.getsizeof(doomed_bytes.__code__)
-functions = None
 del doomed_bytes, doomed_code, describe
+gc.collect()
 keep = []
 found = {}
 for _ in range(20000):

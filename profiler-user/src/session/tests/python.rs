@@ -84,6 +84,7 @@ impl Objects {
         }
         let table = self.place(&table);
         let mut code = vec![0u8; 200];
+        code[..8].copy_from_slice(&1u64.to_le_bytes()); // alive: one reference
         code[8..16].copy_from_slice(&ty.to_le_bytes());
         code[16..24].copy_from_slice(&units.to_le_bytes());
         code[72..76].copy_from_slice(&first.to_le_bytes());
