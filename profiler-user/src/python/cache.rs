@@ -421,6 +421,25 @@ mod tests {
         }
     }
 
+    /// 3.12's and 3.13's immortal objects (deep-frozen code) hold
+    /// `u32::MAX`, one more after an old stable-ABI extension's increment.
+    #[test]
+    fn immortal_code_is_alive() {
+        for count in [u64::from(u32::MAX), u64::from(u32::MAX) + 1] {
+            let mut fake = Fake::new();
+            fake.code(0x40_0000, TYPE, "frozen", 1, 4);
+            let mut immortal = fake.regions[&0x40_0000].clone();
+            put(&mut immortal, 0, &count.to_le_bytes());
+            fake.regions.insert(0x40_0000, immortal);
+            let frame = [encode_python_frame(0x40_0000, 1, true)];
+            assert_eq!(
+                names(&CodeCache::default().resolve(&fake, layout(), &frame, None)),
+                ["frozen /app/server.py:2"],
+                "{count:#x}"
+            );
+        }
+    }
+
     /// Memory whose code object at `code` is freed once its header has
     /// been read `alive_reads` times.
     struct FreedWhileRead {

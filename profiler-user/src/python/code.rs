@@ -25,9 +25,13 @@ pub const MAX_LINE_TABLE: usize = 64 << 10;
 /// The most code units a code object is believed to have (its size is
 /// only checked against the frame's instruction index).
 pub const MAX_CODE_UNITS: u64 = 1 << 24;
-/// The largest reference count a live object holds in 3.11–3.13 on 64-bit
-/// (3.12's and 3.13's immortal objects hold exactly this).
-const MAX_REFCOUNT: u64 = u32::MAX as u64;
+/// Above any reference count a live object holds: 3.12's and 3.13's
+/// immortal objects hold `u32::MAX` (a little more if an extension built
+/// for an older stable ABI increments them), while a freed block's
+/// free-list link is an address of mapped memory, above 2^44 on x86-64
+/// (mimalloc's segments, pymalloc's arenas; glibc, whose heap can sit
+/// lower, also overwrites the type word).
+const MAX_REFCOUNT: u64 = 1 << 40;
 
 /// Why a code object was not read.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
