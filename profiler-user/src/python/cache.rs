@@ -262,6 +262,13 @@ mod tests {
             fake
         }
 
+        /// Sets the first word (the reference count) of the object at
+        /// `address`.
+        fn first_word(&mut self, address: u64, value: u64) {
+            let object = self.regions.get_mut(&address).expect("an object there");
+            put(object, 0, &value.to_le_bytes());
+        }
+
         /// A compact ASCII string (3.11's layout).
         fn string(&mut self, address: u64, text: &str) {
             let mut s = vec![0u8; 48];
@@ -403,9 +410,7 @@ mod tests {
                 names(&cache.resolve(&fake, layout(), &frame, Some(&sampled))),
                 ["doomed /app/server.py:2"]
             );
-            let mut freed = fake.regions[&0x40_0000].clone();
-            put(&mut freed, 0, &link.to_le_bytes());
-            fake.regions.insert(0x40_0000, freed);
+            fake.first_word(0x40_0000, link);
             // Cached, then freed; and first read once freed.
             assert_eq!(
                 names(&cache.resolve(&fake, layout(), &frame, Some(&sampled))),
@@ -428,9 +433,7 @@ mod tests {
         for count in [u64::from(u32::MAX), u64::from(u32::MAX) + 1] {
             let mut fake = Fake::new();
             fake.code(0x40_0000, TYPE, "frozen", 1, 4);
-            let mut immortal = fake.regions[&0x40_0000].clone();
-            put(&mut immortal, 0, &count.to_le_bytes());
-            fake.regions.insert(0x40_0000, immortal);
+            fake.first_word(0x40_0000, count);
             let frame = [encode_python_frame(0x40_0000, 1, true)];
             assert_eq!(
                 names(&CodeCache::default().resolve(&fake, layout(), &frame, None)),
