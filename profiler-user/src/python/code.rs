@@ -247,10 +247,11 @@ pub fn read_fingerprint(
     if code_type.is_some_and(|t| t != print.ob_type) {
         return Err(not_code("its type is not the interpreter's code type"));
     }
-    // A freed block's first word is its allocator's free-list link, a
-    // pointer or 0, and mimalloc and pymalloc write nothing else: the rest
-    // of a freed code object's header, print included, still reads as it
-    // was, while the objects it points to may be freed and reused.
+    // A freed object's first word is 0 (its last reference dropped) or its
+    // allocator's free-list link (a pointer, or 0), and mimalloc and
+    // pymalloc write nothing else: the rest of a freed code object's
+    // header, print included, still reads as it was, while the objects it
+    // points to may be freed and reused.
     let refcount = word(&header, OB_REFCNT);
     if refcount == 0 || refcount > MAX_REFCOUNT {
         return Err(not_code("freed: its reference count is no count"));
