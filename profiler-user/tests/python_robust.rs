@@ -32,7 +32,7 @@ use std::{
 use allocprof::{
     ids::{HostPid, Pid},
     kernel::Limits,
-    model::profile::{ProcessProfile, Profile},
+    model::profile::{ProcessProfile, Profile, StackProfile},
     python::cache::{FREED_MARKER, TRUNCATED_MARKER},
     session::{Session, Target},
     symbolize::{Frame, FrameKind},
@@ -324,6 +324,29 @@ fn line_of(frame: &Frame) -> Option<u32> {
     frame.location.as_deref()?.rsplit_once(':')?.1.parse().ok()
 }
 
+/// python_scribble.py's stacks whose innermost Python frame is `function`
+/// at its allocation site `line`; those at its other lines are checked to
+/// be whole (`function`, `main`, `<module>`, never cut).
+fn site_or_intact<'a>(p: &'a ProcessProfile, function: &str, line: u32) -> Vec<&'a StackProfile> {
+    let (site, around): (Vec<_>, Vec<_>) = p
+        .stacks
+        .iter()
+        .filter(|s| {
+            python_chain(&s.frames)
+                .first()
+                .is_some_and(|f| &*f.function == function)
+        })
+        .partition(|s| line_of(python_chain(&s.frames)[0]) == Some(line));
+    for s in &around {
+        let chain: Vec<&str> = python_chain(&s.frames)
+            .iter()
+            .map(|f| &*f.function)
+            .collect();
+        assert_eq!(chain, [function, "main", "<module>"], "{:?}", s.frames);
+    }
+    site
+}
+
 /// A CPython 3.11 program points its frame chain at itself (a cycle of one,
 /// of two), at an unmapped address and at no pointer, allocating each time:
 /// each walk is bounded and ends in the truncation marker, every byte is
@@ -388,16 +411,14 @@ fn a_frame_chain_scribbled_by_the_target_is_cut_and_stays_profiled() {
         "the cycle of two was walked up to a bound: at most {walked} frames"
     );
 
-    // While scribbled: the site named by its line, then the marker.
-    let scribbled: Vec<_> = p
-        .stacks
-        .iter()
-        .filter(|s| innermost_is(&s.frames, "scribbled"))
-        .collect();
+    // While scribbled: the site named by its line, then the marker. The
+    // function's other lines allocate too (its frame object, ctypes
+    // objects, integers), sampled now and then, before the chain is
+    // scribbled or after it is restored: whole chains, not the site's.
+    let scribbled = site_or_intact(p, "scribbled", lines["scribbled"]);
     let mut cycles = 0;
     for s in &scribbled {
         let chain = python_chain(&s.frames);
-        assert_eq!(line_of(chain[0]), Some(lines["scribbled"]), "{chain:?}");
         assert_eq!(
             chain
                 .iter()
@@ -435,11 +456,7 @@ fn a_frame_chain_scribbled_by_the_target_is_cut_and_stays_profiled() {
     );
 
     // Restored: the function, its line and its callers.
-    let restored: Vec<_> = p
-        .stacks
-        .iter()
-        .filter(|s| innermost_is(&s.frames, "restored"))
-        .collect();
+    let restored = site_or_intact(p, "restored", lines["restored"]);
     for s in &restored {
         let chain: Vec<(&str, Option<u32>)> = python_chain(&s.frames)
             .iter()
