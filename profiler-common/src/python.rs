@@ -29,10 +29,14 @@
 //! A code object may be freed and another made at its address, before user
 //! space reads it or while the same frames keep running. So the walk also
 //! takes a print of each Python frame's code object ([`py_code_print`]:
-//! one more read per frame, none for a frame running the same code as the
-//! one before): the stack's id covers their digest, and a new stack files
-//! them by its id ([`PyStackPrints`]); user space names a frame only if the
-//! object it reads has the same print.
+//! two more reads per frame, the code object's start and its name's, none
+//! for a frame running the same code as the one before): the stack's id
+//! covers their digest, and a new stack files them by its id
+//! ([`PyStackPrints`]); user space names a frame only if the object it
+//! reads has the same print. The name's characters are covered, not only
+//! its address: a code object made from the same template where a freed
+//! one was can find its name, file and table objects where the freed one's
+//! were too (an allocator reuses freed blocks last in, first out).
 
 /// Separates a stack's native frames from its Python frames.
 pub const PY_STACK_BEGIN: u64 = 0xffff_ffff_ffff_ffa0;
@@ -180,6 +184,12 @@ pub const MAX_PYTHON_THREADS: usize = 256;
 
 /// Words of a code object's start a print may cover.
 pub const PY_CODE_PRINT_WORDS: usize = 32;
+/// Words of a code object's name (`co_qualname`, a `str`) a print may
+/// read: its header, then [`PY_NAME_CHAR_WORDS`] of an ASCII name's
+/// characters.
+pub const PY_NAME_PRINT_WORDS: usize = 16;
+/// Words of characters of an ASCII name a print covers (32 characters).
+pub const PY_NAME_CHAR_WORDS: usize = 4;
 
 /// The print of a code object that could not be read at the sample.
 pub const PY_NO_PRINT: u32 = 0;
@@ -226,6 +236,12 @@ pub struct PyCodePrint {
     /// The words' indexes (below `PY_CODE_PRINT_WORDS`); fewer words than
     /// slots repeat the last.
     pub at: [u8; 8],
+    /// The word of the code object pointing to its name (`co_qualname`).
+    pub name_at: u8,
+    /// The word of a compact ASCII `str` where its characters start
+    /// (`sizeof(PyASCIIObject) / 8`).
+    pub chars_at: u8,
+    pub _pad: [u8; 2],
 }
 
 impl PyCodePrint {
@@ -247,7 +263,40 @@ impl PyCodePrint {
             read = read.max(8 * (word as u32 + 1));
         }
         assert!(offsets.len() <= at.len(), "more words than a print covers");
-        PyCodePrint { read, at }
+        PyCodePrint {
+            read,
+            at,
+            ..PyCodePrint::default()
+        }
+    }
+
+    /// The same, covering the name `co_qualname` (at byte `name` of the
+    /// code object) points to: a `str` whose characters, if ASCII, start
+    /// at its byte `chars`.
+    pub fn with_name(self, name: usize, chars: usize) -> PyCodePrint {
+        assert!(
+            name / 8 < PY_CODE_PRINT_WORDS && (name / 8) as u32 * 8 < self.read,
+            "the name's pointer lies outside what is read"
+        );
+        assert!(chars / 8 + PY_NAME_CHAR_WORDS <= PY_NAME_PRINT_WORDS);
+        PyCodePrint {
+            name_at: (name / 8) as u8,
+            chars_at: (chars / 8) as u8,
+            ..self
+        }
+    }
+
+    /// Bytes read of the name at `name`: its header and up to 32 bytes of
+    /// characters, not past the page where they start. A short name's
+    /// object may end before 32 bytes, and the page after it may never
+    /// have been touched, which the kernel's read cannot fault in; the
+    /// page of its first character (or terminator) is its own.
+    #[inline(always)]
+    pub fn name_read(&self, name: u64) -> u32 {
+        let header = u32::from(self.chars_at) * 8;
+        let page_left = 4096 - (name.wrapping_add(u64::from(header)) & 4095) as u32;
+        let chars = (PY_NAME_CHAR_WORDS as u32 * 8).min(page_left);
+        header + chars
     }
 
     /// The distinct words covered, in order.
@@ -259,12 +308,55 @@ impl PyCodePrint {
     }
 }
 
+/// What of a code object's name (`co_qualname`) its print covers
+/// ([`py_name_print`] of the name's first `read` bytes,
+/// [`PyCodePrint::name_read`]): the length, the string's kind bits (not
+/// whether it is interned, which may change), and an ASCII name's
+/// characters read, only those below its length (what follows is not the
+/// string's). A name of another kind is covered by its length and kind
+/// only: its characters lie past fields CPython fills lazily (the UTF-8
+/// cache).
+#[inline(always)]
+pub fn py_name_print(name: &[u64; PY_NAME_PRINT_WORDS], print: &PyCodePrint, read: u32) -> u64 {
+    const LENGTH: usize = 2;
+    const STATE: usize = 4;
+    let chars_read = u64::from(read).saturating_sub(u64::from(print.chars_at) * 8);
+    let length = name[LENGTH];
+    // interned:2, kind:3, compact:1, ascii:1, ready (3.11) or statically
+    // allocated (3.12+):1, in the low byte of the word.
+    let state = name[STATE] & 0xfc;
+    let ascii = 0u64.wrapping_sub((state >> 6) & 1);
+    let mut h = (length ^ (state << 56)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut i = 0;
+    while i < PY_NAME_CHAR_WORDS {
+        let word = name[(usize::from(print.chars_at) + i) & (PY_NAME_PRINT_WORDS - 1)];
+        let left = if length < chars_read {
+            length
+        } else {
+            chars_read
+        }
+        .saturating_sub(8 * i as u64);
+        let mask = if left >= 8 {
+            u64::MAX
+        } else {
+            (1u64 << (8 * left)) - 1
+        };
+        h = h.wrapping_add(
+            ((word & mask & ascii) ^ (i as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f))
+                .wrapping_mul(0xbf58_476d_1ce4_e5b9),
+        );
+        i += 1;
+    }
+    h
+}
+
 /// What tells a code object from another made at its address later: a
 /// digest of the words of its start `print` covers (the fields no running
 /// code changes: its type, size, first line, and the name, file and
-/// location-table objects it points to). Never [`PY_NO_PRINT`].
+/// location-table objects it points to) and of its name's
+/// [`py_name_print`], `name`. Never [`PY_NO_PRINT`].
 #[inline(always)]
-pub fn py_code_print(code: &[u64; PY_CODE_PRINT_WORDS], print: &PyCodePrint) -> u32 {
+pub fn py_code_print(code: &[u64; PY_CODE_PRINT_WORDS], print: &PyCodePrint, name: u64) -> u32 {
     // Every slot, a word repeated or not: no branch per word; a product
     // per slot, independent of the others (no chain of multiplications).
     let mut h: u64 = 0x243f_6a88_85a3_08d3;
@@ -275,6 +367,7 @@ pub fn py_code_print(code: &[u64; PY_CODE_PRINT_WORDS], print: &PyCodePrint) -> 
                 .wrapping_mul(0x9e37_79b9_7f4a_7c15),
         );
     }
+    h = h.wrapping_add((name ^ 0x5851_f42d_4c95_7f2d).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     h = (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     match (h >> 32) as u32 ^ h as u32 {
         PY_NO_PRINT => 1,
@@ -554,21 +647,83 @@ mod tests {
         assert_eq!(words.at, [1, 2, 9, 14, 16, 17, 17, 17]);
         assert!(words.words().eq([1, 2, 9, 14, 16, 17]));
         assert_eq!(words.read, 18 * 8);
-        let print = py_code_print(&code, &words);
+        let print = py_code_print(&code, &words, 7);
         assert_ne!(print, PY_NO_PRINT);
         // A refcount (word 0) or a warm-up counter (word 6) may change.
         let mut touched = code;
         touched[0] += 1;
         touched[6] ^= 0xffff;
-        assert_eq!(py_code_print(&touched, &words), print);
-        // Any covered word tells another object.
+        assert_eq!(py_code_print(&touched, &words, 7), print);
+        // Any covered word tells another object, and so does the name.
         for i in [1, 2, 9, 14, 16, 17] {
             let mut other = code;
             other[i] ^= 0x10;
-            assert_ne!(py_code_print(&other, &words), print, "word {i}");
+            assert_ne!(py_code_print(&other, &words, 7), print, "word {i}");
         }
+        assert_ne!(py_code_print(&code, &words, 8), print);
         assert_eq!(PyCodePrint::of_offsets(&[]).read, 0);
         assert_eq!(PyCodePrint::of_offsets(&[]).words().count(), 0);
+    }
+
+    /// A compact ASCII `str` of 3.11's layout (characters at byte 48).
+    fn ascii_name(text: &[u8]) -> [u64; PY_NAME_PRINT_WORDS] {
+        let mut bytes = [0u8; PY_NAME_PRINT_WORDS * 8];
+        bytes[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
+        bytes[32] = 0b1110_0100; // ready, ascii, compact, kind 1
+        bytes[48..48 + text.len()].copy_from_slice(text);
+        let mut words = [0u64; PY_NAME_PRINT_WORDS];
+        for (w, b) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+            *w = u64::from_le_bytes(b.try_into().unwrap());
+        }
+        words
+    }
+
+    #[test]
+    fn a_name_print_covers_its_characters_up_to_its_length() {
+        let print = PyCodePrint::of_offsets(&[8, 128, 136]).with_name(128, 48);
+        assert_eq!(
+            (print.name_at, print.chars_at, print.name_read(0x1000)),
+            (16, 6, 80)
+        );
+        let fn8 = ascii_name(b"fn_0008");
+        let of = |name: &[u64; PY_NAME_PRINT_WORDS]| py_name_print(name, &print, 80);
+        assert_ne!(of(&fn8), of(&ascii_name(b"decoy_0008")));
+        assert_ne!(of(&fn8), of(&ascii_name(b"fn_0009")));
+        // Within the first 32 characters, any one tells.
+        let long = b"Handler.handle_request.<locals>.nested";
+        for i in 0..32 {
+            let mut other = *long;
+            other[i] ^= 1;
+            assert_ne!(of(&ascii_name(long)), of(&ascii_name(&other)), "{i}");
+        }
+        // What follows the name, its refcount, hash and whether it is
+        // interned may change.
+        let mut touched = fn8;
+        touched[6] ^= 0xff << 56; // the terminator after "fn_0008"
+        touched[7] = 0x1234;
+        touched[0] += 3;
+        touched[3] = 0x5eed;
+        touched[4] ^= 0b11;
+        assert_eq!(of(&touched), of(&fn8));
+        // Characters on the next page are not read (it may be untouched):
+        // nor covered, whatever the buffer holds there.
+        let at = 0x2000 - 48 - 5;
+        assert_eq!(print.name_read(at), 48 + 5);
+        assert_eq!(print.name_read(0x2000 - 40), 48 + 32);
+        let mut cut = ascii_name(long);
+        cut[6] ^= 0xff << 48;
+        assert_eq!(
+            py_name_print(&cut, &print, 48 + 5),
+            py_name_print(&ascii_name(long), &print, 48 + 5)
+        );
+        assert_ne!(of(&cut), of(&ascii_name(long)));
+        // A name of another kind: its length and kind only.
+        let mut wide = fn8;
+        wide[4] = 0b1010_1000; // ready, compact, kind 2
+        let mut wide_other = wide;
+        wide_other[6] ^= 0x10;
+        assert_eq!(of(&wide), of(&wide_other));
+        assert_ne!(of(&wide), of(&fn8));
     }
 
     #[test]

@@ -9,7 +9,9 @@ use aya_ebpf::{
 use profiler_common::{
     AggKey, DEFAULT_NEW_STACKS_BURST, DEFAULT_NEW_STACKS_PER_SECOND, DROP_REASONS, LiveKey,
     LiveSample, ProcCounters, StackAgg, StackTrace, UsdtSpec,
-    python::{PY_BLOCK_WORDS, PY_CODE_PRINT_WORDS, PyProcConfig, PyStackPrints},
+    python::{
+        PY_BLOCK_WORDS, PY_CODE_PRINT_WORDS, PY_NAME_PRINT_WORDS, PyProcConfig, PyStackPrints,
+    },
     unwind::{ProcUnwind, UnwindRow},
 };
 
@@ -155,8 +157,9 @@ pub struct PyScratch {
     pub last: u64,
     /// The walk was cut short.
     pub cut: u64,
-    /// The start of the code object being printed.
+    /// The start of the code object being printed, and of its name.
     pub code: [u64; PY_CODE_PRINT_WORDS],
+    pub name: [u64; PY_NAME_PRINT_WORDS],
     /// The walk's prints of its frames' code objects so far: `printed` of
     /// them; the last code object printed (0: none yet) and its print.
     pub prints: PyStackPrints,

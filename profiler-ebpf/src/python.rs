@@ -15,9 +15,9 @@ use profiler_common::{
     MAX_STACK_DEPTH, StackTrace,
     python::{
         MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS, PY_BLOCK_WORDS, PY_CODE_PRINT_WORDS, PY_FRAME_WORDS,
-        PY_NO_FIELD, PY_NO_PRINT, PY_PRINTS_SEED, PY_RESERVED_SLOTS, PY_STACK_BEGIN,
-        PY_TRUNCATED_FRAME, PyFrameStep, PyProcConfig, decode_python_frame, py_code_print,
-        py_frame_step, py_mark_entry, py_plausible, py_prints_digest,
+        PY_NAME_PRINT_WORDS, PY_NO_FIELD, PY_NO_PRINT, PY_PRINTS_SEED, PY_RESERVED_SLOTS,
+        PY_STACK_BEGIN, PY_TRUNCATED_FRAME, PyFrameStep, PyProcConfig, decode_python_frame,
+        py_code_print, py_frame_step, py_mark_entry, py_name_print, py_plausible, py_prints_digest,
     },
     unwind::DEPTH_CUT_FRAME,
 };
@@ -300,7 +300,7 @@ fn print_code(cfg: &PyProcConfig, w: &mut PyScratch, code: u64) {
         let print = if err != 0 || cfg.code_print.read == 0 {
             PY_NO_PRINT
         } else {
-            py_code_print(&w.code, &cfg.code_print)
+            print_with_name(cfg, w)
         };
         w.print_code = code;
         w.last_print = u64::from(print);
@@ -309,6 +309,31 @@ fn print_code(cfg: &PyProcConfig, w: &mut PyScratch, code: u64) {
     w.prints.prints[printed] = print;
     w.prints.digest = py_prints_digest(w.prints.digest, print);
     w.printed = printed as u64 + 1;
+}
+
+/// The print of the code object read into `w.code`, its name read too;
+/// [`PY_NO_PRINT`] if the name cannot be read.
+#[inline(always)]
+fn print_with_name(cfg: &PyProcConfig, w: &mut PyScratch) -> u32 {
+    let print = &cfg.code_print;
+    let name = w.code[usize::from(print.name_at) & (PY_CODE_PRINT_WORDS - 1)];
+    let size = print.name_read(name);
+    // A bound the verifier sees (`name_read` is at most 48 + 32 bytes).
+    if size == 0 || size > PY_NAME_PRINT_WORDS as u32 * 8 {
+        return PY_NO_PRINT;
+    }
+    // SAFETY: as for the code object's read, into the name's buffer.
+    let err = unsafe {
+        generated::bpf_probe_read_user(
+            core::ptr::addr_of_mut!(w.name).cast(),
+            size,
+            name as *const c_void,
+        )
+    };
+    if err != 0 {
+        return PY_NO_PRINT;
+    }
+    py_code_print(&w.code, print, py_name_print(&w.name, print, size))
 }
 
 /// The current thread's innermost interpreter frame, if it has a thread

@@ -211,7 +211,7 @@ impl CodeCache {
 mod tests {
     use std::{cell::Cell, collections::BTreeMap};
 
-    use profiler_common::python::{PY_NO_PRINT, encode_python_frame};
+    use profiler_common::python::{PY_NAME_PRINT_WORDS, PY_NO_PRINT, encode_python_frame};
 
     use super::*;
     use crate::python::PyVersion;
@@ -275,7 +275,8 @@ mod tests {
             put(&mut s, 16, &(text.len() as u64).to_le_bytes());
             s[32] = 0b1110_0100; // ready, ascii, compact, kind 1
             s.extend_from_slice(text.as_bytes());
-            s.push(0);
+            // Its terminator, and as far as a print reads.
+            s.resize(s.len().max(PY_NAME_PRINT_WORDS * 8), 0);
             self.regions.insert(address, s);
         }
 
@@ -350,11 +351,12 @@ mod tests {
             [false, true, true]
         );
         assert_eq!(cache.len(), 2);
-        // A new stack naming them: one header read each.
+        // A new stack naming them: one read of the header and one of the
+        // name each.
         fake.reads.set(0);
         let again = cache.resolve(&fake, layout(), &stack[..2], None);
         assert_eq!(names(&again), names(&items[..2]));
-        assert_eq!(fake.reads.get(), 2);
+        assert_eq!(fake.reads.get(), 4);
     }
 
     #[test]
@@ -534,6 +536,29 @@ mod tests {
             let items = cache.resolve(&fake, layout(), &stack[2..], Some(prints));
             assert_eq!(names(&items), [FREED_MARKER], "{prints:?}");
         }
+    }
+
+    /// Freed, and another made from the same template where it was, its
+    /// name, file and table objects where the freed one's were (an
+    /// allocator reusing blocks last in, first out): every pointer and
+    /// integer of the header the same, only the name's characters differ.
+    #[test]
+    fn code_made_again_over_all_of_a_freed_ones_objects_is_never_named_as_it() {
+        let mut fake = Fake::new();
+        fake.code(0x40_0000, TYPE, "fn_0008", 1, 4);
+        let sampled = [print_of(&fake, 0x40_0000)];
+        fake.string(0x40_1000, "decoy_0008");
+        let frame = [encode_python_frame(0x40_0000, 1, true)];
+        assert_eq!(
+            names(&CodeCache::default().resolve(&fake, layout(), &frame, Some(&sampled))),
+            [FREED_MARKER]
+        );
+        // The decoy itself, sampled now, is named.
+        let now = [print_of(&fake, 0x40_0000)];
+        assert_eq!(
+            names(&CodeCache::default().resolve(&fake, layout(), &frame, Some(&now))),
+            ["decoy_0008 /app/server.py:2"]
+        );
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //! `co_firstlineno` and the string headers, tested where pyenv has them
 //! (see `python/tests`).
 
-use profiler_common::python::{PY_CODE_PRINT_WORDS, PyCodePrint, py_code_print};
+use profiler_common::python::{
+    PY_CODE_PRINT_WORDS, PY_NAME_PRINT_WORDS, PY_NO_PRINT, PyCodePrint, py_code_print,
+    py_name_print,
+};
 use thiserror::Error;
 
 use super::{PyVersion, linetable};
@@ -158,6 +161,7 @@ impl Layout {
             CODE_QUALNAME,
             CODE_LINETABLE,
         ])
+        .with_name(CODE_QUALNAME, self.ascii_size)
     }
 }
 
@@ -174,8 +178,9 @@ pub struct Fingerprint {
     pub qualname: u64,
     pub linetable: u64,
     pub first_line: i32,
-    /// The kernel's digest of the same fields (`py_code_print`): a frame
-    /// whose print at the sample differs ran another code object.
+    /// The kernel's digest of the same fields and of the name's characters
+    /// (`py_code_print`, `py_name_print`): a frame whose print at the
+    /// sample differs ran another code object.
     pub kernel_print: u32,
 }
 
@@ -235,14 +240,14 @@ pub fn read_fingerprint(
             .try_into()
             .expect("4 bytes"),
     );
-    let print = Fingerprint {
+    let mut print = Fingerprint {
         ob_type: word(&header, OB_TYPE),
         units: word(&header, OB_SIZE),
         filename: word(&header, CODE_FILENAME),
         qualname: word(&header, CODE_QUALNAME),
         linetable: word(&header, CODE_LINETABLE),
         first_line,
-        kernel_print: py_code_print(&words, &layout.code_print()),
+        kernel_print: PY_NO_PRINT,
     };
     if code_type.is_some_and(|t| t != print.ob_type) {
         return Err(not_code("its type is not the interpreter's code type"));
@@ -271,6 +276,20 @@ pub fn read_fingerprint(
     {
         return Err(not_code("a field is not an object"));
     }
+    let code_print = layout.code_print();
+    let read = code_print.name_read(print.qualname);
+    let name = memory.read(print.qualname, read as usize)?;
+    let mut name_words = [0u64; PY_NAME_PRINT_WORDS];
+    for (w, bytes) in name_words.iter_mut().zip(name.chunks(8)) {
+        let mut word = [0u8; 8];
+        word[..bytes.len()].copy_from_slice(bytes);
+        *w = u64::from_le_bytes(word);
+    }
+    print.kernel_print = py_code_print(
+        &words,
+        &code_print,
+        py_name_print(&name_words, &code_print, read),
+    );
     Ok(print)
 }
 

@@ -4,7 +4,8 @@
 //! exports.
 
 use profiler_common::python::{
-    PY_CODE_PRINT_WORDS, PY_STACK_BEGIN, encode_python_frame, py_code_print,
+    PY_CODE_PRINT_WORDS, PY_NAME_PRINT_WORDS, PY_STACK_BEGIN, encode_python_frame, py_code_print,
+    py_name_print,
 };
 
 use super::*;
@@ -59,7 +60,8 @@ impl Objects {
         s[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
         s[32] = 0b1110_0100; // ready, ascii, compact, kind 1
         s.extend_from_slice(text.as_bytes());
-        s.push(0);
+        // Its terminator, and as far as a print reads.
+        s.resize(s.len().max(PY_NAME_PRINT_WORDS * 8), 0);
         self.place(&s)
     }
 
@@ -70,8 +72,19 @@ impl Objects {
         for (w, p) in words.iter_mut().zip(placed.iter()) {
             *w = *p;
         }
-        let layout = Layout::for_version(PY_311).unwrap();
-        py_code_print(&words, &layout.code_print())
+        let print = Layout::for_version(PY_311).unwrap().code_print();
+        let qualname = words[usize::from(print.name_at)];
+        let placed = self
+            .0
+            .iter()
+            .find(|w| w.as_ptr() as u64 == qualname)
+            .unwrap();
+        let mut name = [0u64; PY_NAME_PRINT_WORDS];
+        for (w, p) in name.iter_mut().zip(placed.iter()) {
+            *w = *p;
+        }
+        let read = print.name_read(qualname);
+        py_code_print(&words, &print, py_name_print(&name, &print, read))
     }
 
     /// A code object whose instructions are one a line from `first`.
