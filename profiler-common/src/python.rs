@@ -330,12 +330,7 @@ pub fn py_name_print(name: &[u64; PY_NAME_PRINT_WORDS], print: &PyCodePrint, rea
     let mut i = 0;
     while i < PY_NAME_CHAR_WORDS {
         let word = name[(usize::from(print.chars_at) + i) & (PY_NAME_PRINT_WORDS - 1)];
-        let left = if length < chars_read {
-            length
-        } else {
-            chars_read
-        }
-        .saturating_sub(8 * i as u64);
+        let left = length.min(chars_read).saturating_sub(8 * i as u64);
         let mask = if left >= 8 {
             u64::MAX
         } else {

@@ -214,6 +214,17 @@ fn word(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// `bytes` as little-endian words, the last one zero-padded, the rest 0.
+fn le_words<const N: usize>(bytes: &[u8]) -> [u64; N] {
+    let mut words = [0u64; N];
+    for (w, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        *w = u64::from_le_bytes(word);
+    }
+    words
+}
+
 fn plausible_pointer(p: u64) -> bool {
     p != 0 && p.is_multiple_of(8) && p < 1 << 47
 }
@@ -231,10 +242,7 @@ pub fn read_fingerprint(
         return Err(not_code("not an object's address"));
     }
     let header = memory.read(address, CODE_HEADER)?;
-    let mut words = [0u64; PY_CODE_PRINT_WORDS];
-    for (w, bytes) in words.iter_mut().zip(header.chunks_exact(8)) {
-        *w = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
-    }
+    let words: [u64; PY_CODE_PRINT_WORDS] = le_words(&header);
     let first_line = i32::from_le_bytes(
         header[layout.code_firstlineno..layout.code_firstlineno + 4]
             .try_into()
@@ -279,12 +287,7 @@ pub fn read_fingerprint(
     let code_print = layout.code_print();
     let read = code_print.name_read(print.qualname);
     let name = memory.read(print.qualname, read as usize)?;
-    let mut name_words = [0u64; PY_NAME_PRINT_WORDS];
-    for (w, bytes) in name_words.iter_mut().zip(name.chunks(8)) {
-        let mut word = [0u8; 8];
-        word[..bytes.len()].copy_from_slice(bytes);
-        *w = u64::from_le_bytes(word);
-    }
+    let name_words: [u64; PY_NAME_PRINT_WORDS] = le_words(&name);
     print.kernel_print = py_code_print(
         &words,
         &code_print,

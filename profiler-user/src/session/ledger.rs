@@ -548,20 +548,22 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
     /// process's heap up to half again too large at its first profiles
     /// when the session waited a few milliseconds on a loaded host.
     pub(super) fn retire_unseen_frees(&mut self) {
-        let mut pending = std::mem::take(&mut self.unseen_pending);
-        pending.extend(self.kernel.unseen_frees());
-        pending.retain(|f| {
-            self.pids.local(HostPid(f.pid)).is_some_and(|pid| {
-                self.ledger(pid)
-                    .is_some_and(|i| i.seeds.contains_key(&f.ptr))
-            })
-        });
-        let cut = self.seeds_cut_ns;
-        let (due, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|f| f.time_ns <= cut);
-        self.unseen_pending = later;
-        for f in due {
-            if let Some(pid) = self.pids.local(HostPid(f.pid)) {
+        let mut frees = std::mem::take(&mut self.unseen_pending);
+        frees.extend(self.kernel.unseen_frees());
+        for f in frees {
+            let Some(pid) = self.pids.local(HostPid(f.pid)) else {
+                continue;
+            };
+            if !self
+                .ledger(pid)
+                .is_some_and(|i| i.seeds.contains_key(&f.ptr))
+            {
+                continue;
+            }
+            if f.time_ns <= self.seeds_cut_ns {
                 self.retire_seed(pid, f.ptr);
+            } else {
+                self.unseen_pending.push(f);
             }
         }
     }
