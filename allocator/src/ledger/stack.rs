@@ -49,13 +49,13 @@ const MAX_QUERIES: u32 = 8;
 /// The unwinder's budget, ~1% of one core over time: each walk books this
 /// many times as long as it took on a timeline (`UNWIND_BOOKED_NS`), and a
 /// walk may start while that timeline is at most `UNWIND_BURST_NS` ahead of
-/// the clock (a generic cell rate algorithm). The CFI walk costs about
-/// what libgcc's `_Unwind_Backtrace` did (measured side by side: 12 vs
-/// 9 µs for 13 frames, 16 µs for 32 vs 22 µs for 48, on a 2-core machine
-/// at load 9; libgcc's was ~3 µs a stack idle): at the default rate a
-/// program makes a few thousand samples a second and each gets its whole
-/// stack, but a churn of small blocks makes 10^5 and would spend a third
-/// of its time unwinding. Past the budget a stack is cut after malloc's
+/// the clock (a generic cell rate algorithm). The CFI walk costs ≈ 700
+/// instructions a frame through call sites seen before (its row cache,
+/// `cfi::cache`; ≈ 2,800 decoding each FDE, which was about what libgcc's
+/// `_Unwind_Backtrace` cost): at the default rate a program makes a few
+/// thousand samples a second and each gets its whole stack, but a churn
+/// of small blocks makes 10^5 and would spend a tenth of its time
+/// unwinding. Past the budget a stack is cut after malloc's
 /// caller (`FLAG_TRUNCATED`), which frame pointers still give.
 const UNWIND_COST_FACTOR: u64 = 100;
 /// How far the booked timeline may run ahead: after a quiet second, ~10 ms

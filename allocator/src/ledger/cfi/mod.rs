@@ -28,10 +28,13 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use profiler_common::ledger::{FRAMES, MAX_ADDRESS};
 
+mod cache;
 mod fde;
 mod read;
 
-pub(crate) use self::fde::{Row, Rule, find_fde, row_for};
+pub(crate) use self::fde::{Row, Rule};
+#[cfg(test)]
+use self::fde::{find_fde, row_for};
 pub(crate) use self::read::Mem;
 
 /// glibc's `struct dl_find_object` (<dlfcn.h>, glibc 2.35).
@@ -240,7 +243,7 @@ pub(crate) fn walk(
             });
         }
         let o = obj.expect("set above");
-        let Some(row) = find_fde(o.mem, o.hdr, at).and_then(|f| row_for(o.mem, f, at)) else {
+        let Some(row) = cache::row_at(o.mem, o.hdr, at) else {
             return (n, End::Cut);
         };
         match step(&row, sp, rbp, stack) {

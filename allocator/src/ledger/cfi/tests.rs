@@ -329,3 +329,147 @@ fn code_no_object_holds_ends_the_walk_cut() {
     assert_eq!((n, end), (1, End::Cut));
     assert_eq!(out[0] as usize, jit);
 }
+
+/// Rows from the cache, and the proof they came from it: asked again with
+/// no `.eh_frame_hdr` to search (0), the row is still there.
+#[test]
+fn cached_rows_are_the_decoded_ones() {
+    let programs: Vec<[u8; 2]> = (0..37).map(|i| [0x0e, 16 + i as u8]).collect();
+    let fdes: Vec<(usize, usize, &[u8])> = std::iter::once((0x4000, 0x100, PROLOGUE))
+        .chain(
+            programs
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (0x100 * i, 0x80, &p[..])),
+        )
+        .collect();
+    let mut fdes = fdes;
+    fdes.sort_by_key(|f| f.0);
+    let img = Image::new(&fdes);
+    let mem = img.mem();
+    for off in (0..0x4100).step_by(3) {
+        let at = img.text + off;
+        let decoded = find_fde(mem, img.hdr, at).and_then(|f| row_for(mem, f, at));
+        assert_eq!(cache::row_at(mem, img.hdr, at), decoded, "{off:#x}");
+        if decoded.is_some() {
+            assert_eq!(
+                cache::row_at(mem, 0, at),
+                decoded,
+                "{off:#x} from the cache"
+            );
+        }
+    }
+}
+
+/// An FDE rewritten where a cached one was (an object unloaded, another
+/// loaded at its address): its row is decoded again.
+#[test]
+fn a_row_whose_fde_changed_is_decoded_again() {
+    let mut img = Image::new(&[(0, 0x100, &[0x0e, 24])]);
+    let at = img.text + 0x10;
+    assert_eq!(
+        cache::row_at(img.mem(), img.hdr, at).map(|r| r.cfa_off),
+        Some(24)
+    );
+    assert_eq!(cache::row_at(img.mem(), 0, at).map(|r| r.cfa_off), Some(24));
+    let fde = find_fde(img.mem(), img.hdr, at).unwrap() - img.mem().lo;
+    // Length, CIE pointer, begin, range, augmentation length: the program.
+    assert_eq!(img.bytes[fde + 17..fde + 19], [0x0e, 24]);
+    img.bytes[fde + 18] = 40;
+    assert_eq!(cache::row_at(img.mem(), 0, at), None, "a miss");
+    assert_eq!(
+        cache::row_at(img.mem(), img.hdr, at).map(|r| r.cfa_off),
+        Some(40)
+    );
+}
+
+#[test]
+fn rows_pack_into_three_words_or_are_not_cached() {
+    let rules = [
+        Rule::Same,
+        Rule::Undefined,
+        Rule::Unknown,
+        Rule::At(-16),
+        Rule::At(i64::from(i32::MIN)),
+        Rule::At(i64::from(i32::MAX)),
+    ];
+    for rbp in rules {
+        for ra in rules {
+            for (cfa_reg, cfa_off, cfa_unknown) in [
+                (RSP, 8, false),
+                (RBP, -4096, false),
+                (10, i64::MIN, true),
+                (u64::from(u32::MAX), i64::MAX, false),
+            ] {
+                let row = Row {
+                    cfa_reg,
+                    cfa_off,
+                    cfa_unknown,
+                    rbp,
+                    ra,
+                };
+                assert_eq!(cache::unpack(cache::pack(&row).unwrap()), row);
+            }
+        }
+    }
+    let far = Row {
+        cfa_reg: RSP,
+        cfa_off: 8,
+        cfa_unknown: false,
+        rbp: Rule::At(1 << 40),
+        ra: Rule::At(-8),
+    };
+    assert_eq!(cache::pack(&far), None);
+    assert_eq!(
+        cache::pack(&Row {
+            cfa_reg: 1 << 33,
+            ..far
+        }),
+        None
+    );
+}
+
+/// Threads reading and replacing the same entries at once: every row read
+/// is the one of its return address, never a mix of two.
+#[test]
+fn rows_written_while_read_are_never_torn() {
+    let programs: Vec<[u8; 3]> = (0..64).map(|i| [0x0c, 7, 16 + i as u8]).collect();
+    let fdes: Vec<(usize, usize, &[u8])> = programs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (0x100 * i, 0x100, &p[..]))
+        .collect();
+    let img = Image::new(&fdes);
+    let (mem, hdr, text) = (img.mem(), img.hdr, img.text);
+    // Return addresses of different FDEs sharing a cache entry.
+    let mut by_slot: std::collections::HashMap<usize, Vec<(usize, i64)>> = Default::default();
+    for off in 0..0x4000 {
+        by_slot
+            .entry(cache::slot_index(text + off))
+            .or_default()
+            .push((text + off, 16 + (off / 0x100) as i64));
+    }
+    let shared: Vec<(usize, i64)> = by_slot
+        .into_values()
+        .filter(|v| v.iter().any(|&(_, o)| o != v[0].1))
+        .take(8)
+        .flatten()
+        .collect();
+    assert!(shared.len() >= 16, "no entries shared by two FDEs");
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let shared = &shared;
+            s.spawn(move || {
+                for round in 0..20_000 {
+                    let (at, off) = shared[(round * 7 + t * 3) % shared.len()];
+                    let row = cache::row_at(mem, hdr, at).expect("a row");
+                    assert_eq!(
+                        (row.cfa_reg, row.cfa_off, row.ra),
+                        (RSP, off, Rule::At(-8)),
+                        "{at:#x}"
+                    );
+                }
+            });
+        }
+    });
+}
