@@ -145,7 +145,7 @@ pub(crate) fn fde_print(mem: Mem, fde: usize) -> Option<[u64; 2]> {
     let mut at = fde + 8;
     while at < end {
         let w = word(at.min(end - 8))?;
-        hash = (hash.rotate_left(5) ^ w).wrapping_mul(0x51_7cc1_b727_220a_95);
+        hash = (hash.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
         at += 8;
     }
     Some([first, hash])
