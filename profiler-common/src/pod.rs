@@ -27,6 +27,8 @@ unsafe impl aya::Pod for unwind::UnwindMapping {}
 // SAFETY: as above.
 unsafe impl aya::Pod for unwind::ProcUnwind {}
 // SAFETY: as above.
+unsafe impl aya::Pod for unwind::UnwindCacheEntry {}
+// SAFETY: as above.
 unsafe impl aya::Pod for python::PyProcConfig {}
 // SAFETY: as above.
 unsafe impl aya::Pod for python::PyStackPrints {}

@@ -12,7 +12,7 @@ use profiler_common::{
     python::{
         PY_BLOCK_WORDS, PY_CODE_PRINT_WORDS, PY_NAME_PRINT_WORDS, PyProcConfig, PyStackPrints,
     },
-    unwind::{ProcUnwind, UnwindRow},
+    unwind::{ProcUnwind, UNWIND_CACHE_ENTRIES, UnwindCacheEntry, UnwindRow},
 };
 
 /// Argument descriptions, indexed by the uprobe's attach cookie.
@@ -94,6 +94,14 @@ pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_REASONS 
 /// the cap on unwind-table memory (16 bytes a row).
 #[map]
 pub static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1 << 20, 0);
+
+/// Per CPU: what the table walk found for return addresses seen before
+/// (`profiler_common::unwind::UnwindCacheEntry`). Written only under the
+/// stack scratch claim (see `probes::take_stack`): one walk per CPU at a
+/// time, so an entry is never read half written.
+#[map]
+pub static UNWIND_CACHE: PerCpuArray<UnwindCacheEntry> =
+    PerCpuArray::with_max_entries(UNWIND_CACHE_ENTRIES as u32, 0);
 
 /// Per process (host pid): its executable mappings with unwind tables.
 /// Processes without an entry are walked by frame pointers.

@@ -15,13 +15,15 @@ use aya_ebpf::{
 use profiler_common::{
     DropReason, MAX_STACK_DEPTH,
     unwind::{
-        DEPTH_CUT_FRAME, FRAME_POINTERS, MAX_UNWIND_MAPPINGS, NO_TABLES_DEPTH_FRAME,
-        NO_TABLES_FRAME, ProcUnwind, TRUNCATED_FRAME, UnwindMapping, UnwindRow, cfa, rbp,
+        CACHED_FRAME_POINTERS, CACHED_ROW, DEPTH_CUT_FRAME, FRAME_POINTERS, MAX_UNWIND_MAPPINGS,
+        NO_TABLES_DEPTH_FRAME, NO_TABLES_FRAME, ProcUnwind, TRUNCATED_FRAME, UnwindCacheEntry,
+        UnwindMapping, UnwindRow, cfa, rbp, unwind_cache_slot,
     },
 };
 
 use crate::maps::{
-    BLOCK, BLOCK_WORDS, STACK_BLOCK, STACK_SCRATCH, UNWIND_PROCS, UNWIND_ROWS, unwind_tables_on,
+    BLOCK, BLOCK_WORDS, STACK_BLOCK, STACK_SCRATCH, UNWIND_CACHE, UNWIND_PROCS, UNWIND_ROWS,
+    unwind_tables_on,
 };
 
 /// Binary search steps over a process's mappings (2^9 > MAX_UNWIND_MAPPINGS).
@@ -43,8 +45,11 @@ pub fn walk(ctx: &ProbeContext, pid: u32) -> Option<usize> {
     let proc = UNWIND_PROCS.get_ptr(pid)?;
     // SAFETY: the context of a uprobe is its pt_regs; constant-offset reads.
     let regs = unsafe { &*ctx.regs };
+    // SAFETY: a map value, valid for the whole program run.
+    let version = unsafe { (*proc).version };
     let mut walk = Walk {
         proc,
+        version,
         pid,
         fell_back: 0,
         pc: regs.rip,
@@ -91,6 +96,7 @@ pub fn walk_without_tables(ctx: &ProbeContext) -> Option<usize> {
     let regs = unsafe { &*ctx.regs };
     let mut walk = Walk {
         proc: core::ptr::null(),
+        version: 0,
         pid: 0,
         fell_back: 0,
         pc: regs.rip,
@@ -141,6 +147,8 @@ struct Walk {
     /// value pointer spilled to the caller's stack into the callback, and
     /// a hash lookup per frame cost ~25 ns.
     proc: *const ProcUnwind,
+    /// The table's `version`: the key of `UNWIND_CACHE`.
+    version: u64,
     pid: u32,
     /// The last step was a frame-pointer step (code without a rule).
     fell_back: u32,
@@ -179,36 +187,31 @@ extern "C" fn unwind_step(index: u64, ctx: *mut c_void) -> i64 {
     walk.len = index + 1;
     // A return address points after its call: look up the call itself.
     let at = if i == 0 { pc } else { pc.wrapping_sub(1) };
-    let mapping = find_mapping(proc, at);
-    let step = match mapping {
-        // A return address in a file that keeps frame pointers throughout:
-        // its caller is one frame-pointer step away, no table lookup needed
-        // (not the first frame, which may be anywhere in its function). A
-        // zero rbp marks the outermost frame (`_start` clears it). The two
-        // paths stay apart: the verifier checks them one after the other,
-        // not one inside the other.
-        Some(m) if i > 0 && m.flags & FRAME_POINTERS != 0 => {
-            walk.fell_back = 0;
-            if walk.bp == 0 {
-                Step::End
-            } else {
-                frame_pointer_step(walk)
-            }
+    let (found, row) = resolve(proc, walk.version, at);
+    // A return address in a file that keeps frame pointers throughout:
+    // its caller is one frame-pointer step away, no table lookup needed
+    // (not the first frame, which may be anywhere in its function). A
+    // zero rbp marks the outermost frame (`_start` clears it). The paths
+    // stay apart: the verifier checks them one after the other, not one
+    // inside the other.
+    let step = if i > 0 && found & CACHED_FRAME_POINTERS != 0 {
+        walk.fell_back = 0;
+        if walk.bp == 0 {
+            Step::End
+        } else {
+            frame_pointer_step(walk)
         }
-        _ => match mapping.and_then(|m| find_row(m, at.wrapping_sub(m.bias))) {
-            Some(row) => {
-                walk.fell_back = 0;
-                apply(&row, walk)
-            }
-            // Code without a table (JIT code, a file without CFI or whose
-            // table did not fit): one frame-pointer step, never two in a row
-            // (rbp is a general register in code built without frame pointers).
-            None if walk.fell_back == 0 => {
-                walk.fell_back = 1;
-                frame_pointer_step(walk)
-            }
-            None => Step::Truncated,
-        },
+    } else if found & CACHED_ROW != 0 {
+        walk.fell_back = 0;
+        apply(&row, walk)
+    } else if walk.fell_back == 0 {
+        // Code without a table (JIT code, a file without CFI or whose
+        // table did not fit): one frame-pointer step, never two in a row
+        // (rbp is a general register in code built without frame pointers).
+        walk.fell_back = 1;
+        frame_pointer_step(walk)
+    } else {
+        Step::Truncated
     };
     match step {
         // Deeper than the stack table holds: the last frame gives way to
@@ -351,6 +354,54 @@ fn frame_pointer_step(walk: &mut Walk) -> Step {
         },
         None => Step::Truncated,
     }
+}
+
+/// What the process's table says about `at`: `CACHED_*` bits and the row
+/// (meaningful with `CACHED_ROW`), from this CPU's cache if this table
+/// found it before, else by binary search (then cached). Either way the
+/// result is read back from the entry: to the verifier one unknown value,
+/// so the step that follows is verified once, not once per way the
+/// searches ended.
+#[inline(always)]
+fn resolve(proc: &ProcUnwind, version: u64, at: u64) -> (u32, UnwindRow) {
+    let Some(e) = UNWIND_CACHE.get_ptr_mut(unwind_cache_slot(version, at)) else {
+        return (0, UnwindRow::default());
+    };
+    // SAFETY: this CPU's entry, ours alone under the stack scratch claim
+    // (see `UNWIND_CACHE`); aligned fields of a map value.
+    unsafe {
+        let hit = core::ptr::read_volatile(&(*e).version) == version
+            && core::ptr::read_volatile(&(*e).at) == at;
+        if !hit {
+            core::ptr::write_volatile(e, search(proc, version, at));
+        }
+        (
+            core::ptr::read_volatile(&(*e).found),
+            core::ptr::read_volatile(&(*e).row),
+        )
+    }
+}
+
+/// The cache entry for `at` by binary search of the mappings and the rows.
+/// The row is searched for even in a file with frame pointers, so that an
+/// entry does not depend on which frame of a walk asked for it.
+#[inline(always)]
+fn search(proc: &ProcUnwind, version: u64, at: u64) -> UnwindCacheEntry {
+    let mut entry = UnwindCacheEntry {
+        version,
+        at,
+        ..UnwindCacheEntry::default()
+    };
+    if let Some(m) = find_mapping(proc, at) {
+        if m.flags & FRAME_POINTERS != 0 {
+            entry.found |= CACHED_FRAME_POINTERS;
+        }
+        if let Some(r) = find_row(m, at.wrapping_sub(m.bias)) {
+            entry.found |= CACHED_ROW;
+            entry.row = r;
+        }
+    }
+    entry
 }
 
 /// The mapping whose range holds `addr` (mappings sorted by start).

@@ -105,6 +105,9 @@ impl<K: KernelPort, P: ProcessPort> Session<K, P> {
         if unwound.as_deref() == Some(mappings) {
             return;
         }
+        // A new version for every table given: the kernel's row cache is
+        // keyed by it, so nothing found in an earlier table is used.
+        table.version = self.unwind.next_version();
         if len == 0 {
             self.kernel.clear_process_unwind(host);
         } else if let Err(e) = self.kernel.set_process_unwind(host, &table) {

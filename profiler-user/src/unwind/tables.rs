@@ -187,6 +187,8 @@ pub struct UnwindTables {
     responses: mpsc::Receiver<(FileId, Result<UnwindTable, String>)>,
     problems: Vec<String>,
     names: HashMap<FileId, String>,
+    /// The last `ProcUnwind::version` handed out.
+    version: u64,
 }
 
 impl Drop for UnwindTables {
@@ -215,7 +217,15 @@ impl UnwindTables {
             responses: resp_rx,
             problems: Vec::new(),
             names: HashMap::new(),
+            version: 0,
         }
+    }
+
+    /// A `ProcUnwind::version` no table had before (from 1: 0 marks the
+    /// kernel's empty row-cache entries).
+    pub(crate) fn next_version(&mut self) -> u64 {
+        self.version += 1;
+        self.version
     }
 
     /// Asks for the table of a file process `owner` maps executable

@@ -31,6 +31,11 @@ fn a_process_gets_the_tables_of_its_code_and_loses_them_at_exec_and_exit() {
     let mut s = session(&world, Target::All);
     wait_for_tables(&mut s, &world, 100);
     let here = address_in(alpha_site);
+    let first_version = world.kernel().unwind_procs[&100].version;
+    assert!(
+        first_version > 0,
+        "0 marks the kernel's empty cache entries"
+    );
     {
         let k = world.kernel();
         let table = k.unwind_procs[&100];
@@ -54,8 +59,10 @@ fn a_process_gets_the_tables_of_its_code_and_loses_them_at_exec_and_exit() {
         world.kernel().unwind_cleared.contains(&100),
         "the old image's tables go at exec"
     );
-    // The new image (the same files here) gets them again from its scan.
+    // The new image (the same files here) gets them again from its scan,
+    // under a new version: the kernel's row cache keeps nothing of the old.
     wait_for_tables(&mut s, &world, 100);
+    assert!(world.kernel().unwind_procs[&100].version > first_version);
     world.exit(100);
     s.refresh().unwrap();
     assert!(world.kernel().unwind_procs.is_empty(), "and at exit");
