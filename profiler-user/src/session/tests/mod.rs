@@ -66,6 +66,8 @@ struct KernelState {
     detached: Vec<u32>,
     unwind_rows: HashMap<u32, UnwindRow>,
     unwind_procs: HashMap<u32, ProcUnwind>,
+    /// Every `ProcUnwind::version` given, in order.
+    unwind_versions: Vec<u64>,
     unwind_cleared: Vec<u32>,
     /// Processes whose unseen frees are reported, and those reported.
     watched: std::collections::HashSet<u32>,
@@ -483,12 +485,9 @@ impl KernelPort for FakeKernel {
         HostPid(pid): HostPid,
         table: &ProcUnwind,
     ) -> Result<(), KernelError> {
-        self.0
-            .0
-            .borrow_mut()
-            .kernel
-            .unwind_procs
-            .insert(pid, *table);
+        let mut w = self.0.0.borrow_mut();
+        w.kernel.unwind_versions.push(table.version);
+        w.kernel.unwind_procs.insert(pid, *table);
         Ok(())
     }
 

@@ -28,8 +28,10 @@ fn wait_for_tables(s: &mut Session<FakeKernel, FakeProcesses>, world: &World, pi
 fn a_process_gets_the_tables_of_its_code_and_loses_them_at_exec_and_exit() {
     let world = World::default();
     world.spawn(100, "app");
+    world.spawn(101, "app");
     let mut s = session(&world, Target::All);
     wait_for_tables(&mut s, &world, 100);
+    wait_for_tables(&mut s, &world, 101);
     let here = address_in(alpha_site);
     let first_version = world.kernel().unwind_procs[&100].version;
     assert!(
@@ -63,6 +65,15 @@ fn a_process_gets_the_tables_of_its_code_and_loses_them_at_exec_and_exit() {
     // under a new version: the kernel's row cache keeps nothing of the old.
     wait_for_tables(&mut s, &world, 100);
     assert!(world.kernel().unwind_procs[&100].version > first_version);
+    // No two tables given share a version (two processes with the same
+    // files included): the cache never serves one table what another found.
+    let versions = world.kernel().unwind_versions.clone();
+    let distinct: std::collections::HashSet<_> = versions.iter().collect();
+    assert!(
+        versions.len() >= 3 && distinct.len() == versions.len(),
+        "{versions:?}"
+    );
+    world.exit(101);
     world.exit(100);
     s.refresh().unwrap();
     assert!(world.kernel().unwind_procs.is_empty(), "and at exit");
