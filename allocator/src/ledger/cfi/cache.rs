@@ -26,7 +26,7 @@ use super::read::Mem;
 
 /// Entries (a power of two): 256 KiB of address space, of which a program
 /// touches a page per 64 call sites it samples.
-pub(crate) const ENTRIES: usize = 4096;
+const ENTRIES: usize = 4096;
 
 /// FDEs longer than this are not cached (bounded work per hit; an FDE is
 /// typically 20–60 bytes).
@@ -59,11 +59,7 @@ impl Entry {
 
 static CACHE: [Entry; ENTRIES] = [const { Entry::empty() }; ENTRIES];
 
-fn slot(at: usize) -> &'static Entry {
-    &CACHE[slot_index(at)]
-}
-
-pub(crate) fn slot_index(at: usize) -> usize {
+pub(super) fn slot_index(at: usize) -> usize {
     ((at as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - ENTRIES.trailing_zeros())) as usize
 }
 
@@ -71,7 +67,7 @@ pub(crate) fn slot_index(at: usize) -> usize {
 /// `.eh_frame_hdr` is `hdr`, its CFI read inside `mem`: from the cache, or
 /// found and decoded (then cached).
 pub(crate) fn row_at(mem: Mem, hdr: usize, at: usize) -> Option<Row> {
-    let e = slot(at);
+    let e = &CACHE[slot_index(at)];
     if let Some(row) = lookup(e, mem, at) {
         return Some(row);
     }
@@ -133,7 +129,7 @@ fn store(e: &Entry, at: usize, fde: usize, print: [u64; 2], packed: [u64; 3]) {
 /// pointer) and a hash of the rest, 8 bytes at a time (the last 8 bytes
 /// overlapping the word before them). `None` if it lies outside `mem` or
 /// is longer than [`MAX_FDE_BYTES`].
-pub(crate) fn fde_print(mem: Mem, fde: usize) -> Option<[u64; 2]> {
+pub(super) fn fde_print(mem: Mem, fde: usize) -> Option<[u64; 2]> {
     let word = |at: usize| mem.read::<8>(at).map(u64::from_le_bytes);
     let first = word(fde)?;
     let len = first as u32 as usize;
@@ -173,7 +169,7 @@ fn rule_from(kind: u64, off: i32) -> Rule {
 /// `[cfa_off, rbp offset | ra offset << 32, cfa_reg | rbp kind << 32 |
 /// ra kind << 40 | cfa_unknown << 48]`; `None` for a row that does not fit
 /// (it is then not cached).
-pub(crate) fn pack(row: &Row) -> Option<[u64; 3]> {
+pub(super) fn pack(row: &Row) -> Option<[u64; 3]> {
     let (rbp_kind, rbp_off) = rule_bits(row.rbp)?;
     let (ra_kind, ra_off) = rule_bits(row.ra)?;
     let reg = u32::try_from(row.cfa_reg).ok()?;
@@ -184,7 +180,7 @@ pub(crate) fn pack(row: &Row) -> Option<[u64; 3]> {
     ])
 }
 
-pub(crate) fn unpack(w: [u64; 3]) -> Row {
+pub(super) fn unpack(w: [u64; 3]) -> Row {
     Row {
         cfa_reg: w[2] & 0xffff_ffff,
         cfa_off: w[0] as i64,
